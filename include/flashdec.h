@@ -1,0 +1,759 @@
+/**
+ * @file flashdec.h
+ * @brief FlashDec: paged-KV decode attention runtime, plain C ABI.
+ *
+ * This is the one public header of libflashdec. It is plain C99, includes no
+ * C++ or CUDA header, and is safe to include from C++ (declarations are wrapped
+ * in `extern "C"`).
+ *
+ * Conventions used throughout (see docs/abi.md):
+ * - Every function returns an ::fd_status (except destroy functions, version
+ *   queries and ::fd_status_string / ::fd_last_error_message). ::FD_OK is the
+ *   only success value. On failure a human-readable detail is available from
+ *   ::fd_last_error_message on the calling thread.
+ * - A failing call changes nothing observable: no partial mutation, and
+ *   out-pointers are left untouched.
+ * - Handles are pointers to incomplete structs. Constructors write the handle
+ *   through an out-pointer only on success. Destroy functions accept NULL.
+ * - Configuration and result structs begin with `struct_size`; callers fill it
+ *   with `sizeof(the struct)` (the init functions do). The library accepts any
+ *   older, smaller size and uses defaults for (or leaves unwritten) the tail.
+ * - Pointer parameters are borrowed for the duration of the call unless their
+ *   documentation says otherwise.
+ * - Element counts and ids are fixed-width integers; request ids are
+ *   caller-chosen `uint64_t`; sequence lengths and block ids are `int32_t`.
+ */
+#ifndef FLASHDEC_H
+#define FLASHDEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/** @name Version
+ *  Version of this header. The runtime library reports its own version through
+ *  ::fd_version_number; header and runtime are compatible when their major
+ *  versions are equal and the runtime's minor version is at least the
+ *  header's:
+ *  @code
+ *  uint32_t rt = fd_version_number();
+ *  int ok = rt / 10000u == FD_VERSION_MAJOR && rt >= FD_VERSION_NUMBER;
+ *  @endcode
+ *  @{
+ */
+/** Major version: changes only on an ABI break (it is the SONAME suffix). */
+#define FD_VERSION_MAJOR 0
+/** Minor version: grows when functions or struct fields are appended. */
+#define FD_VERSION_MINOR 1
+/** Patch version: fixes with no interface change. */
+#define FD_VERSION_PATCH 0
+/** Version as one number: major * 10000 + minor * 100 + patch. */
+#define FD_VERSION_NUMBER (FD_VERSION_MAJOR * 10000 + FD_VERSION_MINOR * 100 + FD_VERSION_PATCH)
+/** @} */
+
+/** @def FD_API
+ *  Marks a function exported from libflashdec. Expands to a visibility
+ *  attribute when building the library and to nothing for consumers, so the
+ *  header can be fed to foreign-function tools after removing this token. */
+#if defined(FLASHDEC_BUILDING_LIBRARY) && defined(__GNUC__)
+#define FD_API __attribute__((visibility("default")))
+#else
+#define FD_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/** @name Status codes and errors
+ *  @{ */
+
+/**
+ * @brief Result of every fallible call. Values are pinned forever; new codes
+ * are only appended.
+ */
+typedef enum fd_status {
+  FD_OK = 0,                     /**< Success. */
+  FD_ERR_INVALID_ARGUMENT = 1,   /**< A parameter is NULL, out of range or inconsistent. */
+  FD_ERR_OUT_OF_BLOCKS = 2,      /**< Not enough free KV blocks (capacity). */
+  FD_ERR_NOT_FOUND = 3,          /**< Unknown request id, prefix id or transaction. */
+  FD_ERR_INVALID_STATE = 4,      /**< The object is in a state that forbids the call. */
+  FD_ERR_STALE_HANDLE = 5,       /**< A value handle that no longer matches its object. */
+  FD_ERR_UNSUPPORTED = 6,        /**< Valid, but not supported by this backend or build. */
+  FD_ERR_NO_DEVICE = 7,          /**< A CUDA device was asked for and none is usable. */
+  FD_ERR_DEVICE = 8,             /**< The CUDA runtime reported an error. */
+  FD_ERR_OUT_OF_MEMORY = 9,      /**< Host or device allocation failed. */
+  FD_ERR_INTERNAL = 10,          /**< A bug in FlashDec; please report it. */
+  FD_ERR_ALREADY_EXISTS = 11,    /**< An object with this id already exists. */
+  FD_ERR_INVARIANT = 12,         /**< An internal invariant check failed (see message). */
+  FD_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces the enum to 32 bits; never returned. */
+} fd_status;
+
+/**
+ * @brief Static, human-readable name of a status ("FD_ERR_NOT_FOUND: not found").
+ * @return Never NULL; unknown values map to a generic string. Thread-safe.
+ */
+FD_API const char *fd_status_string(fd_status status);
+
+/**
+ * @brief Detail of the most recent failure on the calling thread.
+ *
+ * The text is thread-local and stays until the next failing call on the same
+ * thread (successful calls leave it unchanged); only the returned status
+ * decides success. The pointer stays valid until the next FlashDec call on this
+ * thread. Never NULL (empty string when no call has failed on this thread).
+ */
+FD_API const char *fd_last_error_message(void);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Version queries
+ *  @{ */
+
+/** @brief Runtime version as "MAJOR.MINOR.PATCH"; static string. Thread-safe. */
+FD_API const char *fd_version_string(void);
+/** @brief Runtime version as major * 10000 + minor * 100 + patch. Thread-safe. */
+FD_API uint32_t fd_version_number(void);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Basic types
+ *  @{ */
+
+/** @brief Element type of Q, K, V and output tensors. Values pinned. */
+typedef enum fd_dtype {
+  FD_DTYPE_F32 = 0,  /**< IEEE binary32 (CPU backend only). */
+  FD_DTYPE_F16 = 1,  /**< IEEE binary16. */
+  FD_DTYPE_BF16 = 2, /**< bfloat16 (upper half of binary32). */
+  FD_DTYPE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a type. */
+} fd_dtype;
+
+/**
+ * @brief Order of a KV block in memory (one of K or V, one layer, one head).
+ * Values pinned.
+ */
+typedef enum fd_kv_layout {
+  /** [block_size][head_dim]: the dims of one token are contiguous (default). */
+  FD_LAYOUT_TOKEN_MAJOR = 0,
+  /** [head_dim][block_size]: one dim of every token of a block is contiguous. */
+  FD_LAYOUT_DIM_MAJOR = 1,
+  FD_LAYOUT_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a layout. */
+} fd_kv_layout;
+
+/** @brief Kind of device that holds memory or runs work. Values pinned. */
+typedef enum fd_device_type {
+  FD_DEVICE_CPU = 0,  /**< Host memory; work runs on the CPU backend. */
+  FD_DEVICE_CUDA = 1, /**< CUDA device memory; work runs on the CUDA backend. */
+  FD_DEVICE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a device. */
+} fd_device_type;
+
+/** @brief A device: its type and, for CUDA, the device ordinal. */
+typedef struct fd_device {
+  int32_t type;    /**< An ::fd_device_type value. */
+  int32_t ordinal; /**< CUDA device ordinal; must be 0 for ::FD_DEVICE_CPU. */
+} fd_device;
+
+/**
+ * @brief A CUDA stream, ABI-identical to `cudaStream_t` / `CUstream`.
+ *
+ * Declared without CUDA headers. NULL means the legacy default stream. Ignored
+ * by the CPU backend.
+ */
+typedef struct CUstream_st *fd_stream;
+
+/**
+ * @brief Number of usable CUDA devices.
+ *
+ * Writes 0 when the library was built without CUDA, when no driver is installed
+ * or when no device is visible; this is not an error.
+ * @param[out] count Borrowed; receives the count. Must not be NULL.
+ * @return ::FD_OK, or ::FD_ERR_INVALID_ARGUMENT when @p count is NULL.
+ * Thread-safe.
+ */
+FD_API fd_status fd_cuda_device_count(int32_t *count);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Paged KV cache
+ *
+ *  A cache owns K and V storage for every layer, a block allocator, request
+ *  state, at most one open transaction, and shared prefix blocks
+ *  (semantics.md S4-S7).
+ *
+ *  Thread contract: an ::fd_cache is externally synchronised: one thread at a
+ *  time may call functions on it (different caches are independent and share
+ *  no hidden state).
+ *  @{ */
+
+/** @brief Opaque paged KV cache. Created by ::fd_cache_create. */
+typedef struct fd_cache fd_cache;
+
+/** @brief Parameters of ::fd_cache_create. Initialise with ::fd_cache_config_init. */
+typedef struct fd_cache_config {
+  uint32_t struct_size;          /**< sizeof(fd_cache_config) as compiled by the caller. */
+  uint32_t num_layers;           /**< Layers, > 0. Default 1. */
+  uint32_t num_kv_heads;         /**< KV heads per layer, > 0. Default 8. */
+  uint32_t head_dim;             /**< Elements per head, > 0. Default 128. */
+  uint32_t block_size;           /**< Tokens per block, > 0. Default 16. */
+  uint32_t max_blocks;           /**< Physical blocks per layer, > 0. Default 1024. */
+  uint32_t prefix_cache_capacity_blocks; /**< Blocks usable by shared prefixes, <= max_blocks; 0 (default) disables prefixes. */
+  int32_t dtype;                 /**< ::fd_dtype of stored K/V. Default ::FD_DTYPE_F16. */
+  int32_t layout;                /**< ::fd_kv_layout of storage. Default ::FD_LAYOUT_TOKEN_MAJOR. */
+  fd_device device;              /**< Where K/V live. Default CPU. */
+} fd_cache_config;
+
+/**
+ * @brief Fills @p config with defaults and sets struct_size.
+ * @param[out] config Borrowed; must not be NULL (NULL is ignored).
+ */
+FD_API void fd_cache_config_init(fd_cache_config *config);
+
+/**
+ * @brief Creates a cache with zero-initialised K/V storage.
+ *
+ * Storage holds, for each of K and V, [num_layers, max_blocks, num_kv_heads,
+ * block_size, head_dim] elements (or the dim-major equivalent).
+ * @param[in] config Borrowed for the call.
+ * @param[out] out Receives the new handle on success only; owned by the caller,
+ *   release with ::fd_cache_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT for a NULL pointer, a zero size, a
+ *   too-small struct_size, an unknown dtype/layout/device or
+ *   prefix capacity > max_blocks; ::FD_ERR_NO_DEVICE when a CUDA device is asked
+ *   for and none is usable; ::FD_ERR_UNSUPPORTED for a combination the backend
+ *   does not serve; ::FD_ERR_OUT_OF_MEMORY when storage cannot be allocated.
+ */
+FD_API fd_status fd_cache_create(const fd_cache_config *config, fd_cache **out);
+
+/**
+ * @brief Destroys a cache and frees its storage. NULL is a no-op.
+ * Any open transaction is discarded. The handle is invalid afterwards.
+ */
+FD_API void fd_cache_destroy(fd_cache *cache);
+
+/**
+ * @brief Copies the cache's configuration (with defaults resolved).
+ * @param[out] config Caller sets struct_size; the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_cache_get_config(const fd_cache *cache, fd_cache_config *config);
+
+/** @brief Lifecycle state of a request id in a cache. Values pinned. */
+typedef enum fd_request_state {
+  FD_REQUEST_UNKNOWN = 0,   /**< Never added to this cache. */
+  FD_REQUEST_ACTIVE = 1,    /**< Added and neither finished nor cancelled. */
+  FD_REQUEST_FINISHED = 2,  /**< Finished (terminal). */
+  FD_REQUEST_CANCELLED = 3, /**< Cancelled (terminal). */
+  FD_REQUEST_STATE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_request_state;
+
+/**
+ * @brief Adds an empty active request.
+ * @return ::FD_OK (also when @p request_id is already active: no-op);
+ *   ::FD_ERR_INVALID_STATE when the id is finished or cancelled, or while a
+ *   transaction is open.
+ */
+FD_API fd_status fd_cache_add_request(fd_cache *cache, uint64_t request_id);
+
+/**
+ * @brief Finishes an active request: releases its private blocks to the front
+ * of the free list (contents are not cleared) and drops its prefix reference.
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND for an unknown id;
+ *   ::FD_ERR_INVALID_STATE for a terminal id or while a transaction is open.
+ */
+FD_API fd_status fd_cache_finish_request(fd_cache *cache, uint64_t request_id);
+
+/** @brief As ::fd_cache_finish_request, but the terminal state is cancelled. */
+FD_API fd_status fd_cache_cancel_request(fd_cache *cache, uint64_t request_id);
+
+/**
+ * @brief Reports the lifecycle state of a request id.
+ * @param[out] state Receives an ::fd_request_state value (unknown ids give
+ *   ::FD_REQUEST_UNKNOWN, which is not an error).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_cache_request_state(const fd_cache *cache, uint64_t request_id,
+                                        int32_t *state);
+
+/**
+ * @brief Number of new blocks growing every listed request by one token needs.
+ *
+ * A row needs a block exactly when seq_len % block_size == 0.
+ * @param[in] request_ids Borrowed; @p count active, unique ids.
+ * @param[out] needed Receives the block count. @param[out] free_blocks
+ *   Receives the current free block count (may be NULL).
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates);
+ *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (a terminal id).
+ */
+FD_API fd_status fd_cache_blocks_needed(const fd_cache *cache, const uint64_t *request_ids,
+                                        uint32_t count, uint32_t *needed,
+                                        uint32_t *free_blocks);
+
+/**
+ * @brief Largest number of blocks owned by any of the listed requests: the
+ * smallest valid @p table_stride for ::fd_cache_export.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_NOT_FOUND;
+ *   ::FD_ERR_INVALID_STATE (a terminal id).
+ */
+FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache,
+                                             const uint64_t *request_ids, uint32_t count,
+                                             uint32_t *max_blocks_per_seq);
+
+/**
+ * @brief Exports committed block tables and seq_lens of active requests, in
+ * the caller's order, into host memory.
+ *
+ * Row r of @p block_tables holds the physical block ids of request_ids[r],
+ * padded with -1 to @p table_stride entries. An open transaction's new blocks
+ * are not included (use ::fd_tx_block_tables).
+ * @param[out] block_tables Host memory, [count, table_stride] int32; may be
+ *   NULL to export only seq_lens.
+ * @param[out] seq_lens Host memory, [count] int32; may be NULL.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL ids, count 0, a row longer
+ *   than table_stride: nothing is written); ::FD_ERR_NOT_FOUND;
+ *   ::FD_ERR_INVALID_STATE (a terminal id).
+ */
+FD_API fd_status fd_cache_export(const fd_cache *cache, const uint64_t *request_ids,
+                                 uint32_t count, uint32_t table_stride, int32_t *block_tables,
+                                 int32_t *seq_lens);
+
+/**
+ * @brief Current state version: grows on every ownership or seq_len change.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_cache_state_version(const fd_cache *cache, uint64_t *version);
+
+/**
+ * @brief Where one layer's K and V storage lives, for use with ::fd_decode.
+ *
+ * The pointers are owned by the cache until ::fd_cache_destroy, in the cache's
+ * device memory. Strides are in elements for (block, head, token, dim), as in
+ * ::fd_decode_params.
+ * @param[out] k Receives the K base of @p layer. @param[out] v Likewise for V.
+ * @param[out] strides Receives 4 strides: block, head, token, dim.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (layer out of range, NULL).
+ */
+FD_API fd_status fd_cache_layer_storage(fd_cache *cache, uint32_t layer, void **k, void **v,
+                                        int64_t strides[4]);
+
+/**
+ * @brief Legacy single-layer append (S5.1): one token for each listed request.
+ *
+ * Only for caches with num_layers == 1 and no open transaction. Equivalent to
+ * ::fd_tx_begin + ::fd_tx_write_layer (layer 0) + ::fd_tx_commit, with the
+ * same failure rules: every check (ids, states, capacity) happens before any
+ * mutation.
+ * @param[in] k,v [count, num_kv_heads, head_dim] in the cache's dtype, in the
+ *   cache's device memory; borrowed for the call (CUDA: read on @p stream).
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_NOT_FOUND;
+ *   ::FD_ERR_INVALID_STATE; ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count
+ *   and transaction_failure_count + 1, nothing else changes).
+ */
+FD_API fd_status fd_cache_append(fd_cache *cache, const uint64_t *request_ids, uint32_t count,
+                                 const void *k, const void *v, fd_stream stream);
+
+/**
+ * @brief Counters and gauges of a cache (semantics.md S7). Caller sets
+ * struct_size; the library fills the fields that fit.
+ */
+typedef struct fd_cache_metrics {
+  uint32_t struct_size; /**< sizeof(fd_cache_metrics) as compiled by the caller. */
+  uint32_t reserved0;   /**< Padding; written as 0. */
+  /* capacity */
+  uint64_t max_blocks;                   /**< Physical blocks. */
+  uint64_t used_blocks;                  /**< Private + prefix + open-transaction blocks. */
+  uint64_t free_blocks;                  /**< Blocks on the free list. */
+  double block_utilization;              /**< used_blocks / max_blocks. */
+  uint64_t active_tokens;                /**< Sum of active requests' committed seq_len. */
+  uint64_t physical_data_tokens;         /**< Tokens stored in used blocks (shared prefix tokens counted once). */
+  uint64_t reserved_tokens;              /**< used_blocks * block_size. */
+  uint64_t internal_fragmentation_tokens;/**< reserved_tokens - physical_data_tokens. */
+  double internal_fragmentation_ratio;   /**< fragmentation / reserved_tokens (0 when none reserved). */
+  /* allocator (S4.2) */
+  uint64_t allocation_count;             /**< Blocks taken from the free list (rollback undoes nothing here). */
+  uint64_t fresh_allocation_count;       /**< Allocations of a block never allocated before. */
+  uint64_t reuse_count;                  /**< Allocations of a previously used block. */
+  uint64_t free_count;                   /**< Blocks released by finish/cancel/prefix eviction. */
+  uint64_t capacity_failure_count;       /**< Calls refused for lack of blocks. */
+  /* requests */
+  uint64_t active_request_count;         /**< Requests in state active. */
+  uint64_t finished_request_count;       /**< Requests in state finished. */
+  uint64_t cancelled_request_count;      /**< Requests in state cancelled. */
+  /* transactions (S5) */
+  uint64_t transaction_begin_count;      /**< Successful begins. */
+  uint64_t transaction_commit_count;     /**< Commits. */
+  uint64_t transaction_abort_count;      /**< Aborts. */
+  uint64_t open_transaction_count;       /**< 0 or 1. */
+  uint64_t pending_request_count;        /**< Rows of the open transaction. */
+  uint64_t reserved_transaction_blocks;  /**< Blocks allocated by the open transaction. */
+  uint64_t transaction_layer_write_count;/**< Successful layer writes. */
+  uint64_t transaction_rollback_block_count; /**< Blocks returned by aborts. */
+  uint64_t transaction_failure_count;    /**< Failed begins and layer writes. */
+  uint64_t retained_transaction_state_count;  /**< 0 or 1: full states held. */
+  uint64_t terminal_transaction_history_count;/**< Entries in the terminal history. */
+  uint64_t terminal_transaction_history_limit;/**< 256. */
+  /* bytes */
+  uint64_t bytes_per_block;              /**< num_layers * 2 * kv_heads * block_size * head_dim * elem size. */
+  uint64_t allocated_kv_bytes;           /**< used_blocks * bytes_per_block. */
+  uint64_t reserved_transaction_bytes;   /**< reserved_transaction_blocks * bytes_per_block. */
+  /* shared prefixes (S6) */
+  uint64_t prefix_cache_capacity_blocks; /**< From the config. */
+  uint64_t resident_prefix_count;        /**< Registered, not evicted prefixes. */
+  uint64_t resident_prefix_blocks;       /**< Blocks held by them. */
+  uint64_t active_prefix_references;     /**< Sum of prefix reference counts. */
+  uint64_t shared_prefix_blocks;         /**< Blocks of prefixes with >= 1 reference. */
+  uint64_t saved_prefix_blocks;          /**< Sum of max(0, refs - 1) * n. */
+  uint64_t saved_prefix_bytes;           /**< saved_prefix_blocks * bytes_per_block. */
+  uint64_t prefix_registration_count;    /**< Successful registrations. */
+  uint64_t prefix_hit_count;             /**< Successful attaches. */
+  uint64_t prefix_miss_count;            /**< Attaches of unknown ids. */
+  double prefix_hit_ratio;               /**< hits / (hits + misses), 0 when none. */
+  uint64_t prefix_eviction_count;        /**< Evictions (explicit and LRU). */
+  uint64_t prefix_capacity_failure_count;/**< Registrations refused for capacity. */
+  uint64_t state_version;                /**< As ::fd_cache_state_version. */
+} fd_cache_metrics;
+
+/**
+ * @brief Reads the cache metrics.
+ * @param[in,out] metrics Caller sets struct_size (at least up to and including
+ *   max_blocks); the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_cache_metrics_get(const fd_cache *cache, fd_cache_metrics *metrics);
+
+/**
+ * @brief Checks every invariant of semantics.md S7.
+ * @return ::FD_OK when all hold; ::FD_ERR_INVARIANT with the first violation,
+ *   in words, in ::fd_last_error_message; ::FD_ERR_INVALID_ARGUMENT for NULL.
+ */
+FD_API fd_status fd_cache_validate(const fd_cache *cache);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Multi-layer token transactions (semantics.md S5)
+ *
+ *  One token for a batch of requests, written layer by layer, then published
+ *  at once (commit) or rolled back (abort). At most one transaction is open per
+ *  cache. Same thread contract as the cache.
+ *  @{ */
+
+/**
+ * @brief A transaction handle: a value, not a pointer. Misuse (stale, already
+ * finished or unknown handles) is detected and reported, never undefined.
+ */
+typedef struct fd_tx {
+  uint64_t id;            /**< Transaction id; ids start at 1 in each cache. */
+  uint64_t cache_version; /**< Cache state version right after begin. */
+} fd_tx;
+
+/** @brief State of a transaction. Values pinned. */
+typedef enum fd_tx_state {
+  FD_TX_OPEN = 0,      /**< Begun, neither committed nor aborted. */
+  FD_TX_COMMITTED = 1, /**< Published. */
+  FD_TX_ABORTED = 2,   /**< Rolled back. */
+  FD_TX_STATE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_tx_state;
+
+/**
+ * @brief Opens a transaction for one new token of each listed request.
+ *
+ * Ids must be non-empty, unique and active, and no transaction may be open.
+ * Capacity is checked for the whole batch first. Row r gets position =
+ * seq_len, offset = position % block_size, and a new block where offset == 0.
+ * @param[in] request_ids Borrowed; copied.
+ * @param[out] tx Receives the handle on success only.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates);
+ *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a transaction
+ *   already open); ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count and
+ *   transaction_failure_count + 1, nothing else changes).
+ */
+FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint32_t count,
+                             fd_tx *tx);
+
+/**
+ * @brief Writes one layer's K and V for every row, at the locations the cache
+ * computed at begin.
+ *
+ * @p layer must equal the transaction's next layer. On success next_layer + 1
+ * and transaction_layer_write_count + 1; on failure
+ * transaction_failure_count + 1 and the transaction stays open and unchanged.
+ * @param[in] k,v [batch, num_kv_heads, head_dim] in the cache's dtype and
+ *   device memory; borrowed for the call (CUDA: read on @p stream).
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL data, wrong layer: "transaction
+ *   requires layer 2, got layer 3"); ::FD_ERR_STALE_HANDLE; ::FD_ERR_NOT_FOUND
+ *   (unknown transaction); ::FD_ERR_INVALID_STATE (already committed/aborted).
+ */
+FD_API fd_status fd_tx_write_layer(fd_cache *cache, fd_tx tx, uint32_t layer, const void *k,
+                                   const void *v, fd_stream stream);
+
+/**
+ * @brief As ::fd_tx_write_layer, but first rotates Q and K with RoPE (S3.1) at
+ * each row's position; writes rotated K and raw V; returns rotated Q.
+ *
+ * @param[in] q [batch, num_q_heads, head_dim]; num_q_heads must be a positive
+ *   multiple of the cache's num_kv_heads.
+ * @param[out] q_out [batch, num_q_heads, head_dim]; may equal @p q (in place).
+ * @param rotary_dim Even, 0 < rotary_dim <= head_dim.
+ * @param rope_base Finite, > 0 (e.g. 10000).
+ * @return As ::fd_tx_write_layer.
+ */
+FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t layer,
+                                        const void *q, uint32_t num_q_heads, const void *k,
+                                        const void *v, uint32_t rotary_dim, float rope_base,
+                                        void *q_out, fd_stream stream);
+
+/**
+ * @brief Publishes the token: every row's seq_len grows by exactly one.
+ * @return ::FD_OK; ::FD_ERR_INVALID_STATE when not every layer was written
+ *   (the transaction stays open) or when already committed/aborted;
+ *   ::FD_ERR_STALE_HANDLE; ::FD_ERR_NOT_FOUND.
+ */
+FD_API fd_status fd_tx_commit(fd_cache *cache, fd_tx tx);
+
+/**
+ * @brief Rolls the token back: new blocks return to the front of the free list
+ * in their previous order; seq_lens unchanged.
+ * @return ::FD_OK; ::FD_ERR_INVALID_STATE (already committed/aborted);
+ *   ::FD_ERR_STALE_HANDLE; ::FD_ERR_NOT_FOUND.
+ */
+FD_API fd_status fd_tx_abort(fd_cache *cache, fd_tx tx);
+
+/** @brief Summary of an open transaction. */
+typedef struct fd_tx_info {
+  uint32_t struct_size;        /**< sizeof(fd_tx_info) as compiled by the caller. */
+  uint32_t batch;              /**< Rows. */
+  uint32_t next_layer;         /**< Next layer to write. */
+  int32_t state;               /**< ::fd_tx_state (always ::FD_TX_OPEN here). */
+  uint32_t max_blocks_per_seq; /**< Smallest valid table stride for ::fd_tx_block_tables. */
+  uint32_t new_block_count;    /**< Blocks allocated at begin. */
+} fd_tx_info;
+
+/**
+ * @brief Describes an open transaction.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_STALE_HANDLE;
+ *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (committed/aborted).
+ */
+FD_API fd_status fd_tx_get_info(const fd_cache *cache, fd_tx tx, fd_tx_info *info);
+
+/**
+ * @brief Per-row view of an open transaction, in begin's row order. Every
+ * output is host memory of `batch` entries and may be NULL to skip it.
+ * @param[out] request_ids Row ids. @param[out] positions Token positions
+ *   (= committed seq_len). @param[out] block_ids Physical block of the new
+ *   token. @param[out] offsets Offset inside that block.
+ *   @param[out] effective_seq_lens seq_len + 1.
+ * @param capacity Entries available in each non-NULL array; must be >= batch.
+ * @return As ::fd_tx_get_info; ::FD_ERR_INVALID_ARGUMENT when capacity < batch.
+ */
+FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capacity,
+                                uint64_t *request_ids, int32_t *positions, int32_t *block_ids,
+                                int32_t *offsets, int32_t *effective_seq_lens);
+
+/**
+ * @brief Block tables of an open transaction's rows, new blocks included,
+ * padded with -1 to @p table_stride.
+ * @param[out] block_tables Host memory, [batch, table_stride] int32.
+ * @return As ::fd_tx_get_info; ::FD_ERR_INVALID_ARGUMENT when a row has more
+ *   blocks than @p table_stride (nothing written).
+ */
+FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t table_stride,
+                                    int32_t *block_tables);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Shared prefix blocks (semantics.md S6)
+ *  Immutable full blocks shared by several requests. Needs a cache created
+ *  with prefix_cache_capacity_blocks > 0. Same thread contract as the cache.
+ *  @{ */
+
+/**
+ * @brief Registers a prefix: allocates @p num_blocks blocks and copies K/V in.
+ *
+ * Inactive prefixes (no references) are evicted in least-recently-used order
+ * to make room; if that cannot cover the need, nothing is evicted and the call
+ * fails.
+ * @param[in] prefix_id NUL-terminated, non-empty; copied.
+ * @param[in] k_blocks,v_blocks [num_layers, num_blocks, num_kv_heads,
+ *   block_size, head_dim] (dim-major caches: [.., head_dim, block_size]) in
+ *   the cache's dtype; host or (CUDA caches) device memory; borrowed for the
+ *   call.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, empty id, num_blocks 0);
+ *   ::FD_ERR_ALREADY_EXISTS (duplicate id); ::FD_ERR_OUT_OF_BLOCKS
+ *   (num_blocks > capacity, or "insufficient evictable prefix capacity");
+ *   ::FD_ERR_INVALID_STATE (a transaction is open); ::FD_ERR_UNSUPPORTED
+ *   (prefixes disabled).
+ */
+FD_API fd_status fd_prefix_register(fd_cache *cache, const char *prefix_id,
+                                    const void *k_blocks, const void *v_blocks,
+                                    uint32_t num_blocks, fd_stream stream);
+
+/**
+ * @brief Attaches a registered prefix to an active, empty request with no
+ * prefix: its first blocks become the prefix's, seq_len = n * block_size.
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND (unknown prefix: prefix_miss_count + 1;
+ *   or unknown request); ::FD_ERR_INVALID_STATE (request not active, not empty
+ *   or already attached; a transaction is open); ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_prefix_attach(fd_cache *cache, uint64_t request_id, const char *prefix_id);
+
+/**
+ * @brief Evicts an unreferenced prefix and frees its blocks.
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (references
+ *   remain, or a transaction is open); ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_prefix_evict(fd_cache *cache, const char *prefix_id);
+
+/** @brief State of one resident prefix. */
+typedef struct fd_prefix_info {
+  uint32_t struct_size;     /**< sizeof(fd_prefix_info) as compiled by the caller. */
+  uint32_t num_blocks;      /**< Blocks of the prefix. */
+  uint32_t ref_count;       /**< Attached active requests. */
+  uint32_t reserved0;       /**< Padding; written as 0. */
+  uint64_t last_use;        /**< LRU clock value of the last touch (larger = more recent). */
+  int32_t first_block;      /**< Physical id of the prefix's first block. */
+  uint32_t reserved1;       /**< Padding; written as 0. */
+} fd_prefix_info;
+
+/**
+ * @brief Reports a resident prefix's state.
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND (not resident); ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id,
+                                    fd_prefix_info *info);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Decode attention and RoPE (semantics.md S1-S3)
+ *
+ *  Stateless functions; thread-safe (each call only touches the memory its
+ *  parameters name).
+ *  @{ */
+
+/** @brief ::fd_decode_params flag: validate seq_lens and block ids on the host
+ *  before launching. For device pointers this copies them to the host and
+ *  synchronises @p stream (not usable inside graph capture). Host pointers are
+ *  always validated. */
+#define FD_DECODE_CHECK_INDICES 1u
+
+/**
+ * @brief Parameters of ::fd_decode. Initialise with ::fd_decode_params_init.
+ *
+ * Element (block b, kv head h, token t, dim d) of a K or V cache lives at
+ * `base + b*stride_block + h*stride_head + t*stride_token + d*stride_dim`
+ * (strides in elements). All four strides 0 means packed storage of @p layout:
+ * token-major [num_blocks, num_kv_heads, block_size, head_dim] or dim-major
+ * [num_blocks, num_kv_heads, head_dim, block_size]. With explicit strides the
+ * layout's contiguous axis must have stride 1 (dim for token-major, token for
+ * dim-major); e.g. vLLM/FlashInfer NHD pages [num_blocks, block_size,
+ * num_kv_heads, head_dim] are token-major with strides
+ * {block_size*H*D, D, H*D, 1}.
+ */
+typedef struct fd_decode_params {
+  uint32_t struct_size;        /**< sizeof(fd_decode_params) as compiled by the caller. */
+  int32_t dtype;               /**< ::fd_dtype of q, k, v and out. */
+  int32_t layout;              /**< ::fd_kv_layout of the K/V cache. */
+  uint32_t batch;              /**< Rows (>= 1). */
+  uint32_t num_q_heads;        /**< Positive multiple of num_kv_heads. */
+  uint32_t num_kv_heads;       /**< KV heads (>= 1). */
+  uint32_t head_dim;           /**< Elements per head. */
+  uint32_t block_size;         /**< Tokens per block. */
+  uint32_t num_blocks;         /**< Physical blocks addressable through k/v. */
+  uint32_t max_blocks_per_seq; /**< Row stride of block_tables. */
+  float sm_scale;              /**< Softmax scale; 0 means 1/sqrt(head_dim). */
+  uint32_t flags;              /**< FD_DECODE_* flags. */
+  const void *q;               /**< [batch, num_q_heads, head_dim]. */
+  const void *k_cache;         /**< K storage of one layer (see strides). */
+  const void *v_cache;         /**< V storage of one layer, same strides as K. */
+  int64_t stride_block;        /**< Elements between blocks (0: packed). */
+  int64_t stride_head;         /**< Elements between KV heads (0: packed). */
+  int64_t stride_token;        /**< Elements between tokens (0: packed). */
+  int64_t stride_dim;          /**< Elements between dims (0: packed). */
+  const int32_t *block_tables; /**< [batch, max_blocks_per_seq]; unused slots -1. */
+  const int32_t *seq_lens;     /**< [batch]; each in [0, max_blocks_per_seq*block_size]. */
+  void *out;                   /**< [batch, num_q_heads, head_dim]; must not alias inputs. */
+  int32_t max_seq_len_hint;    /**< Host-known upper bound of seq_lens (0: max_blocks_per_seq*block_size). */
+  int32_t num_splits;          /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
+  void *workspace;             /**< Scratch for split-KV partials (device memory for CUDA); may be NULL. */
+  size_t workspace_size;       /**< Bytes at workspace. */
+  fd_device device;            /**< Where every pointer above lives and where the work runs. */
+  fd_stream stream;            /**< CUDA stream the work is enqueued on (ignored on CPU). */
+  uint32_t cpu_threads;        /**< CPU backend worker threads; 0 = all hardware threads. */
+  uint32_t reserved0;          /**< Must be 0. */
+} fd_decode_params;
+
+/** @brief Fills @p params with defaults (CPU device, token-major, bf16,
+ *  automatic splits, packed strides) and sets struct_size. NULL is ignored. */
+FD_API void fd_decode_params_init(fd_decode_params *params);
+
+/**
+ * @brief Workspace bytes ::fd_decode needs for @p params (with num_splits 0,
+ * for the split count it would choose given max_seq_len_hint).
+ * @return ::FD_OK; as ::fd_decode for invalid or unsupported parameters.
+ */
+FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t *bytes);
+
+/**
+ * @brief Paged decode attention (S2): for each row r and query head h,
+ * out[r,h] = softmax(sm_scale * q[r,h] . K[r,kvh,0..len)) @ V[r,kvh,0..len),
+ * with kvh = h / (num_q_heads / num_kv_heads); empty rows give zeros.
+ *
+ * CPU device: runs synchronously on up to cpu_threads threads.
+ * CUDA device: enqueued on @p params->stream; no host synchronisation and no
+ * allocation on this path (unless ::FD_DECODE_CHECK_INDICES is set), so it can
+ * be captured in a CUDA graph; results are ready when the stream reaches this
+ * point. Output bits are deterministic for equal inputs and parameters.
+ * With num_splits 0, the split count is chosen from host-known values and the
+ * workspace available (no workspace: no split). An explicit num_splits > 1
+ * needs ::fd_decode_workspace_size bytes of workspace.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (checked before anything runs:
+ *   NULL pointers, zero sizes, heads not a multiple, a seq_len or used block id
+ *   out of range where checked, workspace too small); ::FD_ERR_UNSUPPORTED (a
+ *   valid combination this backend does not serve: the message names the
+ *   parameter); ::FD_ERR_NO_DEVICE; ::FD_ERR_DEVICE (a launch failed).
+ */
+FD_API fd_status fd_decode(const fd_decode_params *params);
+
+/**
+ * @brief Applies RoPE (S3.1, split-half form) in place to @p x, host memory
+ * [num_tokens, num_heads, head_dim], token i rotated at positions[i].
+ *
+ * Runs on the CPU. FP32 math; results are rounded back to @p dtype.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, zero sizes, odd or out of
+ *   range rotary_dim, base not finite or <= 0, a negative position: nothing is
+ *   written).
+ */
+FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens, uint32_t num_heads,
+                               uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim,
+                               float rope_base);
+
+/**
+ * @brief Dense reference attention on the CPU (S2, implementation 1): K/V of
+ * each row contiguous, [batch, num_kv_heads, max_seq_len, head_dim].
+ *
+ * FP32 math, output in @p dtype. Meant for tests and for checking other
+ * backends; single-threaded.
+ * @param[in] q [batch, num_q_heads, head_dim]. @param[in] k,v as above.
+ * @param[in] seq_lens [batch], each in [0, max_seq_len].
+ * @param[out] out [batch, num_q_heads, head_dim].
+ * @param sm_scale 0 means 1/sqrt(head_dim).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch,
+                                              uint32_t num_q_heads, uint32_t num_kv_heads,
+                                              uint32_t head_dim, uint32_t max_seq_len,
+                                              const void *q, const void *k, const void *v,
+                                              const int32_t *seq_lens, float sm_scale,
+                                              void *out);
+
+/** @} */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHDEC_H */

@@ -1,0 +1,48 @@
+#include "ops/rope.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+
+namespace fd {
+
+void check_rope_args(uint32_t head_dim, uint32_t rotary_dim, float base) {
+  if (rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    fail(FD_ERR_INVALID_ARGUMENT, "rotary_dim must be even and in (0, head_dim=%u], got %u",
+         head_dim, rotary_dim);
+  if (!std::isfinite(base) || base <= 0.f)
+    fail(FD_ERR_INVALID_ARGUMENT, "rope_base must be finite and > 0, got %g",
+         static_cast<double>(base));
+}
+
+void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
+                 uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base) {
+  const uint32_t half = rotary_dim / 2;
+  std::vector<float> inv_freq(half), cos_t(half), sin_t(half);
+  for (uint32_t i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(base, -2.0f * static_cast<float>(i) / static_cast<float>(rotary_dim));
+  for (size_t t = 0; t < num_tokens; ++t) {
+    const float p = static_cast<float>(positions[t]);
+    for (uint32_t i = 0; i < half; ++i) {
+      const float angle = p * inv_freq[i];
+      cos_t[i] = std::cos(angle);
+      sin_t[i] = std::sin(angle);
+    }
+    for (uint32_t h = 0; h < num_heads; ++h) {
+      const size_t row = (t * num_heads + h) * head_dim;
+      for (uint32_t i = 0; i < half; ++i) {
+        const float x1 = load_as_f32(src, row + i, dtype);
+        const float x2 = load_as_f32(src, row + half + i, dtype);
+        store_from_f32(dst, row + i, dtype, x1 * cos_t[i] - x2 * sin_t[i]);
+        store_from_f32(dst, row + half + i, dtype, x2 * cos_t[i] + x1 * sin_t[i]);
+      }
+      if (dst != src)
+        for (uint32_t d = rotary_dim; d < head_dim; ++d)
+          store_from_f32(dst, row + d, dtype, load_as_f32(src, row + d, dtype));
+    }
+  }
+}
+
+}  // namespace fd

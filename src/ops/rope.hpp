@@ -1,0 +1,19 @@
+// Rotary position embedding on the CPU (semantics.md S3.1, split-half form).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fd {
+
+// Throws FD_ERR_INVALID_ARGUMENT unless rotary_dim is even and in
+// (0, head_dim] and base is finite and > 0.
+void check_rope_args(uint32_t head_dim, uint32_t rotary_dim, float base);
+
+// Rotates `src` ([num_tokens, num_heads, head_dim] of `dtype`) into `dst`
+// (same shape; may equal src), token i at positions[i] (each >= 0, not
+// re-checked). FP32 math, rounded once to dtype. Arguments must be valid.
+void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
+                 uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base);
+
+}  // namespace fd
