@@ -1,0 +1,33 @@
+#include "ops/decode_cpu_indices.hpp"
+
+#include <cstddef>
+
+#include "core/error.hpp"
+
+namespace fd {
+
+void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
+                          const int32_t *block_tables) {
+  const int64_t capacity = static_cast<int64_t>(pb.max_blocks_per_seq) * pb.block_size;
+  for (uint32_t r = 0; r < pb.batch; ++r) {
+    const int32_t len = seq_lens[r];
+    if (len < 0 || len > capacity)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "seq_lens[%u] = %d (row %u) is out of range [0, max_blocks_per_seq*block_size = %lld]",
+           r, static_cast<int>(len), r, static_cast<long long>(capacity));
+    if (len > pb.max_seq_len)
+      fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d (row %u) exceeds max_seq_len_hint = %d", r,
+           static_cast<int>(len), r, static_cast<int>(pb.max_seq_len));
+    const uint64_t used = (static_cast<uint64_t>(len) + pb.block_size - 1) / pb.block_size;
+    const int32_t *table = block_tables + static_cast<size_t>(r) * pb.max_blocks_per_seq;
+    for (uint64_t i = 0; i < used; ++i)
+      if (table[i] < 0 || static_cast<uint32_t>(table[i]) >= pb.num_blocks)
+        fail(
+            FD_ERR_INVALID_ARGUMENT,
+            "block_tables[%u][%llu] = %d (row %u, seq_len %d) is out of range [0, num_blocks = %u)",
+            r, static_cast<unsigned long long>(i), static_cast<int>(table[i]), r,
+            static_cast<int>(len), pb.num_blocks);
+  }
+}
+
+}  // namespace fd

@@ -1,0 +1,89 @@
+// Reading paged K/V into dense FP32 tiles for the CPU decode backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.hpp"
+#include "ops/decode_problem.hpp"
+
+namespace fd {
+
+// Storage type of each fd_dtype and its exact conversions to and from FP32.
+template <int32_t kDtype>
+struct Elem;
+template <>
+struct Elem<FD_DTYPE_F32> {
+  using T = float;
+  static float to_f32(float x) { return x; }
+  static float from_f32(float x) { return x; }
+};
+template <>
+struct Elem<FD_DTYPE_F16> {
+  using T = uint16_t;
+  static float to_f32(uint16_t h) { return f16_to_f32(h); }
+  static uint16_t from_f32(float x) { return f32_to_f16(x); }
+};
+template <>
+struct Elem<FD_DTYPE_BF16> {
+  using T = uint16_t;
+  static float to_f32(uint16_t h) { return bf16_to_f32(h); }
+  static uint16_t from_f32(float x) { return f32_to_bf16(x); }
+};
+
+// The K or V tokens of one (row, kv head), addressed through the block table
+// and the resolved strides.
+template <int32_t kDtype>
+class TileSource {
+ public:
+  using T = typename Elem<kDtype>::T;
+
+  TileSource(const DecodeProblem &pb, const void *cache, uint32_t row, uint32_t kv_head)
+      : head_(static_cast<const T *>(cache) + kv_head * pb.stride_head),
+        table_(pb.block_tables + static_cast<size_t>(row) * pb.max_blocks_per_seq),
+        block_size_(pb.block_size),
+        dim_(pb.head_dim),
+        stride_block_(pb.stride_block),
+        stride_token_(pb.stride_token),
+        stride_dim_(pb.stride_dim),
+        token_major_(pb.layout == FD_LAYOUT_TOKEN_MAJOR) {}
+
+  // Writes tokens [t0, t0 + n) as FP32 rows of head_dim into dst ([n, head_dim]).
+  void gather(size_t t0, size_t n, float *dst) const {
+    for (size_t j = 0; j < n;) {
+      const size_t t = t0 + j;
+      const size_t offset = t % block_size_;
+      const size_t run = std::min(block_size_ - offset, n - j);  // tokens left in this block
+      const T *src = head_ + table_[t / block_size_] * stride_block_ +
+                     static_cast<int64_t>(offset) * stride_token_;
+      float *out = dst + j * dim_;
+      if (token_major_) {
+        // Each token's dims are contiguous (stride_dim == 1).
+        for (size_t i = 0; i < run; ++i) {
+          const T *tok = src + static_cast<int64_t>(i) * stride_token_;
+          float *o = out + i * dim_;
+          for (size_t d = 0; d < dim_; ++d) o[d] = Elem<kDtype>::to_f32(tok[d]);
+        }
+      } else {
+        // Each dim's tokens are contiguous (stride_token == 1): transpose.
+        for (size_t d = 0; d < dim_; ++d) {
+          const T *col = src + static_cast<int64_t>(d) * stride_dim_;
+          for (size_t i = 0; i < run; ++i) out[i * dim_ + d] = Elem<kDtype>::to_f32(col[i]);
+        }
+      }
+      j += run;
+    }
+  }
+
+ private:
+  const T *head_;
+  const int32_t *table_;
+  size_t block_size_;
+  size_t dim_;
+  int64_t stride_block_;
+  int64_t stride_token_;
+  int64_t stride_dim_;
+  bool token_major_;
+};
+
+}  // namespace fd

@@ -1,0 +1,120 @@
+#include "ops/reference.hpp"
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+
+namespace fd {
+namespace {
+
+void require_positive(uint32_t value, const char *name) {
+  if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "%s must be > 0", name);
+}
+
+// Throws unless a*b*c*d elements (of at most 4 bytes) can be addressed.
+void require_addressable(uint64_t a, uint64_t b, uint64_t c, uint64_t d, const char *what) {
+  uint64_t n = 0;
+  if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, c, &n) ||
+      __builtin_mul_overflow(n, d, &n) || n > static_cast<uint64_t>(PTRDIFF_MAX) / 4)
+    fail(FD_ERR_INVALID_ARGUMENT, "%s is too large to address", what);
+}
+
+}  // namespace
+
+float check_dense_attention_args(const DenseAttentionArgs &a) {
+  if (!dtype_valid(a.dtype))
+    fail(FD_ERR_INVALID_ARGUMENT, "dtype %d is not an fd_dtype", static_cast<int>(a.dtype));
+  require_positive(a.batch, "batch");
+  require_positive(a.num_q_heads, "num_q_heads");
+  require_positive(a.num_kv_heads, "num_kv_heads");
+  require_positive(a.head_dim, "head_dim");
+  require_positive(a.max_seq_len, "max_seq_len");
+  if (a.num_q_heads % a.num_kv_heads != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "num_q_heads (%u) must be a multiple of num_kv_heads (%u)",
+         a.num_q_heads, a.num_kv_heads);
+  require_addressable(a.batch, a.num_q_heads, a.head_dim, 1,
+                      "q/out ([batch, num_q_heads, head_dim])");
+  require_addressable(a.batch, a.num_kv_heads, a.max_seq_len, a.head_dim,
+                      "k/v ([batch, num_kv_heads, max_seq_len, head_dim])");
+  require_non_null(a.q, "q");
+  require_non_null(a.k, "k");
+  require_non_null(a.v, "v");
+  require_non_null(a.seq_lens, "seq_lens");
+  require_non_null(a.out, "out");
+  if (!std::isfinite(a.sm_scale) || a.sm_scale < 0.f)
+    fail(FD_ERR_INVALID_ARGUMENT, "sm_scale must be finite and >= 0, got %g",
+         static_cast<double>(a.sm_scale));
+  for (uint32_t r = 0; r < a.batch; ++r) {
+    const int32_t len = a.seq_lens[r];
+    if (len < 0 || static_cast<uint32_t>(len) > a.max_seq_len)
+      fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d is out of range [0, max_seq_len=%u]", r,
+           static_cast<int>(len), a.max_seq_len);
+  }
+  return a.sm_scale > 0.f ? a.sm_scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
+}
+
+void reference_attention_dense(const DenseAttentionArgs &a, float sm_scale) {
+  const size_t dim = a.head_dim;
+  const uint32_t group = a.num_q_heads / a.num_kv_heads;
+  std::vector<float> scores(a.max_seq_len);
+  std::vector<float> acc(dim);
+  for (size_t r = 0; r < a.batch; ++r) {
+    const size_t len = static_cast<size_t>(a.seq_lens[r]);
+    for (size_t h = 0; h < a.num_q_heads; ++h) {
+      const size_t q_row = (r * a.num_q_heads + h) * dim;
+      const size_t kv_head = h / group;
+      const size_t kv_base = (r * a.num_kv_heads + kv_head) * a.max_seq_len * dim;
+      // Two passes, FP32 throughout: scores and their maximum, then weights.
+      float max_score = -INFINITY;
+      for (size_t t = 0; t < len; ++t) {
+        float dot = 0.f;
+        for (size_t d = 0; d < dim; ++d)
+          dot += load_as_f32(a.q, q_row + d, a.dtype) *
+                 load_as_f32(a.k, kv_base + t * dim + d, a.dtype);
+        scores[t] = dot * sm_scale;
+        if (scores[t] > max_score) max_score = scores[t];
+      }
+      float denom = 0.f;
+      for (size_t d = 0; d < dim; ++d) acc[d] = 0.f;
+      for (size_t t = 0; t < len; ++t) {
+        const float p = std::exp(scores[t] - max_score);
+        denom += p;
+        for (size_t d = 0; d < dim; ++d)
+          acc[d] += p * load_as_f32(a.v, kv_base + t * dim + d, a.dtype);
+      }
+      // An empty row has no weights: its output is zero by definition (S2).
+      const float inv = len > 0 ? 1.0f / denom : 0.f;
+      for (size_t d = 0; d < dim; ++d) store_from_f32(a.out, q_row + d, a.dtype, acc[d] * inv);
+    }
+  }
+}
+
+}  // namespace fd
+
+extern "C" FD_API fd_status fd_reference_attention_dense(
+    int32_t dtype, uint32_t batch, uint32_t num_q_heads, uint32_t num_kv_heads, uint32_t head_dim,
+    uint32_t max_seq_len, const void *q, const void *k, const void *v, const int32_t *seq_lens,
+    float sm_scale, void *out) {
+  return fd::guard([&] {
+    fd::DenseAttentionArgs args;
+    args.dtype = dtype;
+    args.batch = batch;
+    args.num_q_heads = num_q_heads;
+    args.num_kv_heads = num_kv_heads;
+    args.head_dim = head_dim;
+    args.max_seq_len = max_seq_len;
+    args.q = q;
+    args.k = k;
+    args.v = v;
+    args.seq_lens = seq_lens;
+    args.sm_scale = sm_scale;
+    args.out = out;
+    const float scale = fd::check_dense_attention_args(args);
+    fd::reference_attention_dense(args, scale);
+    return FD_OK;
+  });
+}

@@ -1,0 +1,32 @@
+// fd_rope_apply: the public, in-place form of the CPU RoPE (S3.1).
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "ops/rope.hpp"
+
+extern "C" FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens,
+                                          uint32_t num_heads, uint32_t head_dim,
+                                          const int32_t *positions, uint32_t rotary_dim,
+                                          float rope_base) {
+  return fd::guard([&] {
+    if (!fd::dtype_valid(dtype))
+      fd::fail(FD_ERR_INVALID_ARGUMENT, "dtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)",
+               static_cast<int>(dtype));
+    fd::require_non_null(x, "x");
+    fd::require_non_null(positions, "positions");
+    if (num_tokens == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "num_tokens must be > 0");
+    if (num_heads == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "num_heads must be > 0");
+    if (head_dim == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "head_dim must be > 0");
+    fd::check_rope_args(head_dim, rotary_dim, rope_base);
+    // Every position is checked before the first element is rotated, so a
+    // failure leaves x untouched.
+    for (uint32_t t = 0; t < num_tokens; ++t)
+      if (positions[t] < 0)
+        fd::fail(FD_ERR_INVALID_ARGUMENT, "positions[%u] = %d must be >= 0", t,
+                 static_cast<int>(positions[t]));
+    fd::rope_rotate(dtype, x, x, num_tokens, num_heads, head_dim, positions, rotary_dim, rope_base);
+    return FD_OK;
+  });
+}
