@@ -752,6 +752,745 @@ FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch,
 
 /** @} */
 
+/* ------------------------------------------------------------------------ */
+/** @name Block-aware scheduler (semantics.md S9)
+ *
+ *  A pure, deterministic planner: ::fd_scheduler_plan reads only a scheduler
+ *  configuration and an ::fd_snapshot (request metadata, no K/V) and returns
+ *  an ::fd_decision. Admission commits each request's whole lifetime of blocks
+ *  (ceil((context + new) / block_size) minus shared prefix blocks), so a step
+ *  of admitted requests can never run out of blocks.
+ *
+ *  Thread contract: an ::fd_scheduler is immutable after creation and
+ *  thread-safe. An ::fd_snapshot is externally synchronised while it is being
+ *  built and safe to read from many threads afterwards. An ::fd_decision is
+ *  immutable and thread-safe.
+ *  @{ */
+
+/** @brief Opaque planner configuration. Created by ::fd_scheduler_create. */
+typedef struct fd_scheduler fd_scheduler;
+/** @brief Opaque scheduler input. Built with ::fd_snapshot_create and the
+ *  fd_snapshot_add_* calls, or by ::fd_engine_snapshot. */
+typedef struct fd_snapshot fd_snapshot;
+/** @brief Opaque, immutable scheduler output. Created by ::fd_scheduler_plan. */
+typedef struct fd_decision fd_decision;
+
+/** @brief Parameters of ::fd_scheduler_create. Initialise with
+ *  ::fd_scheduler_config_init. */
+typedef struct fd_scheduler_config {
+  uint32_t struct_size;           /**< sizeof(fd_scheduler_config) as compiled by the caller. */
+  uint32_t max_active_requests;   /**< Requests that may hold blocks at once, >= 1. Default 64. */
+  uint32_t max_batch_requests;    /**< Rows per step, 1..max_active_requests. Default 64. */
+  uint32_t reserve_blocks;        /**< Blocks never committed, < the snapshot's max_blocks. Default 0. */
+  uint32_t aging_threshold_steps; /**< wait_steps at which a waiting request drains the queue, >= 1. Default 8. */
+} fd_scheduler_config;
+
+/**
+ * @brief Fills @p config with defaults and sets struct_size.
+ * @param[out] config Borrowed; NULL is ignored.
+ */
+FD_API void fd_scheduler_config_init(fd_scheduler_config *config);
+
+/**
+ * @brief Creates a scheduler.
+ * @param[in] config Borrowed for the call.
+ * @param[out] out Receives the handle on success only; owned by the caller,
+ *   release with ::fd_scheduler_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size,
+ *   max_active_requests 0, max_batch_requests 0 or > max_active_requests,
+ *   aging_threshold_steps 0); ::FD_ERR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_scheduler_create(const fd_scheduler_config *config, fd_scheduler **out);
+
+/** @brief Destroys a scheduler. NULL is a no-op. Decisions it made stay valid. */
+FD_API void fd_scheduler_destroy(fd_scheduler *scheduler);
+
+/**
+ * @brief Copies the scheduler's configuration.
+ * @param[out] config Caller sets struct_size; the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_scheduler_get_config(const fd_scheduler *scheduler,
+                                         fd_scheduler_config *config);
+
+/**
+ * @brief What the scheduler knows about a request (semantics.md S9).
+ * Initialise with ::fd_request_spec_init.
+ *
+ * Lifetime blocks = ceil((initial_context_tokens + max_new_tokens) /
+ * block_size); private commitment = lifetime - prefix_blocks.
+ */
+typedef struct fd_request_spec {
+  uint32_t struct_size;            /**< sizeof(fd_request_spec) as compiled by the caller. */
+  uint32_t initial_context_tokens; /**< Prompt tokens present before generation, >= 0. */
+  uint64_t id;                     /**< Caller-chosen request id. */
+  uint64_t submission_order;       /**< Position in the queue; unique among the requests planned together. */
+  uint32_t max_new_tokens;         /**< Tokens to generate, >= 1. */
+  uint32_t prefix_blocks;          /**< Shared prefix blocks (0 without a prefix). A prefix must cover the
+                                        whole initial context: initial_context_tokens == prefix_blocks *
+                                        block_size. ::fd_engine_submit_request fills it from the registered
+                                        prefix when 0. */
+  const char *prefix_id;           /**< NUL-terminated prefix id, or NULL / "" for none; borrowed for the
+                                        call and copied. */
+} fd_request_spec;
+
+/** @brief Zeroes @p spec and sets struct_size and max_new_tokens = 1. NULL is ignored. */
+FD_API void fd_request_spec_init(fd_request_spec *spec);
+
+/** @brief Pool-wide part of an ::fd_snapshot. Initialise with ::fd_snapshot_info_init. */
+typedef struct fd_snapshot_info {
+  uint32_t struct_size;            /**< sizeof(fd_snapshot_info) as compiled by the caller. */
+  uint32_t block_size;             /**< Tokens per block, > 0. Default 16. */
+  uint32_t max_blocks;             /**< Physical blocks of the pool, > 0. Default 1024. */
+  uint32_t free_blocks;            /**< Blocks on the free list, <= max_blocks. Default 1024. */
+  uint32_t resident_prefix_blocks; /**< Blocks held by resident shared prefixes. Default 0. */
+  uint32_t reserved0;              /**< Must be 0. */
+  uint64_t step;                   /**< Caller's step counter; informational, copied into decisions. */
+  uint64_t version;                /**< State version the snapshot describes (::fd_engine_snapshot writes the
+                                        engine's state_version); compared when a decision is applied. */
+} fd_snapshot_info;
+
+/** @brief Fills @p info with defaults and sets struct_size. NULL is ignored. */
+FD_API void fd_snapshot_info_init(fd_snapshot_info *info);
+
+/**
+ * @brief Starts an empty snapshot.
+ * @param[in] info Borrowed for the call.
+ * @param[out] out Receives the handle on success only; owned by the caller,
+ *   release with ::fd_snapshot_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, block_size or max_blocks 0,
+ *   free_blocks > max_blocks, resident_prefix_blocks > max_blocks - free_blocks,
+ *   reserved0 != 0); ::FD_ERR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_snapshot_create(const fd_snapshot_info *info, fd_snapshot **out);
+
+/** @brief Destroys a snapshot. NULL is a no-op. */
+FD_API void fd_snapshot_destroy(fd_snapshot *snapshot);
+
+/**
+ * @brief Copies the pool-wide part of a snapshot.
+ * @param[out] info Caller sets struct_size; the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_snapshot_get_info(const fd_snapshot *snapshot, fd_snapshot_info *info);
+
+/**
+ * @brief Appends a waiting request (not yet holding blocks).
+ *
+ * Entries keep their insertion order (::fd_engine_snapshot inserts in
+ * submission order); planning sorts by submission_order itself.
+ * @param[in] spec Borrowed for the call; the prefix id is copied.
+ * @param wait_steps Decisions this request has waited through (caller's
+ *   fairness counter). @param skip_count Times a later request went first.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, max_new_tokens 0, context +
+ *   new > INT32_MAX, prefix_blocks without a prefix id or the reverse, context
+ *   != prefix_blocks * block_size for a prefixed request);
+ *   ::FD_ERR_ALREADY_EXISTS (id or submission_order already in the snapshot).
+ *   Nothing is added on failure.
+ */
+FD_API fd_status fd_snapshot_add_waiting(fd_snapshot *snapshot, const fd_request_spec *spec,
+                                         uint32_t wait_steps, uint32_t skip_count);
+
+/**
+ * @brief Appends an active request (holding blocks).
+ * @param[in] spec Borrowed for the call; the prefix id is copied.
+ * @param seq_len Committed tokens, 0..context + new.
+ * @param physical_blocks Must equal ceil(seq_len / block_size).
+ * @param shared_blocks Must equal spec->prefix_blocks.
+ * @param committed_blocks Must equal lifetime - shared_blocks.
+ * @param service_wait_steps Steps since this request last ran (caller's
+ *   fairness counter).
+ * @return As ::fd_snapshot_add_waiting, plus ::FD_ERR_INVALID_ARGUMENT for any
+ *   of the equalities above (the message names the field and both values).
+ */
+FD_API fd_status fd_snapshot_add_active(fd_snapshot *snapshot, const fd_request_spec *spec,
+                                        int32_t seq_len, uint32_t physical_blocks,
+                                        uint32_t shared_blocks, uint32_t committed_blocks,
+                                        uint32_t service_wait_steps);
+
+/** @brief Why a decision looks the way it does. Reasons are reported in this
+ *  fixed order (semantics.md S9 step 8). Values pinned. */
+typedef enum fd_schedule_reason {
+  FD_REASON_REQUEST_EXCEEDS_CAPACITY = 0, /**< A request can never fit: rejected. */
+  FD_REASON_AGING_DRAIN = 1,   /**< An aged request does not fit yet: nothing admitted. */
+  FD_REASON_ACTIVE_LIMIT = 2,  /**< max_active_requests reached with requests waiting. */
+  FD_REASON_CAPACITY_DEFERRED = 3, /**< A request was skipped for lack of uncommitted blocks. */
+  FD_REASON_ADMITTED = 4,      /**< At least one request was admitted. */
+  FD_REASON_BATCH_LIMIT = 5,   /**< Runnable requests beyond max_batch_requests were deferred. */
+  FD_REASON_IDLE = 6,          /**< Nothing to run this step. */
+  FD_REASON_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_schedule_reason;
+
+/**
+ * @brief Plans one step (semantics.md S9): rejections, admissions in FIFO
+ * order with aging, and the runnable batch.
+ *
+ * Pure: reads only @p scheduler and @p snapshot (which is copied into the
+ * decision). Deterministic. Thread-safe.
+ * @param[out] out Receives the decision on success only; owned by the caller,
+ *   release with ::fd_decision_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, a snapshot that violates
+ *   resident + sum(physical - shared) == max_blocks - free_blocks, reserve_blocks
+ *   >= max_blocks, resident prefix blocks or committed blocks above
+ *   max_blocks - reserve_blocks, more active requests than max_active_requests);
+ *   ::FD_ERR_INTERNAL (the plan broke its own guarantees: a bug);
+ *   ::FD_ERR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_scheduler_plan(const fd_scheduler *scheduler, const fd_snapshot *snapshot,
+                                   fd_decision **out);
+
+/** @brief Destroys a decision. NULL is a no-op. */
+FD_API void fd_decision_destroy(fd_decision *decision);
+
+/** @brief Id lists of a decision (::fd_decision_ids). Values pinned. */
+typedef enum fd_decision_list {
+  FD_DECISION_ADMIT = 0,    /**< Waiting requests admitted by this decision, in admission order. */
+  FD_DECISION_RUNNABLE = 1, /**< Rows of this step, in row order. */
+  FD_DECISION_DEFERRED = 2, /**< Active or admitted requests left out by the batch limit. */
+  FD_DECISION_WAITING = 3,  /**< Requests still waiting afterwards, in submission order. */
+  FD_DECISION_REJECTED = 4, /**< Requests rejected as larger than the schedulable pool. */
+  FD_DECISION_LIST_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_decision_list;
+
+/**
+ * @brief Copies one id list of a decision.
+ * @param list An ::fd_decision_list value.
+ * @param[out] ids Host memory of @p capacity entries; may be NULL when
+ *   @p capacity is 0 (to ask for the count).
+ * @param[out] count Receives the list's length (always, on success).
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL decision or count, unknown
+ *   list, capacity below the length: nothing written).
+ */
+FD_API fd_status fd_decision_ids(const fd_decision *decision, int32_t list, uint64_t *ids,
+                                 uint32_t capacity, uint32_t *count);
+
+/** @brief Numbers of a decision. */
+typedef struct fd_decision_summary {
+  uint32_t struct_size;             /**< sizeof(fd_decision_summary) as compiled by the caller. */
+  uint32_t has_drain;               /**< 1 when drain_for_request_id is set (aging drain). */
+  uint64_t step;                    /**< The snapshot's step. */
+  uint64_t snapshot_version;        /**< The snapshot's version. */
+  uint64_t drain_for_request_id;    /**< The aged request the queue drains for (valid when has_drain). */
+  uint32_t committed_blocks_before; /**< Resident prefix blocks + active commitments before admission. */
+  uint32_t committed_blocks_after;  /**< The same after admission. */
+  uint32_t needed_physical_blocks_now; /**< Blocks this step allocates: admitted context + boundary rows. */
+  uint32_t free_blocks_before;      /**< The snapshot's free blocks. */
+  uint32_t schedulable_blocks;      /**< max_blocks - reserve_blocks. */
+  uint32_t reason_count;            /**< Entries ::fd_decision_reasons returns. */
+} fd_decision_summary;
+
+/**
+ * @brief Reads a decision's numbers.
+ * @param[out] summary Caller sets struct_size; the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_decision_get_summary(const fd_decision *decision,
+                                         fd_decision_summary *summary);
+
+/**
+ * @brief Copies a decision's reasons (::fd_schedule_reason values, each at
+ * most once, in the fixed order).
+ * @param[out] reasons Host memory of @p capacity entries (7 always suffice).
+ * @param[out] count Receives the number of reasons.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, capacity too small:
+ *   nothing written).
+ */
+FD_API fd_status fd_decision_reasons(const fd_decision *decision, int32_t *reasons,
+                                     uint32_t capacity, uint32_t *count);
+
+/**
+ * @brief Copies the configuration a decision was planned with.
+ * @param[out] config Caller sets struct_size; the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_decision_get_config(const fd_decision *decision,
+                                        fd_scheduler_config *config);
+
+/**
+ * @brief Copies the snapshot a decision was planned from.
+ * @param[out] out Receives a new snapshot on success only; owned by the
+ *   caller, release with ::fd_snapshot_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_decision_copy_snapshot(const fd_decision *decision, fd_snapshot **out);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Decode engine (semantics.md S8)
+ *
+ *  An engine drives one cache: request lifecycle (waiting, active, finished,
+ *  cancelled, rejected), one step = one token for a batch through every layer
+ *  (RoPE, append, paged decode), and, in scheduler-managed mode, admission by
+ *  applying ::fd_decision values.
+ *
+ *  Two exclusive modes. Unscheduled: ::fd_engine_add_request,
+ *  ::fd_engine_admit, steps on any active ids, ::fd_engine_finish /
+ *  ::fd_engine_cancel; a step that needs more blocks than are free reports
+ *  backpressure. Scheduler-managed: starts with the first
+ *  ::fd_engine_submit_request (the cache must then be empty and the engine
+ *  must hold no unscheduled request); requests are admitted or rejected only by
+ *  ::fd_engine_apply_decision, each step runs exactly the runnable ids of the
+ *  last applied decision, and any change to the cache made behind the engine's
+ *  back is detected (cache state version) and refused.
+ *
+ *  This version serves CPU caches (::FD_DEVICE_CPU); q, k, v and outputs are
+ *  host memory in the cache's dtype.
+ *
+ *  Thread contract: an ::fd_engine is externally synchronised, and so is its
+ *  cache: while the engine lives, use the cache from the same thread as the
+ *  engine.
+ *  @{ */
+
+/** @brief Opaque decode engine. Created by ::fd_engine_create. */
+typedef struct fd_engine fd_engine;
+
+/** @brief Parameters of ::fd_engine_create. Initialise with ::fd_engine_config_init. */
+typedef struct fd_engine_config {
+  uint32_t struct_size; /**< sizeof(fd_engine_config) as compiled by the caller. */
+  uint32_t num_q_heads; /**< Query heads, a positive multiple of the cache's num_kv_heads; 0 (default) =
+                             num_kv_heads. */
+  uint32_t rotary_dim;  /**< RoPE dims, even and <= head_dim; 0 (default) = head_dim. */
+  float rope_base;      /**< RoPE base, finite and > 0. Default 10000. */
+  float sm_scale;       /**< Softmax scale; 0 (default) = 1/sqrt(head_dim). */
+  uint32_t cpu_threads; /**< Decode worker threads; 0 (default) = all hardware threads. */
+} fd_engine_config;
+
+/** @brief Fills @p config with defaults and sets struct_size. NULL is ignored. */
+FD_API void fd_engine_config_init(fd_engine_config *config);
+
+/**
+ * @brief Creates an engine on @p cache.
+ * @param cache Borrowed until ::fd_engine_destroy: it must outlive the engine.
+ *   It may already hold requests (usable in unscheduled mode only).
+ * @param[in] config Borrowed for the call; NULL means defaults.
+ * @param[out] out Receives the handle on success only; owned by the caller.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL cache or out, bad struct_size,
+ *   num_q_heads not a multiple, odd or too large rotary_dim, bad rope_base,
+ *   negative or non-finite sm_scale); ::FD_ERR_UNSUPPORTED (a CUDA cache);
+ *   ::FD_ERR_INVALID_STATE (a cache transaction is open);
+ *   ::FD_ERR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *config,
+                                  fd_engine **out);
+
+/**
+ * @brief Destroys an engine. NULL is a no-op. An open step is aborted (its
+ * cache transaction rolled back); the cache and its requests stay as they are.
+ */
+FD_API void fd_engine_destroy(fd_engine *engine);
+
+/** @brief Lifecycle state of a request in an engine. Values pinned. */
+typedef enum fd_engine_request_state {
+  FD_ENGINE_REQUEST_UNKNOWN = 0,   /**< Never seen by this engine. */
+  FD_ENGINE_REQUEST_WAITING = 1,   /**< Known, holds no blocks yet. */
+  FD_ENGINE_REQUEST_ACTIVE = 2,    /**< Active in the cache. */
+  FD_ENGINE_REQUEST_FINISHED = 3,  /**< Finished (terminal). */
+  FD_ENGINE_REQUEST_CANCELLED = 4, /**< Cancelled (terminal). */
+  FD_ENGINE_REQUEST_REJECTED = 5,  /**< Rejected by the scheduler; never owned blocks (terminal). */
+  FD_ENGINE_REQUEST_STATE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_engine_request_state;
+
+/**
+ * @brief Unscheduled mode: adds a waiting request.
+ * @return ::FD_OK (also when the id is already waiting or active: no-op);
+ *   ::FD_ERR_INVALID_STATE (terminal id, scheduler-managed engine, a step is
+ *   open).
+ */
+FD_API fd_status fd_engine_add_request(fd_engine *engine, uint64_t request_id);
+
+/**
+ * @brief Unscheduled mode: makes a waiting request active in the cache
+ * (an empty request there).
+ * @return ::FD_OK (also when already active: no-op); ::FD_ERR_NOT_FOUND
+ *   (unknown id); ::FD_ERR_INVALID_STATE (terminal id, scheduler-managed
+ *   engine, a step is open, the cache refused the id).
+ */
+FD_API fd_status fd_engine_admit(fd_engine *engine, uint64_t request_id);
+
+/**
+ * @brief Finishes a waiting or active request. Active requests release their
+ * private blocks in the cache. Allowed in both modes (scheduler-managed
+ * requests also finish by themselves when their last new token commits).
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a
+ *   step is open, the cache was changed behind a scheduler-managed engine).
+ */
+FD_API fd_status fd_engine_finish(fd_engine *engine, uint64_t request_id);
+
+/** @brief As ::fd_engine_finish, but the terminal state is cancelled. */
+FD_API fd_status fd_engine_cancel(fd_engine *engine, uint64_t request_id);
+
+/**
+ * @brief Reports a request's state.
+ * @param[out] state Receives an ::fd_engine_request_state (unknown ids give
+ *   ::FD_ENGINE_REQUEST_UNKNOWN, not an error).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_engine_get_request_state(const fd_engine *engine, uint64_t request_id,
+                                             int32_t *state);
+
+/** @brief Outcome of ::fd_engine_begin_step. Values pinned. */
+typedef enum fd_engine_step_outcome {
+  FD_STEP_OPENED = 0,       /**< A step transaction is open; run every layer, then commit or abort. */
+  FD_STEP_BACKPRESSURE = 1, /**< Not enough free blocks; nothing changed but backpressure_count. */
+  FD_STEP_OUTCOME_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_engine_step_outcome;
+
+/** @brief Result of ::fd_engine_begin_step. */
+typedef struct fd_engine_step {
+  uint32_t struct_size;   /**< sizeof(fd_engine_step) as compiled by the caller. */
+  int32_t outcome;        /**< An ::fd_engine_step_outcome. */
+  fd_tx tx;               /**< The step's transaction handle (outcome ::FD_STEP_OPENED). */
+  uint32_t batch;         /**< Rows. */
+  uint32_t needed_blocks; /**< New blocks the step needs (allocated when opened). */
+  uint32_t free_blocks;   /**< Free blocks before the step. */
+  uint32_t reserved0;     /**< Written as 0. */
+} fd_engine_step;
+
+/**
+ * @brief Opens a step: one new token for each listed request.
+ *
+ * Unscheduled mode: ids must be active; when the step needs more blocks than
+ * are free, the call succeeds with outcome ::FD_STEP_BACKPRESSURE and changes
+ * nothing but backpressure_count. Scheduler-managed mode: the ids must equal
+ * the runnable ids of the last applied decision, in order, the decision must
+ * not have been used by an earlier step, and every admitted request must have
+ * its whole initial context (see ::fd_engine_prefill_request_layers); a
+ * shortage of blocks is an invariant violation.
+ * @param[in] request_ids Borrowed; copied.
+ * @param[out] step Caller sets struct_size; written on success only.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates,
+ *   ids other than the decision's runnable ids); ::FD_ERR_NOT_FOUND;
+ *   ::FD_ERR_INVALID_STATE (a step is open, an id not active, no unused
+ *   applied decision, context not fully prefilled, cache changed behind the
+ *   engine); ::FD_ERR_INVARIANT (scheduler-managed backpressure).
+ */
+FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request_ids,
+                                      uint32_t count, fd_engine_step *step);
+
+/**
+ * @brief Runs one layer of the open step: rotates Q and K at each row's
+ * position, appends rotated K and raw V, and decodes over the rows'
+ * effective sequence lengths (the new token included).
+ *
+ * Layers go 0..num_layers-1 in order. Any failure (wrong layer, a refused
+ * write, a decode error) aborts the whole step: its cache transaction is
+ * rolled back, seq_lens are unchanged and transaction_abort_count + 1.
+ * @param tx The handle from ::fd_engine_begin_step.
+ * @param[in] q [batch, num_q_heads, head_dim]; not modified.
+ * @param[in] k,v [batch, num_kv_heads, head_dim]. All in the cache's dtype,
+ *   host memory, borrowed for the call.
+ * @param[out] out_attention [batch, num_q_heads, head_dim]; must not alias
+ *   the inputs; written on success only.
+ * @param stream Ignored by CPU caches.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL data, wrong layer);
+ *   ::FD_ERR_STALE_HANDLE (@p tx is not the open step); ::FD_ERR_INVALID_STATE
+ *   (no open step); any status of the cache or ::fd_decode (step aborted).
+ */
+FD_API fd_status fd_engine_step_layer(fd_engine *engine, fd_tx tx, uint32_t layer,
+                                      const void *q, const void *k, const void *v,
+                                      void *out_attention, fd_stream stream);
+
+/**
+ * @brief Publishes the step: every row's seq_len grows by one. In
+ * scheduler-managed mode a request that reached initial_context_tokens +
+ * max_new_tokens is finished.
+ * @return ::FD_OK; ::FD_ERR_INVALID_STATE (no open step, not every layer run:
+ *   the step stays open); ::FD_ERR_STALE_HANDLE (@p tx is not the open step).
+ */
+FD_API fd_status fd_engine_commit_step(fd_engine *engine, fd_tx tx);
+
+/**
+ * @brief Rolls the open step back (seq_lens unchanged, new blocks freed).
+ * @return ::FD_OK; ::FD_ERR_INVALID_STATE (no open step);
+ *   ::FD_ERR_STALE_HANDLE (@p tx is not the open step).
+ */
+FD_API fd_status fd_engine_abort_step(fd_engine *engine, fd_tx tx);
+
+/**
+ * @brief Appends one prompt token to an active request, all layers, through
+ * one cache transaction (published once).
+ *
+ * K is rotated with the engine's RoPE at the token's position, like
+ * ::fd_engine_step_layer. In scheduler-managed mode only a request whose
+ * seq_len is below its initial_context_tokens may be prefilled.
+ * @param[in] k,v [num_layers, num_kv_heads, head_dim], cache dtype, host
+ *   memory, borrowed for the call.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL); ::FD_ERR_NOT_FOUND;
+ *   ::FD_ERR_INVALID_STATE (not active, context complete, a step is open,
+ *   cache changed behind the engine); ::FD_ERR_OUT_OF_BLOCKS. On failure the
+ *   request's seq_len and blocks are unchanged.
+ */
+FD_API fd_status fd_engine_prefill_request_layers(fd_engine *engine, uint64_t request_id,
+                                                  const void *k, const void *v);
+
+/**
+ * @brief Scheduler-managed mode: queues a request (state waiting). The first
+ * call switches the engine to scheduler-managed mode.
+ * @param[in] spec Borrowed; copied. A prefix id must name a prefix registered
+ *   through ::fd_engine_register_prefix; prefix_blocks 0 is filled from it.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (as ::fd_snapshot_add_waiting);
+ *   ::FD_ERR_ALREADY_EXISTS (id or submission_order already used);
+ *   ::FD_ERR_NOT_FOUND (unknown prefix); ::FD_ERR_INVALID_STATE (first call on
+ *   a non-empty cache or with unscheduled requests, a step is open, cache
+ *   changed behind the engine).
+ */
+FD_API fd_status fd_engine_submit_request(fd_engine *engine, const fd_request_spec *spec);
+
+/**
+ * @brief Registers a shared prefix in the cache (see ::fd_prefix_register).
+ * Only before the first submission.
+ * @return As ::fd_prefix_register; ::FD_ERR_INVALID_STATE after a submission
+ *   or while a step is open.
+ */
+FD_API fd_status fd_engine_register_prefix(fd_engine *engine, const char *prefix_id,
+                                           const void *k_blocks, const void *v_blocks,
+                                           uint32_t num_blocks, fd_stream stream);
+
+/**
+ * @brief Evicts a prefix (see ::fd_prefix_evict). Only when no request is
+ * waiting or active.
+ * @return As ::fd_prefix_evict; ::FD_ERR_INVALID_STATE while requests are
+ *   waiting or active, or a step is open.
+ */
+FD_API fd_status fd_engine_evict_prefix(fd_engine *engine, const char *prefix_id);
+
+/** @brief Caller-kept fairness counters of one request (semantics.md S9). */
+typedef struct fd_request_fairness {
+  uint64_t id;                 /**< Request id. */
+  uint32_t wait_steps;         /**< Waiting: decisions waited through. */
+  uint32_t skip_count;         /**< Waiting: times passed over. */
+  uint32_t service_wait_steps; /**< Active: steps since it last ran. */
+  uint32_t reserved0;          /**< Must be 0. */
+} fd_request_fairness;
+
+/**
+ * @brief Builds the authoritative snapshot of a scheduler-managed engine:
+ * waiting and active requests in submission order, with the caller's fairness
+ * counters (requests not listed get zeros; entries for terminal requests are
+ * ignored) and version = the engine's state_version.
+ * @param step Copied into the snapshot.
+ * @param[in] fairness Borrowed; @p count entries with unique ids (NULL when 0).
+ * @param[out] out Receives a new snapshot on success only; owned by the caller.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, duplicate ids, reserved0
+ *   != 0); ::FD_ERR_NOT_FOUND (an id the engine never saw);
+ *   ::FD_ERR_INVALID_STATE (not scheduler-managed, a step is open, cache
+ *   changed behind the engine).
+ */
+FD_API fd_status fd_engine_snapshot(const fd_engine *engine, uint64_t step,
+                                    const fd_request_fairness *fairness, uint32_t count,
+                                    fd_snapshot **out);
+
+/**
+ * @brief Applies a decision: rejects and admits the requests it names (an
+ * admitted request becomes active; a prefixed one is attached to its prefix).
+ *
+ * Before any change the engine rebuilds its authoritative snapshot with the
+ * decision snapshot's step and fairness counters, requires it to equal the
+ * decision's snapshot entry by entry (same order), requires @p scheduler's
+ * configuration to equal the decision's, re-plans and requires the same
+ * decision. Any refusal: stale_decision_count + 1 and nothing else changes.
+ * On success the decision's runnable ids become the only ids the next step
+ * may use. Admitted requests with a context must be prefilled before it.
+ * @return ::FD_OK; ::FD_ERR_STALE_HANDLE (snapshot version or contents differ
+ *   from the engine's, other config, different re-plan; the message says
+ *   which); ::FD_ERR_INVALID_ARGUMENT (NULL); ::FD_ERR_INVALID_STATE (not
+ *   scheduler-managed, a step is open, cache changed behind the engine).
+ */
+FD_API fd_status fd_engine_apply_decision(fd_engine *engine, const fd_scheduler *scheduler,
+                                          const fd_decision *decision);
+
+/** @brief Counters and gauges of an engine (semantics.md S8). Caller sets
+ *  struct_size; the library fills the fields that fit. */
+typedef struct fd_engine_metrics {
+  uint32_t struct_size;                  /**< sizeof(fd_engine_metrics) as compiled by the caller. */
+  uint32_t scheduler_managed;            /**< 1 in scheduler-managed mode. */
+  uint64_t waiting_request_count;        /**< Requests waiting. */
+  uint64_t active_request_count;         /**< Requests active. */
+  uint64_t finished_request_count;       /**< Requests finished. */
+  uint64_t cancelled_request_count;      /**< Requests cancelled. */
+  uint64_t rejected_request_count;       /**< Requests rejected. */
+  uint64_t completed_step_count;         /**< Committed steps. */
+  uint64_t appended_token_count;         /**< Tokens published by steps (rows of committed steps). */
+  uint64_t prefill_token_count;          /**< Tokens published by ::fd_engine_prefill_request_layers. */
+  uint64_t backpressure_count;           /**< Steps refused for lack of blocks (unscheduled mode). */
+  uint64_t state_version;                /**< Grows on every change the engine makes. */
+  uint64_t cache_state_version;          /**< Cache state version the engine last saw. */
+  uint64_t committed_blocks;             /**< Scheduler-managed: resident prefix blocks + active lifetime
+                                              commitments; 0 otherwise. */
+  uint64_t committed_but_unallocated_blocks; /**< committed_blocks - blocks held (scheduler-managed). */
+  uint64_t stale_decision_count;         /**< Refused ::fd_engine_apply_decision calls. */
+  uint64_t applied_decision_count;       /**< Applied decisions. */
+  uint64_t open_step_transaction_count;  /**< 0 or 1. */
+  uint64_t transaction_layer_step_count; /**< Successful ::fd_engine_step_layer calls. */
+  uint64_t transaction_abort_count;      /**< Aborted steps (explicit or after a failure). */
+} fd_engine_metrics;
+
+/**
+ * @brief Reads the engine metrics.
+ * @param[in,out] metrics Caller sets struct_size (at least 8); the library
+ *   fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_engine_metrics_get(const fd_engine *engine, fd_engine_metrics *metrics);
+
+/**
+ * @brief Checks that the engine and its cache agree: the cache's own
+ * invariants (::fd_cache_validate), request states, ownership of blocks, and
+ * in scheduler-managed mode every lifetime commitment.
+ * @return ::FD_OK; ::FD_ERR_INVARIANT with the first violation in words;
+ *   ::FD_ERR_INVALID_ARGUMENT for NULL.
+ */
+FD_API fd_status fd_engine_validate(const fd_engine *engine);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Workload drivers (semantics.md S10)
+ *
+ *  Deterministic, seeded drivers that run whole scenarios on the CPU backend
+ *  and report comparable numbers. Stateless functions; thread-safe. Results
+ *  are immutable and thread-safe.
+ *  @{ */
+
+/** @brief Workload families. Values pinned. */
+typedef enum fd_workload_kind {
+  FD_WORKLOAD_SYNTHETIC = 0,  /**< Single layer, unscheduled: arrivals, cancellations, backpressure. */
+  FD_WORKLOAD_SCHEDULER = 1,  /**< Lifetime scheduler vs greedy vs cancel-on-backpressure. */
+  FD_WORKLOAD_INTEGRATED = 2, /**< Multi-layer, scheduler-managed, prefixes, injected failure. */
+  FD_WORKLOAD_KIND_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_workload_kind;
+
+/** @brief Admission policies compared by workloads. Values pinned. */
+typedef enum fd_workload_policy {
+  FD_POLICY_UNSCHEDULED = 0, /**< FIFO admission, backpressure stalls (synthetic workloads). */
+  FD_POLICY_LIFETIME = 1,    /**< ::fd_scheduler_plan + ::fd_engine_apply_decision. */
+  FD_POLICY_GREEDY = 2,      /**< Admit while the context fits; deadlock after stalled steps. */
+  FD_POLICY_CANCEL_ON_BACKPRESSURE = 3, /**< Greedy, cancelling the oldest active request on a stall. */
+  FD_POLICY_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
+} fd_workload_policy;
+
+/** @brief Progress callback: @p done of @p total units of work are finished. */
+typedef void (*fd_workload_progress_fn)(void *user_data, uint64_t done, uint64_t total);
+
+/** @brief Parameters of ::fd_workload_run. Initialise with ::fd_workload_options_init. */
+typedef struct fd_workload_options {
+  uint32_t struct_size;            /**< sizeof(fd_workload_options) as compiled by the caller. */
+  int32_t kind;                    /**< An ::fd_workload_kind. Default ::FD_WORKLOAD_SCHEDULER. */
+  const char *case_name;           /**< A case of @p kind (::fd_workload_case_name); borrowed for the call. */
+  uint64_t seed;                   /**< Seed of every random choice. Default 0. */
+  fd_workload_progress_fn progress;/**< Called now and then from the calling thread; may be NULL. */
+  void *progress_user_data;        /**< Passed to @p progress. */
+  uint32_t cpu_threads;            /**< Decode threads; 0 = all hardware threads. Default 1. */
+  uint32_t reserved0;              /**< Must be 0. */
+} fd_workload_options;
+
+/** @brief Fills @p options with defaults and sets struct_size. NULL is ignored. */
+FD_API void fd_workload_options_init(fd_workload_options *options);
+
+/**
+ * @brief Names the cases of a workload kind.
+ * @param index 0-based; names are static strings.
+ * @param[out] name Receives the case name.
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND (index past the last case);
+ *   ::FD_ERR_INVALID_ARGUMENT (unknown kind, NULL).
+ */
+FD_API fd_status fd_workload_case_name(int32_t kind, uint32_t index, const char **name);
+
+/** @brief Opaque result of ::fd_workload_run: one report and trace per policy run. */
+typedef struct fd_workload_result fd_workload_result;
+
+/**
+ * @brief Runs a workload case to completion.
+ * @param[in] options Borrowed for the call.
+ * @param[out] out Receives the result on success only; owned by the caller,
+ *   release with ::fd_workload_result_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, unknown kind);
+ *   ::FD_ERR_NOT_FOUND (unknown case); ::FD_ERR_INVARIANT (the run broke an
+ *   engine or cache invariant: a bug); ::FD_ERR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_workload_run(const fd_workload_options *options, fd_workload_result **out);
+
+/** @brief Destroys a workload result. NULL is a no-op. */
+FD_API void fd_workload_result_destroy(fd_workload_result *result);
+
+/**
+ * @brief Number of policy runs in a result (1, or 3 for scheduler cases).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ */
+FD_API fd_status fd_workload_result_count(const fd_workload_result *result, uint32_t *count);
+
+/** @brief Report of one policy run (semantics.md S10). Latencies are wall
+ *  clock; every other field is deterministic for a given case and seed. */
+typedef struct fd_workload_report {
+  uint32_t struct_size;            /**< sizeof(fd_workload_report) as compiled by the caller. */
+  int32_t kind;                    /**< ::fd_workload_kind. */
+  int32_t policy;                  /**< ::fd_workload_policy. */
+  uint32_t max_blocks;             /**< Pool size. */
+  char case_name[32];              /**< NUL-terminated case name. */
+  uint64_t seed;                   /**< Seed used. */
+  uint64_t steps;                  /**< Loop iterations driven (including stalled ones). */
+  uint64_t executed_steps;         /**< Committed steps. */
+  uint64_t requests_submitted;     /**< Requests offered. */
+  uint64_t requests_completed;     /**< Requests that generated every new token. */
+  double completion_rate;          /**< requests_completed / requests_submitted. */
+  uint64_t useful_tokens;          /**< Tokens generated by completed requests. */
+  uint64_t generated_tokens;       /**< Tokens generated by any request (including cancelled ones). */
+  double tokens_per_second;        /**< generated_tokens / wall time of executed steps. */
+  double step_latency_p50_us;      /**< Nearest-rank percentiles of executed step wall time. */
+  double step_latency_p90_us;      /**< See step_latency_p50_us. */
+  double step_latency_p99_us;      /**< See step_latency_p50_us. */
+  uint64_t stalled_steps;          /**< Iterations in which active requests could not run. */
+  uint64_t backpressure_steps;     /**< Steps refused for lack of blocks. */
+  uint64_t deadlocks;              /**< Runs stopped as deadlocked (0 or 1). */
+  uint64_t forced_cancellations;   /**< Requests cancelled by the policy. */
+  uint64_t user_cancellations;     /**< Requests cancelled by the workload script. */
+  uint64_t rejected_requests;      /**< Requests rejected as never fitting. */
+  uint64_t aborted_steps;          /**< Steps rolled back (injected failures). */
+  double mean_admission_wait_steps;/**< Mean iterations from arrival to admission (admitted requests). */
+  uint64_t max_admission_wait_steps; /**< Largest such wait. */
+  uint64_t max_service_wait_steps; /**< Largest run of iterations an active request did not run. */
+  double fairness;                 /**< Jain's index of completed requests' tokens / (finish - arrival) (1 = fair). */
+  uint64_t peak_used_blocks;       /**< Largest used block count after a step. */
+  double mean_used_blocks;         /**< Mean used blocks over iterations. */
+  uint64_t prefix_hits;            /**< Prefix attaches. */
+  uint64_t prefix_misses;          /**< Prefixed requests served without a resident prefix. */
+  uint64_t peak_saved_prefix_blocks; /**< Largest saved_prefix_blocks seen. */
+  uint64_t trajectory_hash;        /**< FNV-1a hash of the deterministic trajectory. */
+} fd_workload_report;
+
+/**
+ * @brief Reads the report of run @p index.
+ * @param[out] report Caller sets struct_size; the library fills what fits.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, index out of range).
+ */
+FD_API fd_status fd_workload_result_report(const fd_workload_result *result, uint32_t index,
+                                           fd_workload_report *report);
+
+/** @brief One iteration of a workload run (for plots). */
+typedef struct fd_workload_trace_point {
+  uint64_t step;          /**< Iteration number. */
+  double latency_us;      /**< Wall time of the iteration's step (0 when nothing ran). */
+  uint32_t used_blocks;   /**< Blocks in use after the iteration. */
+  uint32_t committed_blocks; /**< Lifetime commitments (lifetime policy), else used_blocks. */
+  uint32_t active;        /**< Active requests after the iteration. */
+  uint32_t waiting;       /**< Waiting requests after the iteration. */
+} fd_workload_trace_point;
+
+/**
+ * @brief Copies the per-iteration trace of run @p index.
+ * @param[out] points Host memory of @p capacity entries; may be NULL when
+ *   @p capacity is 0 (to ask for the count).
+ * @param[out] count Receives the trace length.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, index out of range,
+ *   capacity below the length: nothing written).
+ */
+FD_API fd_status fd_workload_result_trace(const fd_workload_result *result, uint32_t index,
+                                          fd_workload_trace_point *points, uint32_t capacity,
+                                          uint32_t *count);
+
+/** @} */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
