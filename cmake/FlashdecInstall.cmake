@@ -1,0 +1,45 @@
+# Install rules, CMake package config and pkg-config file for libflashdec.
+#
+# A consumer gets the shared library (with its SONAME symlinks), the one public
+# header, and either `find_package(flashdec)` + `flashdec::flashdec` or
+# `pkg-config --cflags --libs flashdec`. Both descriptions are relocatable: they
+# locate the prefix from their own path, so `cmake --install --prefix DIR`
+# yields a working tree anywhere.
+include(CMakePackageConfigHelpers)
+
+set(FLASHDEC_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashdec)
+
+# The CUDA runtime is linked statically and hidden, so the installed target has
+# no link dependency of its own: consumers need neither CUDA nor Threads.
+install(TARGETS flashdec EXPORT flashdecTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT development
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/include/flashdec.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
+install(EXPORT flashdecTargets NAMESPACE flashdec:: FILE flashdecTargets.cmake
+  DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR} COMPONENT development)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashdecConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/flashdecConfig.cmake
+  INSTALL_DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR})
+# Same rule as the header's runtime check: equal major version (the SONAME),
+# and at least the requested minor.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashdecConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/flashdecConfig.cmake
+  ${PROJECT_BINARY_DIR}/flashdecConfigVersion.cmake
+  DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR} COMPONENT development)
+
+# pkg-config: the prefix is derived from ${pcfiledir}, so the file stays right
+# when the install prefix is chosen at install time.
+set(FLASHDEC_PC_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  message(FATAL_ERROR "flashdec: CMAKE_INSTALL_LIBDIR and CMAKE_INSTALL_INCLUDEDIR must be "
+                      "relative to the prefix (the pkg-config file is relocatable)")
+endif()
+file(RELATIVE_PATH FLASHDEC_PC_TO_PREFIX /prefix/${FLASHDEC_PC_DIR} /prefix)
+string(REGEX REPLACE "/$" "" FLASHDEC_PC_TO_PREFIX "${FLASHDEC_PC_TO_PREFIX}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/flashdec.pc.in ${PROJECT_BINARY_DIR}/flashdec.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/flashdec.pc DESTINATION ${FLASHDEC_PC_DIR}
+  COMPONENT development)

@@ -1,0 +1,46 @@
+# ABI and packaging tests (included by tests/CMakeLists.txt). Each is a script
+# under tests/scripts, labelled "abi" or "package"; the cmocka ABI suites
+# (test_abi_layout.c, test_status.c) are picked up by the test_* glob.
+set(FLASHDEC_TEST_SCRIPTS ${CMAKE_CURRENT_SOURCE_DIR}/scripts)
+
+# (a) Exported symbols of libflashdec.so == FD_API declarations of the header.
+add_test(NAME abi_exports
+  COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_exports.sh ${CMAKE_C_COMPILER}
+          $<TARGET_FILE:flashdec> ${PROJECT_SOURCE_DIR}/include/flashdec.h)
+# ... and that check really rejects mismatches.
+add_test(NAME abi_exports_selftest
+  COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_exports_selftest.sh ${CMAKE_C_COMPILER}
+          ${PROJECT_SOURCE_DIR}/src/flashdec.map)
+
+# (b) The header on its own: strict C99 and C++17, no CUDA header, C linkage.
+add_test(NAME abi_header_c99
+  COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_header.sh c99 ${CMAKE_C_COMPILER}
+          ${PROJECT_SOURCE_DIR}/include)
+add_test(NAME abi_header_cxx17
+  COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_header.sh c++17 ${CMAKE_CXX_COMPILER}
+          ${PROJECT_SOURCE_DIR}/include)
+set_tests_properties(abi_exports abi_exports_selftest abi_header_c99 abi_header_cxx17
+  PROPERTIES LABELS abi TIMEOUT 120)
+
+# Packaging: install into a temporary prefix, then build tests/consumer with
+# find_package(flashdec) and with pkg-config.
+set(flashdec_consumer_flags "")
+if(FLASHDEC_SANITIZE)
+  set(flashdec_consumer_flags "-fsanitize=address,undefined")
+endif()
+foreach(mode cmake pkg-config)
+  add_test(NAME package_consumer_${mode}
+    COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_install.sh ${mode} ${PROJECT_BINARY_DIR}
+            ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/package-${mode}
+            ${CMAKE_INSTALL_LIBDIR} ${PROJECT_VERSION} ${CMAKE_C_COMPILER} ${CMAKE_GENERATOR}
+            "${flashdec_consumer_flags}")
+  # Both install the same build tree (cmake --install writes install_manifest.txt
+  # there), so they take turns.
+  set_tests_properties(package_consumer_${mode} PROPERTIES LABELS package TIMEOUT 300
+    RESOURCE_LOCK flashdec_install_manifest)
+endforeach()
+
+# test_status.c starts threads to check that the last error is per thread.
+if(TARGET test_status)
+  target_link_libraries(test_status PRIVATE Threads::Threads)
+endif()

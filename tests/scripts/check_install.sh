@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Packaging check: installs the build tree into a fresh temporary prefix and
+# builds tests/consumer against it, the way a downstream project would.
+#
+# usage: check_install.sh cmake|pkg-config BUILD_DIR SOURCE_DIR WORK_DIR LIBDIR
+#                         VERSION C_COMPILER GENERATOR [EXTRA_FLAGS]
+#
+#   cmake       find_package(flashdec) + flashdec::flashdec
+#   pkg-config  cc consumer.c $(pkg-config --cflags --libs flashdec)
+# EXTRA_FLAGS go to the consumer's compile and link (the sanitizer build passes
+# -fsanitize=... so the consumer loads the instrumented library correctly).
+set -euo pipefail
+mode=$1
+build_dir=$2
+source_dir=$3
+work=$4
+libdir=$5
+version=$6
+cc=$7
+generator=$8
+extra_flags=${9:-}
+major=${version%%.*}
+prefix=$work/prefix
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+rm -rf "$work"
+mkdir -p "$work"
+cmake --install "$build_dir" --prefix "$prefix" > "$work/install.log" ||
+  { cat "$work/install.log" >&2; fail "cmake --install failed"; }
+
+# Layout: header, real file + SONAME link + development link, package files.
+lib=$prefix/$libdir
+[ -f "$prefix/include/flashdec.h" ] || fail "include/flashdec.h not installed"
+[ -f "$lib/libflashdec.so.$version" ] && [ ! -L "$lib/libflashdec.so.$version" ] ||
+  fail "$libdir/libflashdec.so.$version is not a regular file"
+[ "$(readlink "$lib/libflashdec.so.$major")" = "libflashdec.so.$version" ] ||
+  fail "$libdir/libflashdec.so.$major does not link to libflashdec.so.$version"
+[ "$(readlink "$lib/libflashdec.so")" = "libflashdec.so.$major" ] ||
+  fail "$libdir/libflashdec.so does not link to libflashdec.so.$major"
+soname=$(readelf -d "$lib/libflashdec.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[ "$soname" = "libflashdec.so.$major" ] || fail "SONAME is '$soname', expected libflashdec.so.$major"
+for f in cmake/flashdec/flashdecConfig.cmake cmake/flashdec/flashdecConfigVersion.cmake \
+  cmake/flashdec/flashdecTargets.cmake pkgconfig/flashdec.pc; do
+  [ -f "$lib/$f" ] || fail "$libdir/$f not installed"
+done
+echo "ok: installed layout (SONAME $soname)"
+
+case $mode in
+  cmake)
+    # Only the temporary prefix may satisfy find_package.
+    cmake -S "$source_dir/tests/consumer" -B "$work/build" -G "$generator" \
+      -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
+      -DCMAKE_C_FLAGS="$extra_flags" -DCMAKE_EXE_LINKER_FLAGS="$extra_flags" > "$work/configure.log" ||
+      { cat "$work/configure.log" >&2; fail "configuring the consumer failed"; }
+    grep "consumer: flashdec" "$work/configure.log"
+    grep -q "consumer: flashdec $version from $lib/cmake/flashdec" "$work/configure.log" ||
+      fail "find_package did not pick the package from $prefix"
+    cmake --build "$work/build" > "$work/build.log" ||
+      { cat "$work/build.log" >&2; fail "building the consumer failed"; }
+    exe=$work/build/consumer
+    # The build tree's RPATH must point at the installed library.
+    run_env=()
+    ;;
+  pkg-config)
+    export PKG_CONFIG_PATH=$lib/pkgconfig
+    [ "$(pkg-config --modversion flashdec)" = "$version" ] || fail "pkg-config --modversion"
+    flags=$(pkg-config --cflags --libs flashdec)
+    echo "pkg-config --cflags --libs flashdec: $flags"
+    exe=$work/consumer
+    # shellcheck disable=SC2086 # the flags are a word list by design
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra_flags \
+      "$source_dir/tests/consumer/consumer.c" -o "$exe" $flags ||
+      fail "compiling the consumer with pkg-config flags failed"
+    run_env=(env "LD_LIBRARY_PATH=$lib")
+    ;;
+  *) fail "unknown mode $mode" ;;
+esac
+
+# The program must load the installed copy, not the build tree's.
+resolved=$("${run_env[@]}" ldd "$exe" | awk '$1 ~ /^libflashdec/ { print $3 }')
+case $resolved in
+  "$lib"/*) echo "ok: consumer loads $resolved" ;;
+  *) fail "consumer resolves libflashdec to '$resolved', not into $lib" ;;
+esac
+"${run_env[@]}" "$exe"
