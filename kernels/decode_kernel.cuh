@@ -1,0 +1,585 @@
+// Paged decode attention on tensor cores (sm_80+ mma.sync, built for sm_90).
+//
+// One CTA of 4 warps serves one (row, KV head, split-KV range). All q heads of
+// the GQA group live in the rows of a 16-row mma tile (two tiles for groups of
+// 17..32), so each K/V element is fetched from memory once and used by every
+// head of its group. The CTA streams 64-token tiles of K and V through a
+// multi-stage cp.async pipeline in shared memory (16-byte copies, several
+// tiles in flight, block-table entries fetched one tile ahead); each warp owns
+// 16-token slices of every tile and keeps its own FP32 online-softmax state;
+// the warps merge in a fixed order at the end. A split writes an unnormalised
+// partial (O, max, sum) that decode_merge_kernel combines in a fixed order,
+// so results are bit-identical from run to run.
+//
+// Layouts: token-major tiles are staged as [token][dim], dim-major tiles as
+// [dim][token]; the only difference in the math is which ldmatrix (plain or
+// transposing) feeds the mma. Shared rows are XOR-swizzled in 16-byte chunks
+// so ldmatrix reads are free of bank conflicts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "decode_launch.hpp"
+
+namespace fd {
+namespace cuda {
+namespace detail {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTile = kDecodeTileTokens;
+constexpr int kStepTokens = 16;  // tokens per warp step (the PV mma's k)
+constexpr int kStepsPerTile = kTile / kStepTokens;
+
+template <int D>
+struct Config {
+  static constexpr int kTileElems = kTile * D;  // of K (or V) per stage
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kChunksPerThread = kTileElems / 8 / kThreads;  // 16-byte copies
+  static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kCtasPerSm = D == 128 ? 2 : 3;
+  // The warp merge at the end reuses the pipeline's shared memory.
+  static_assert(kWarps * 16 * D * 4 + 2 * kWarps * 16 * 4 <= kSmemBytes, "merge buffer");
+};
+
+template <class T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // Rounds a pair to bf16 (low half = first), returns the packed bits and
+  // the rounded values so the softmax sum uses exactly what the mma sees.
+  static __device__ __forceinline__ uint32_t pack(float &x, float &y) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    x = __low2float(h);
+    y = __high2float(h);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ float to_float(uint16_t bits) {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  }
+  static __device__ __forceinline__ uint16_t from_float(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float &x, float &y) {
+    const __half2 h = __floats2half2_rn(x, y);
+    x = __low2float(h);
+    y = __high2float(h);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ float to_float(uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+  }
+  static __device__ __forceinline__ uint16_t from_float(float x) {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; a false `valid` writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Element offset of 16-byte chunk c of row r in a staged tile whose rows hold
+// `chunks` chunks (8 or 16): chunks are XOR-swizzled by the row's low 3 bits.
+__device__ __forceinline__ int tile_offset(int r, int c, int chunks) {
+  return (r * chunks + (c ^ (r & 7))) * 8;
+}
+
+template <bool kDimMajor, int D>
+struct TileShape {
+  // Token-major: rows are tokens, D/8 chunks of dims. Dim-major: rows are
+  // dims, 8 chunks of 8 tokens.
+  static constexpr int kChunks = kDimMajor ? kTile / 8 : D / 8;
+};
+
+// Which (row, chunk) of the staged tile the thread's i-th copy fills, and the
+// token (relative to the tile) it starts at.
+template <bool kDimMajor, int D>
+__device__ __forceinline__ void copy_coords(int tid, int i, int &r, int &c, int &token) {
+  constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
+  const int q = tid + kThreads * i;
+  r = q / kChunks;
+  c = q % kChunks;
+  token = kDimMajor ? c * 8 : r;
+}
+
+struct Params {
+  const void *q;
+  const void *k;
+  const void *v;
+  void *out;
+  const int32_t *block_tables;
+  const int32_t *seq_lens;
+  int64_t stride_block, stride_head, stride_token, stride_dim;
+  int32_t num_kv_heads, group_size, block_size_log2, num_blocks, max_blocks_per_seq;
+  int32_t num_splits, tiles_per_split, m_tiles;
+  float scale_log2;
+  float *partial_o;
+  float *partial_ml;
+};
+
+template <class T, int D, bool kDimMajor>
+__global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
+    decode_kernel(const Params p) {
+  using Cfg = Config<D>;
+  using M = Mma<T>;
+  constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
+  constexpr int kNch = Cfg::kChunksPerThread;
+  constexpr int kS = Cfg::kStages;
+  extern __shared__ __align__(128) uint16_t smem[];
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int split = blockIdx.x % p.num_splits;
+  const int rest = blockIdx.x / p.num_splits;
+  const int kvh = rest % p.num_kv_heads;
+  const int row = rest / p.num_kv_heads;
+  const int bs_log2 = p.block_size_log2;
+  const int bs_mask = (1 << bs_log2) - 1;
+  const int max_len = p.max_blocks_per_seq << bs_log2;
+
+  int seq_len = p.seq_lens[row];
+  seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
+  const int row_tiles = (seq_len + kTile - 1) / kTile;
+  const int tile_begin = split * p.tiles_per_split;
+  int n_tiles = row_tiles - tile_begin;
+  // The last partition takes every remaining tile, so a seq_len above the
+  // caller's max_seq_len_hint costs speed, never tokens.
+  if (split + 1 < p.num_splits && n_tiles > p.tiles_per_split) n_tiles = p.tiles_per_split;
+  // An empty partition writes nothing: the merge reads only partitions that
+  // hold tokens. Unsplit rows always write (zeros for an empty row).
+  if (n_tiles <= 0 && p.num_splits > 1) return;
+
+  const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
+  const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
+  const T *kbase = static_cast<const T *>(p.k) + head_off;
+  const T *vbase = static_cast<const T *>(p.v) + head_off;
+
+  // Block id of the block holding each of this thread's copies of tile j;
+  // -1 for tokens past the row's end or ids outside the cache (zero-filled,
+  // so a corrupt table cannot make the kernel read outside the cache).
+  auto fetch_ids = [&](int j, int ids[kNch]) {
+    const int tok0 = (tile_begin + j) * kTile;
+#pragma unroll
+    for (int i = 0; i < kNch; ++i) {
+      int r, c, token;
+      copy_coords<kDimMajor, D>(tid, i, r, c, token);
+      const int t = tok0 + token;
+      int id = -1;
+      if (t < seq_len) {
+        id = __ldg(table + (t >> bs_log2));
+        if (id < 0 || id >= p.num_blocks) id = -1;
+      }
+      ids[i] = id;
+    }
+  };
+  auto issue = [&](int j, const int ids[kNch]) {
+    const int tok0 = (tile_begin + j) * kTile;
+    uint16_t *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
+    uint16_t *sv = sk + Cfg::kTileElems;
+#pragma unroll
+    for (int i = 0; i < kNch; ++i) {
+      int r, c, token;
+      copy_coords<kDimMajor, D>(tid, i, r, c, token);
+      const int t = tok0 + token;
+      const bool valid = ids[i] >= 0;
+      int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
+      if (kDimMajor)
+        off += static_cast<int64_t>(r) * p.stride_dim + (t & bs_mask);
+      else
+        off += static_cast<int64_t>(t & bs_mask) * p.stride_token + c * 8;
+      if (!valid) off = 0;
+      const int so = tile_offset(r, c, kChunks);
+      cp_async16(smem_u32(sk + so), kbase + off, valid);
+      cp_async16(smem_u32(sv + so), vbase + off, valid);
+    }
+  };
+
+  // Start the pipeline before anything else so memory is busy early.
+  int ids[kNch];
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < n_tiles) {
+      fetch_ids(s, ids);
+      issue(s, ids);
+    }
+    cp_async_commit();
+  }
+  if (kS - 1 < n_tiles) fetch_ids(kS - 1, ids);
+
+  // This warp's m-tile (16 q heads of the group) and token slices.
+  const int mt = warp % p.m_tiles;
+  const int slice0 = warp / p.m_tiles;
+  const int slice_step = kWarps / p.m_tiles;
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  const int group = p.group_size;
+  const int num_q_heads = p.num_kv_heads * group;
+  const int64_t q_row0 = (static_cast<int64_t>(row) * num_q_heads + kvh * group) * D;
+  const uint16_t *qbits = static_cast<const uint16_t *>(p.q) + q_row0;
+
+  // Q as mma A fragments: rows g and g+8 of the m-tile, dims 2*tig.. of each
+  // 16-dim k-step. Heads past the group are zero rows.
+  uint32_t qa[D / 16][4];
+  {
+    const int h0 = mt * 16 + g;
+    const int h1 = h0 + 8;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int d = ks * 16 + 2 * tig;
+      auto pair = [&](int h, int dd) -> uint32_t {
+        if (h >= group) return 0u;
+        const uint16_t *src = qbits + static_cast<int64_t>(h) * D + dd;
+        return static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 16);
+      };
+      qa[ks][0] = pair(h0, d);
+      qa[ks][1] = pair(h1, d);
+      qa[ks][2] = pair(h0, d + 8);
+      qa[ks][3] = pair(h1, d + 8);
+    }
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m0 = neg_inf(), m1 = neg_inf();  // running max (base 2) of heads g, g+8
+  float l0 = 0.f, l1 = 0.f;          // this thread's part of the running sums
+  const float scale = p.scale_log2;
+  const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
+  const int rr = lane & 7;   // ... and which of its rows
+
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<kS - 2>();
+    __syncthreads();
+    if (j + kS - 1 < n_tiles) {
+      issue(j + kS - 1, ids);
+      if (j + kS < n_tiles) fetch_ids(j + kS, ids);  // consumed next iteration
+    }
+    cp_async_commit();
+
+    const int tok0 = (tile_begin + j) * kTile;
+    uint16_t *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
+    uint16_t *sv = sk + Cfg::kTileElems;
+    if (kDimMajor && tok0 + kTile > seq_len) {
+      // A dim-major copy brings 8 tokens at once, so the last tile can hold
+      // tokens past the row's end: stale cache contents (maybe NaN) that a
+      // zero probability would still turn into NaN. Zero them in V.
+      const int first = seq_len - tok0 < 0 ? 0 : seq_len - tok0;
+      for (int e = tid; e < D * kTile; e += kThreads) {
+        const int d = e / kTile, t = e % kTile;
+        if (t >= first) sv[tile_offset(d, t / 8, kChunks) + (t & 7)] = 0;
+      }
+      __syncthreads();
+    }
+    const uint32_t sk_u = smem_u32(sk);
+    const uint32_t sv_u = smem_u32(sv);
+
+    for (int step = slice0; step < kStepsPerTile; step += slice_step) {
+      const int t0 = step * kStepTokens;
+      if (tok0 + t0 >= seq_len) break;  // warp-uniform
+
+      // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t b[4];
+        if (kDimMajor) {
+          const int r = ks * 16 + (mi & 1) * 8 + rr;
+          const int c = t0 / 8 + (mi >> 1);
+          ldsm_x4_t(sk_u + 2 * tile_offset(r, c, kChunks), b);
+        } else {
+          const int r = t0 + (mi >> 1) * 8 + rr;
+          const int c = ks * 2 + (mi & 1);
+          ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
+        }
+        M::run(s[0], qa[ks], b[0], b[1]);
+        M::run(s[1], qa[ks], b[2], b[3]);
+      }
+
+      // Online softmax in base 2 (scale includes log2(e)).
+      const bool tail = tok0 + t0 + kStepTokens > seq_len;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= scale;
+          if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= seq_len) s[n][e] = neg_inf();
+        }
+      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+      // With every score so far masked the max is -inf: use 0 so that
+      // exp2(-inf - 0) = 0 instead of NaN.
+      const float use0 = new0 == neg_inf() ? 0.f : new0;
+      const float use1 = new1 == neg_inf() ? 0.f : new1;
+      const float corr0 = exp2f(m0 - use0), corr1 = exp2f(m1 - use1);
+      m0 = new0;
+      m1 = new1;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][0] = exp2f(s[n][0] - use0);
+        s[n][1] = exp2f(s[n][1] - use0);
+        s[n][2] = exp2f(s[n][2] - use1);
+        s[n][3] = exp2f(s[n][3] - use1);
+      }
+      // P as the A fragment of the PV mma (k = the 16 tokens).
+      uint32_t pa[4];
+      pa[0] = M::pack(s[0][0], s[0][1]);
+      pa[1] = M::pack(s[0][2], s[0][3]);
+      pa[2] = M::pack(s[1][0], s[1][1]);
+      pa[3] = M::pack(s[1][2], s[1][3]);
+      l0 = l0 * corr0 + ((s[0][0] + s[0][1]) + (s[1][0] + s[1][1]));
+      l1 = l1 * corr1 + ((s[0][2] + s[0][3]) + (s[1][2] + s[1][3]));
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= corr0;
+        o[n][1] *= corr0;
+        o[n][2] *= corr1;
+        o[n][3] *= corr1;
+      }
+
+      // O += P V: two 8-dim n-tiles per ldmatrix.x4.
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t b[4];
+        if (kDimMajor) {
+          const int r = n * 8 + (mi >> 1) * 8 + rr;
+          const int c = t0 / 8 + (mi & 1);
+          ldsm_x4(sv_u + 2 * tile_offset(r, c, kChunks), b);
+        } else {
+          const int r = t0 + (mi & 1) * 8 + rr;
+          const int c = n + (mi >> 1);
+          ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
+        }
+        M::run(o[n], pa, b[0], b[1]);
+        M::run(o[n + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the warps (fixed order) through shared memory.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][D]
+  float *red_m = red_o + kWarps * 16 * D;           // [warp][16]
+  float *red_l = red_m + kWarps * 16;               // [warp][16]
+  {
+    float *wo = red_o + warp * 16 * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int d = n * 8 + 2 * tig;
+      wo[g * D + d] = o[n][0];
+      wo[g * D + d + 1] = o[n][1];
+      wo[(g + 8) * D + d] = o[n][2];
+      wo[(g + 8) * D + d + 1] = o[n][3];
+    }
+    if (tig == 0) {
+      red_m[warp * 16 + g] = m0;
+      red_m[warp * 16 + g + 8] = m1;
+      red_l[warp * 16 + g] = l0;
+      red_l[warp * 16 + g + 8] = l1;
+    }
+  }
+  __syncthreads();
+
+  const int num_splits = p.num_splits;
+  for (int e = tid; e < group * D; e += kThreads) {
+    const int h = e / D, d = e % D;
+    const int hm = h % 16;
+    const int w0 = h / 16;  // first warp of this head's m-tile
+    float mx = neg_inf();
+    for (int w = w0; w < kWarps; w += p.m_tiles) mx = fmaxf(mx, red_m[w * 16 + hm]);
+    const float use = mx == neg_inf() ? 0.f : mx;
+    float sum = 0.f, acc = 0.f;
+    for (int w = w0; w < kWarps; w += p.m_tiles) {
+      const float f = exp2f(red_m[w * 16 + hm] - use);
+      sum += f * red_l[w * 16 + hm];
+      acc += f * red_o[(w * 16 + hm) * D + d];
+    }
+    const int64_t qh = static_cast<int64_t>(row) * num_q_heads + kvh * group + h;
+    if (num_splits == 1) {
+      const float val = sum > 0.f ? acc / sum : 0.f;
+      static_cast<uint16_t *>(p.out)[qh * D + d] = M::from_float(val);
+    } else {
+      const int64_t slot = qh * num_splits + split;
+      p.partial_o[slot * D + d] = acc;
+      if (d == 0) {
+        p.partial_ml[slot * 2] = mx;
+        p.partial_ml[slot * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+// Combines the split-KV partials of one (row, q head) and a 32-dim slice:
+// weights exp2(m_s - max) in shared memory, 8 split lanes summed in a fixed
+// order. Only partitions that hold tokens are read; an empty row gives zeros.
+template <class T>
+__global__ void __launch_bounds__(256)
+    decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
+                        const int32_t *__restrict__ seq_lens, void *out, int num_q_heads,
+                        int head_dim, int num_splits, int split_tokens, int max_len) {
+  __shared__ float w[kDecodeMaxSplits];
+  __shared__ float lsum[kDecodeMaxSplits];
+  __shared__ float acc[8][32];
+  const int qh = blockIdx.x;
+  const int row = qh / num_q_heads;
+  const int x = threadIdx.x, y = threadIdx.y;
+  const int tid = y * 32 + x;
+  const int d = blockIdx.y * 32 + x;
+  int len = seq_lens[row];
+  len = len < 0 ? 0 : (len > max_len ? max_len : len);
+  int nv = (len + split_tokens - 1) / split_tokens;
+  nv = nv > num_splits ? num_splits : nv;
+  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * head_dim + d;
+  if (nv == 0) {
+    if (y == 0) *dst = Mma<T>::from_float(0.f);
+    return;
+  }
+  const float *ml = partial_ml + static_cast<int64_t>(qh) * num_splits * 2;
+  for (int s = tid; s < nv; s += 256) {
+    w[s] = ml[2 * s];
+    lsum[s] = ml[2 * s + 1];
+  }
+  __syncthreads();
+  float mx = neg_inf();
+  for (int s = 0; s < nv; ++s) mx = fmaxf(mx, w[s]);
+  __syncthreads();
+  for (int s = tid; s < nv; s += 256) w[s] = exp2f(w[s] - mx);
+  __syncthreads();
+  float total = 0.f;
+  for (int s = 0; s < nv; ++s) total += w[s] * lsum[s];
+  const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * head_dim + d;
+  float a = 0.f;
+#pragma unroll 4
+  for (int s = y; s < nv; s += 8) a += w[s] * po[static_cast<int64_t>(s) * head_dim];
+  acc[y][x] = a;
+  __syncthreads();
+  if (y == 0) {
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum += acc[k][x];
+    *dst = Mma<T>::from_float(total > 0.f ? sum / total : 0.f);
+  }
+}
+
+}  // namespace detail
+
+// Launches decode_kernel<T, D, layout> and the merge (defined per dtype in
+// decode_<dtype>.cu so the two compile in parallel).
+template <class T>
+cudaError_t launch_decode_typed(const DecodeLaunch &launch);
+
+template <class T, int D, bool kDimMajor>
+cudaError_t launch_decode_variant(const DecodeLaunch &l) {
+  using Cfg = detail::Config<D>;
+  auto kernel = detail::decode_kernel<T, D, kDimMajor>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  detail::Params p;
+  p.q = l.q;
+  p.k = l.k;
+  p.v = l.v;
+  p.out = l.out;
+  p.block_tables = l.block_tables;
+  p.seq_lens = l.seq_lens;
+  p.stride_block = l.stride_block;
+  p.stride_head = l.stride_head;
+  p.stride_token = l.stride_token;
+  p.stride_dim = l.stride_dim;
+  p.num_kv_heads = l.num_kv_heads;
+  p.group_size = l.group_size;
+  p.block_size_log2 = l.block_size_log2;
+  p.num_blocks = l.num_blocks;
+  p.max_blocks_per_seq = l.max_blocks_per_seq;
+  p.num_splits = l.num_splits;
+  p.tiles_per_split = l.tiles_per_split;
+  p.m_tiles = (l.group_size + 15) / 16;
+  p.scale_log2 = l.scale_log2;
+  p.partial_o = l.partial_o;
+  p.partial_ml = l.partial_ml;
+  const unsigned grid =
+      static_cast<unsigned>(l.batch) * static_cast<unsigned>(l.num_kv_heads) *
+      static_cast<unsigned>(l.num_splits);
+  kernel<<<grid, detail::kThreads, Cfg::kSmemBytes, l.stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || l.num_splits == 1) return err;
+  const dim3 mgrid(static_cast<unsigned>(l.batch * l.num_kv_heads * l.group_size),
+                   static_cast<unsigned>(D / 32));
+  detail::decode_merge_kernel<T><<<mgrid, dim3(32, 8), 0, l.stream>>>(
+      l.partial_o, l.partial_ml, l.seq_lens, l.out, l.num_kv_heads * l.group_size, D,
+      l.num_splits, l.tiles_per_split * kDecodeTileTokens, l.max_blocks_per_seq << l.block_size_log2);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_decode_dispatch(const DecodeLaunch &l) {
+  if (l.head_dim == 128)
+    return l.dim_major ? launch_decode_variant<T, 128, true>(l)
+                       : launch_decode_variant<T, 128, false>(l);
+  return l.dim_major ? launch_decode_variant<T, 64, true>(l)
+                     : launch_decode_variant<T, 64, false>(l);
+}
+
+}  // namespace cuda
+}  // namespace fd

@@ -1,0 +1,62 @@
+// Host-visible interface of the CUDA paged decode kernels (kernels/*.cu).
+// Plain C++: includes no CUDA header beyond the runtime API, so src/cuda can
+// call it from ordinary .cpp files. Every value here is already validated by
+// src/cuda/decode_cuda.cpp; the kernels trust it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fd {
+namespace cuda {
+
+// Tokens of K and V that one CTA stages in shared memory per pipeline step.
+// Split-KV ranges are whole tiles, so every block size in {8, 16, 32} divides it.
+constexpr int kDecodeTileTokens = 64;
+// Upper bound on split-KV partitions per row (the merge kernel keeps one
+// weight per split in shared memory).
+constexpr int kDecodeMaxSplits = 128;
+// Largest GQA group (q heads sharing one KV head) the kernel serves: two
+// 16-row tensor-core tiles.
+constexpr int kDecodeMaxGroup = 32;
+
+struct DecodeLaunch {
+  int32_t dtype = 0;       // FD_DTYPE_F16 or FD_DTYPE_BF16
+  bool dim_major = false;  // FD_LAYOUT_DIM_MAJOR
+  int32_t head_dim = 0;    // 64 or 128
+  const void *q = nullptr;
+  const void *k = nullptr;
+  const void *v = nullptr;
+  void *out = nullptr;
+  const int32_t *block_tables = nullptr;
+  const int32_t *seq_lens = nullptr;
+  int64_t stride_block = 0;  // elements
+  int64_t stride_head = 0;
+  int64_t stride_token = 0;  // 1 for dim-major
+  int64_t stride_dim = 0;    // 1 for token-major
+  int32_t batch = 0;
+  int32_t num_kv_heads = 0;
+  int32_t group_size = 0;       // 1..32
+  int32_t block_size_log2 = 0;  // block size 8, 16 or 32
+  int32_t num_blocks = 0;
+  int32_t max_blocks_per_seq = 0;
+  float scale_log2 = 0.f;       // sm_scale * log2(e): softmax runs in base 2
+  int32_t num_splits = 1;       // partitions per row (1: write out directly)
+  int32_t tiles_per_split = 0;  // kDecodeTileTokens-token tiles per partition
+  float *partial_o = nullptr;   // [batch, q_heads, num_splits, head_dim]
+  float *partial_ml = nullptr;  // [batch, q_heads, num_splits, 2]: max, sum
+  cudaStream_t stream = nullptr;
+};
+
+// Enqueues the attention kernel (and, when num_splits > 1, the merge kernel)
+// on launch.stream. Returns the first CUDA error (launch or configuration).
+cudaError_t launch_decode(const DecodeLaunch &launch);
+
+// CTAs of the attention kernel that fit on one multiprocessor (by its shared
+// memory use); the host uses it to size split-KV so the grid fills the GPU.
+int decode_ctas_per_sm(int32_t head_dim);
+
+}  // namespace cuda
+}  // namespace fd
