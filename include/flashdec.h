@@ -894,7 +894,8 @@ FD_API fd_status fd_snapshot_add_waiting(fd_snapshot *snapshot, const fd_request
 /**
  * @brief Appends an active request (holding blocks).
  * @param[in] spec Borrowed for the call; the prefix id is copied.
- * @param seq_len Committed tokens, 0..context + new.
+ * @param seq_len Committed tokens, in [0, context + new) (a request that generated
+ *   every token is no longer active).
  * @param physical_blocks Must equal ceil(seq_len / block_size).
  * @param shared_blocks Must equal spec->prefix_blocks.
  * @param committed_blocks Must equal lifetime - shared_blocks.
