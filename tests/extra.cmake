@@ -44,3 +44,9 @@ endforeach()
 if(TARGET test_status)
   target_link_libraries(test_status PRIVATE Threads::Threads)
 endif()
+
+# The example runs end to end (short) in every build, sanitizers included.
+if(TARGET decode_demo)
+  add_test(NAME example_decode_demo COMMAND decode_demo --steps 24 --batch 4 --seed 7)
+  set_tests_properties(example_decode_demo PROPERTIES LABELS example TIMEOUT 300)
+endif()
