@@ -1,0 +1,229 @@
+// Multi-layer token transactions of the paged cache (semantics.md S5).
+#include <algorithm>
+#include <utility>
+
+#include "cache/paged_cache.hpp"
+#include "core/error.hpp"
+#include "ops/rope.hpp"
+
+namespace fd {
+
+namespace {
+unsigned long long ull(uint64_t v) {
+  return static_cast<unsigned long long>(v);
+}
+}  // namespace
+
+fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
+  check_id_list(ids, count, true);
+  require_no_open_transaction("begin a transaction");
+  for (uint32_t i = 0; i < count; ++i) active_request(ids[i]);
+
+  const int32_t block_size = static_cast<int32_t>(s_.config.block_size);
+  uint32_t needed = 0;
+  for (uint32_t i = 0; i < count; ++i)
+    if (s_.requests.find(ids[i])->seq_len % block_size == 0) ++needed;
+  if (needed > s_.allocator.free_blocks()) {
+    // The only counters a failed begin moves (S5).
+    s_.allocator.record_capacity_failure();
+    ++s_.tx_counters.failure_count;
+    fail(FD_ERR_OUT_OF_BLOCKS, "transaction needs %u new blocks, only %u are free", needed,
+         s_.allocator.free_blocks());
+  }
+
+  // Build the whole transaction before touching the allocator.
+  auto t = std::make_unique<OpenTransaction>();
+  t->rows.resize(count);
+  t->new_blocks.reserve(needed);
+  for (uint32_t i = 0; i < count; ++i) {
+    const Request &r = *s_.requests.find(ids[i]);
+    TxRow &row = t->rows[i];
+    row.request_id = ids[i];
+    row.position = r.seq_len;
+    row.offset = r.seq_len % block_size;
+    row.new_block = row.offset == 0;
+    row.table_size = static_cast<uint32_t>(r.blocks.size()) + (row.new_block ? 1u : 0u);
+    if (!row.new_block) row.block = r.blocks.back();
+  }
+
+  for (TxRow &row : t->rows) {
+    if (row.new_block) {
+      row.block = s_.allocator.allocate();
+      t->new_blocks.push_back(row.block);  // capacity reserved above
+    }
+    s_.requests.find(row.request_id)->in_transaction = true;
+  }
+  ++s_.state_version;
+  t->id = s_.next_tx_id++;
+  t->cache_version = s_.state_version;
+  ++s_.tx_counters.begin_count;
+  s_.open_tx = std::move(t);
+  return fd_tx{s_.open_tx->id, s_.open_tx->cache_version};
+}
+
+const OpenTransaction &PagedCache::open_transaction(fd_tx tx) const {
+  if (s_.open_tx && s_.open_tx->id == tx.id) {
+    if (s_.open_tx->cache_version == tx.cache_version) return *s_.open_tx;
+    fail(FD_ERR_STALE_HANDLE,
+         "stale transaction handle: transaction %llu began at cache version %llu, the handle "
+         "says %llu",
+         ull(tx.id), ull(s_.open_tx->cache_version), ull(tx.cache_version));
+  }
+  if (const TerminalTransaction *e = s_.history.find(tx.id)) {
+    if (e->cache_version != tx.cache_version)
+      fail(FD_ERR_STALE_HANDLE,
+           "stale transaction handle: transaction %llu began at cache version %llu, the "
+           "handle says %llu",
+           ull(tx.id), ull(e->cache_version), ull(tx.cache_version));
+    fail(FD_ERR_INVALID_STATE, "transaction %llu is already %s", ull(tx.id),
+         tx_state_name(e->state));
+  }
+  fail(FD_ERR_NOT_FOUND,
+       "unknown transaction %llu (never begun in this cache, or older than the last %zu "
+       "terminal transactions)",
+       ull(tx.id), s_.history.limit());
+}
+
+OpenTransaction &PagedCache::mutable_transaction(fd_tx tx) {
+  open_transaction(tx);  // throws the precise handle error
+  return *s_.open_tx;
+}
+
+void PagedCache::check_layer_write(const OpenTransaction &t, uint32_t layer, const void *k,
+                                   const void *v) {
+  try {
+    if (layer != t.next_layer) {
+      if (t.next_layer == s_.config.num_layers)
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "transaction %llu has written all %u layers (commit it), got layer %u", ull(t.id),
+             s_.config.num_layers, layer);
+      fail(FD_ERR_INVALID_ARGUMENT, "transaction requires layer %u, got layer %u", t.next_layer,
+           layer);
+    }
+    require_non_null(k, "k");
+    require_non_null(v, "v");
+  } catch (const Error &) {
+    ++s_.tx_counters.failure_count;
+    throw;
+  }
+}
+
+void PagedCache::write_rows(OpenTransaction &t, uint32_t layer, const void *q, uint32_t num_q_heads,
+                            const void *k, const void *v, uint32_t rotary_dim, float rope_base,
+                            void *q_out, fd_stream stream) {
+  // Locations and positions come from the cache's own copy made at begin.
+  std::vector<RowLocation> locations(t.rows.size());
+  std::vector<int32_t> positions(t.rows.size());
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    locations[i] = RowLocation{t.rows[i].block, t.rows[i].offset};
+    positions[i] = t.rows[i].position;
+  }
+  if (q == nullptr)
+    storage_->write_layer(layer, locations.data(), locations.size(), k, v, stream);
+  else
+    storage_->write_layer_rope(layer, locations.data(), positions.data(), locations.size(), q,
+                               num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
+  ++t.next_layer;
+  ++s_.tx_counters.layer_write_count;
+}
+
+void PagedCache::write_layer(fd_tx tx, uint32_t layer, const void *k, const void *v,
+                             fd_stream stream) {
+  OpenTransaction &t = mutable_transaction(tx);
+  check_layer_write(t, layer, k, v);
+  write_rows(t, layer, nullptr, 0, k, v, 0, 0.f, nullptr, stream);
+}
+
+void PagedCache::write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint32_t num_q_heads,
+                                  const void *k, const void *v, uint32_t rotary_dim,
+                                  float rope_base, void *q_out, fd_stream stream) {
+  OpenTransaction &t = mutable_transaction(tx);
+  check_layer_write(t, layer, k, v);
+  try {
+    require_non_null(q, "q");
+    require_non_null(q_out, "q_out");
+    const uint32_t kv_heads = s_.config.num_kv_heads;
+    if (num_q_heads == 0 || num_q_heads % kv_heads != 0)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "num_q_heads %u must be a positive multiple of the cache's num_kv_heads %u", num_q_heads,
+           kv_heads);
+    check_rope_args(s_.config.head_dim, rotary_dim, rope_base);
+  } catch (const Error &) {
+    ++s_.tx_counters.failure_count;
+    throw;
+  }
+  write_rows(t, layer, q, num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
+}
+
+TerminalTransaction PagedCache::terminal_entry(const OpenTransaction &t, int32_t state) const {
+  TerminalTransaction e;
+  e.id = t.id;
+  e.cache_version = t.cache_version;
+  e.state = state;
+  e.request_ids.reserve(t.rows.size());
+  for (const TxRow &row : t.rows) e.request_ids.push_back(row.request_id);
+  return e;
+}
+
+void PagedCache::commit(fd_tx tx) {
+  OpenTransaction &t = mutable_transaction(tx);
+  if (t.next_layer != s_.config.num_layers)
+    fail(FD_ERR_INVALID_STATE,
+         "transaction %llu has written %u of %u layers; commit needs every layer", ull(t.id),
+         t.next_layer, s_.config.num_layers);
+  // Build the result (everything that allocates) first, then publish.
+  TerminalTransaction entry = terminal_entry(t, FD_TX_COMMITTED);
+  for (const TxRow &row : t.rows) {
+    Request &r = *s_.requests.find(row.request_id);
+    if (row.new_block) r.blocks.reserve(r.blocks.size() + 1);
+  }
+  for (const TxRow &row : t.rows) {
+    Request &r = *s_.requests.find(row.request_id);
+    if (row.new_block) r.blocks.push_back(row.block);
+    ++r.seq_len;
+    r.in_transaction = false;
+  }
+  s_.history.push(std::move(entry));
+  s_.open_tx.reset();  // drops the full transaction state
+  ++s_.tx_counters.commit_count;
+  ++s_.state_version;
+}
+
+void PagedCache::abort(fd_tx tx) {
+  OpenTransaction &t = mutable_transaction(tx);
+  TerminalTransaction entry = terminal_entry(t, FD_TX_ABORTED);
+  s_.allocator.rollback(t.new_blocks);
+  s_.tx_counters.rollback_block_count += t.new_blocks.size();
+  for (const TxRow &row : t.rows) s_.requests.find(row.request_id)->in_transaction = false;
+  s_.history.push(std::move(entry));
+  s_.open_tx.reset();
+  ++s_.tx_counters.abort_count;
+  ++s_.state_version;
+}
+
+uint32_t PagedCache::tx_max_blocks_per_seq(const OpenTransaction &t) const {
+  uint32_t most = 0;
+  for (const TxRow &row : t.rows) most = std::max(most, row.table_size);
+  return most;
+}
+
+void PagedCache::tx_block_tables(const OpenTransaction &t, uint32_t table_stride,
+                                 int32_t *block_tables) const {
+  require_non_null(block_tables, "block_tables");
+  for (const TxRow &row : t.rows)
+    if (row.table_size > table_stride)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "request %llu has %u blocks in this transaction, more than table_stride %u "
+           "(nothing written)",
+           ull(row.request_id), row.table_size, table_stride);
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const TxRow &row = t.rows[i];
+    const Request &r = *s_.requests.find(row.request_id);
+    int32_t *out = block_tables + i * table_stride;
+    std::fill(out, out + table_stride, -1);
+    std::copy(r.blocks.begin(), r.blocks.end(), out);
+    if (row.new_block) out[r.blocks.size()] = row.block;
+  }
+}
+
+}  // namespace fd

@@ -1,0 +1,89 @@
+// The seam between the paged cache's bookkeeping and the memory that holds
+// K and V. The cache decides *where* each token goes; a KvStorage only moves
+// bytes. The CPU implementation lives in cpu_kv_storage.cpp; a CUDA one plugs
+// in through make_cuda_kv_storage() without touching the cache logic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "flashdec.h"
+
+namespace fd {
+
+// Shape and element type of the storage: for each of K and V,
+// [num_layers, max_blocks, num_kv_heads, block_size, head_dim] (token-major)
+// or [num_layers, max_blocks, num_kv_heads, head_dim, block_size] (dim-major).
+struct KvGeometry {
+  uint32_t num_layers = 0;
+  uint32_t max_blocks = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t block_size = 0;
+  int32_t dtype = FD_DTYPE_F16;
+  int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
+
+  size_t element_size() const;
+  // Elements of one block of one layer (all heads), of one layer, of all of K.
+  size_t block_elements() const;
+  size_t layer_elements() const;
+  size_t total_elements() const;
+  // Element strides of (block, head, token, dim) inside one layer.
+  void strides(int64_t out[4]) const;
+};
+
+// Throws FD_ERR_INVALID_ARGUMENT when the byte size of K (or V) or any
+// stride does not fit size_t / int64_t.
+void check_geometry_size(const KvGeometry &g);
+
+// Destination of one row of a layer write.
+struct RowLocation {
+  int32_t block;
+  int32_t offset;
+};
+
+struct LayerStorage {
+  void *k = nullptr;
+  void *v = nullptr;
+  int64_t strides[4] = {0, 0, 0, 0};  // block, head, token, dim (elements)
+};
+
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+
+  // Writes one layer's K and V ([rows, num_kv_heads, head_dim] each, in the
+  // storage's dtype and memory) to the given locations. Arguments are valid.
+  virtual void write_layer(uint32_t layer, const RowLocation *rows, size_t num_rows, const void *k,
+                           const void *v, fd_stream stream) = 0;
+
+  // As write_layer, but K is first rotated with RoPE at `positions` (S3.1);
+  // V is written raw and the rotated Q ([rows, num_q_heads, head_dim]) goes to
+  // q_out (which may equal q). Arguments are valid.
+  virtual void write_layer_rope(uint32_t layer, const RowLocation *rows, const int32_t *positions,
+                                size_t num_rows, const void *q, uint32_t num_q_heads, const void *k,
+                                const void *v, uint32_t rotary_dim, float rope_base, void *q_out,
+                                fd_stream stream) = 0;
+
+  // Copies full blocks ([num_layers, num_blocks, ...] in storage order per
+  // block) into the physical blocks `blocks`.
+  virtual void copy_blocks_in(const int32_t *blocks, size_t num_blocks, const void *k_blocks,
+                              const void *v_blocks, fd_stream stream) = 0;
+
+  // Base pointers and element strides of one layer.
+  virtual LayerStorage layer(uint32_t layer) = 0;
+};
+
+// Zero-initialised host storage. Throws FD_ERR_OUT_OF_MEMORY when it cannot
+// be allocated.
+std::unique_ptr<KvStorage> make_cpu_kv_storage(const KvGeometry &geometry);
+
+// Device storage on CUDA device `ordinal`. Defined by the CUDA backend; until
+// that exists it fails with FD_ERR_NO_DEVICE / FD_ERR_UNSUPPORTED.
+std::unique_ptr<KvStorage> make_cuda_kv_storage(const KvGeometry &geometry, int32_t ordinal);
+
+// Picks the implementation for `device` (already validated).
+std::unique_ptr<KvStorage> make_kv_storage(const KvGeometry &geometry, const fd_device &device);
+
+}  // namespace fd

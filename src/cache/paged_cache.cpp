@@ -1,0 +1,165 @@
+// Paged KV cache: construction, request lifecycle and metadata export
+// (semantics.md S4). Transactions, prefixes, metrics and the validator live in
+// cache_transactions.cpp, cache_prefixes.cpp, cache_metrics.cpp and
+// cache_validator.cpp.
+#include "cache/paged_cache.hpp"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "core/error.hpp"
+
+namespace fd {
+
+namespace {
+
+KvGeometry geometry_of(const fd_cache_config &c) {
+  return KvGeometry{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
+                    c.block_size, c.dtype,      c.layout};
+}
+
+unsigned long long ull(uint64_t v) {
+  return static_cast<unsigned long long>(v);
+}
+
+}  // namespace
+
+PagedCache::PagedCache(const fd_cache_config &resolved)
+    : s_(resolved), storage_(make_kv_storage(geometry_of(resolved), resolved.device)) {}
+
+void PagedCache::require_no_open_transaction(const char *operation) const {
+  if (s_.open_tx)
+    fail(FD_ERR_INVALID_STATE, "cannot %s while transaction %llu is open", operation,
+         ull(s_.open_tx->id));
+}
+
+const Request &PagedCache::active_request(uint64_t id) const {
+  const Request *r = s_.requests.find(id);
+  if (r == nullptr) fail(FD_ERR_NOT_FOUND, "unknown request %llu", ull(id));
+  if (!r->active())
+    fail(FD_ERR_INVALID_STATE, "request %llu is %s, not active", ull(id),
+         request_state_name(r->state));
+  return *r;
+}
+
+void PagedCache::check_id_list(const uint64_t *ids, uint32_t count, bool require_unique) const {
+  require_non_null(ids, "request_ids");
+  if (count == 0) fail(FD_ERR_INVALID_ARGUMENT, "count must be > 0");
+  if (require_unique) {
+    std::unordered_set<uint64_t> seen;
+    seen.reserve(count);
+    for (uint32_t i = 0; i < count; ++i)
+      if (!seen.insert(ids[i]).second)
+        fail(FD_ERR_INVALID_ARGUMENT, "request_ids[%u] = %llu is a duplicate", i, ull(ids[i]));
+  }
+}
+
+void PagedCache::check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const {
+  check_id_list(ids, count, require_unique);
+  for (uint32_t i = 0; i < count; ++i) active_request(ids[i]);
+}
+
+void PagedCache::add_request(uint64_t id) {
+  require_no_open_transaction("add a request");
+  const Request *r = s_.requests.find(id);
+  if (r != nullptr) {
+    if (r->active()) return;  // adding an active id again is a no-op
+    fail(FD_ERR_INVALID_STATE, "request %llu is %s; terminal states are permanent", ull(id),
+         request_state_name(r->state));
+  }
+  s_.requests.add(id);
+  ++s_.state_version;
+}
+
+void PagedCache::release_blocks(const std::vector<int32_t> &blocks, size_t first) {
+  // In logical order, each to the front: the last one is reused first.
+  for (size_t i = first; i < blocks.size(); ++i) s_.allocator.release(blocks[i]);
+}
+
+void PagedCache::close_request(uint64_t id, int32_t terminal_state) {
+  require_no_open_transaction(terminal_state == FD_REQUEST_FINISHED ? "finish a request"
+                                                                    : "cancel a request");
+  active_request(id);
+  Request &r = *s_.requests.find(id);
+  release_blocks(r.blocks, r.prefix_blocks);  // private blocks only
+  if (!r.prefix_id.empty()) {
+    Prefix *p = s_.prefixes.find(r.prefix_id);
+    if (p != nullptr) {
+      --p->ref_count;
+      s_.prefixes.touch(*p);  // closing an attached request is an LRU touch
+    }
+  }
+  s_.requests.close(r, terminal_state);
+  ++s_.state_version;
+}
+
+int32_t PagedCache::request_state(uint64_t id) const {
+  const Request *r = s_.requests.find(id);
+  return r == nullptr ? FD_REQUEST_UNKNOWN : r->state;
+}
+
+uint32_t PagedCache::blocks_needed(const uint64_t *ids, uint32_t count) const {
+  check_active_ids(ids, count, true);
+  uint32_t needed = 0;
+  for (uint32_t i = 0; i < count; ++i)
+    if (s_.requests.find(ids[i])->seq_len % static_cast<int32_t>(s_.config.block_size) == 0)
+      ++needed;
+  return needed;
+}
+
+uint32_t PagedCache::max_blocks_per_seq(const uint64_t *ids, uint32_t count) const {
+  check_active_ids(ids, count, false);
+  size_t most = 0;
+  for (uint32_t i = 0; i < count; ++i)
+    most = std::max(most, s_.requests.find(ids[i])->blocks.size());
+  return static_cast<uint32_t>(most);
+}
+
+void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
+                               int32_t *block_tables, int32_t *seq_lens) const {
+  check_active_ids(ids, count, false);
+  if (block_tables != nullptr) {
+    for (uint32_t i = 0; i < count; ++i) {
+      const size_t n = s_.requests.find(ids[i])->blocks.size();
+      if (n > table_stride)
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "request %llu owns %zu blocks, more than table_stride %u (nothing written)",
+             ull(ids[i]), n, table_stride);
+    }
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    const Request &r = *s_.requests.find(ids[i]);
+    if (block_tables != nullptr) {
+      int32_t *row = block_tables + static_cast<size_t>(i) * table_stride;
+      std::fill(row, row + table_stride, -1);
+      std::copy(r.blocks.begin(), r.blocks.end(), row);
+    }
+    if (seq_lens != nullptr) seq_lens[i] = r.seq_len;
+  }
+}
+
+LayerStorage PagedCache::layer_storage(uint32_t layer) const {
+  if (layer >= s_.config.num_layers)
+    fail(FD_ERR_INVALID_ARGUMENT, "layer %u out of range (num_layers = %u)", layer,
+         s_.config.num_layers);
+  return storage_->layer(layer);
+}
+
+void PagedCache::append(const uint64_t *ids, uint32_t count, const void *k, const void *v,
+                        fd_stream stream) {
+  // Everything that could make the layer write or the commit fail is checked
+  // before begin, so a failing append changes nothing (S5.1).
+  require_non_null(ids, "request_ids");
+  require_non_null(k, "k");
+  require_non_null(v, "v");
+  if (s_.config.num_layers != 1)
+    fail(FD_ERR_INVALID_STATE,
+         "legacy append needs a cache with num_layers == 1, this cache has %u layers; use "
+         "fd_tx_begin / fd_tx_write_layer / fd_tx_commit",
+         s_.config.num_layers);
+  const fd_tx tx = begin(ids, count);
+  write_layer(tx, 0, k, v, stream);
+  commit(tx);
+}
+
+}  // namespace fd

@@ -1,0 +1,129 @@
+// The paged KV cache (semantics.md S4-S7): block allocator, requests, at most
+// one open transaction, shared prefixes and the K/V storage behind its seam.
+//
+// Every operation validates everything first and mutates only afterwards, so
+// a thrown fd::Error leaves the cache unchanged (except for the failure
+// counters that the spec names). Externally synchronised: no locking here and
+// no state shared between caches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/block_allocator.hpp"
+#include "cache/kv_storage.hpp"
+#include "cache/prefix_registry.hpp"
+#include "cache/request_table.hpp"
+#include "cache/transaction.hpp"
+#include "flashdec.h"
+
+namespace fd {
+
+struct TransactionCounters {
+  uint64_t begin_count = 0;
+  uint64_t commit_count = 0;
+  uint64_t abort_count = 0;
+  uint64_t layer_write_count = 0;
+  uint64_t rollback_block_count = 0;
+  uint64_t failure_count = 0;
+};
+
+// Everything that the invariants of S7 talk about, in one place so the
+// validator (and the internal test hook) can see it.
+struct CacheState {
+  explicit CacheState(const fd_cache_config &c)
+      : config(c), allocator(c.max_blocks), prefixes(c.prefix_cache_capacity_blocks) {}
+
+  fd_cache_config config;  // resolved, full size
+  BlockAllocator allocator;
+  RequestTable requests;
+  PrefixRegistry prefixes;
+  std::unique_ptr<OpenTransaction> open_tx;  // null when none is open
+  TransactionHistory history;
+  TransactionCounters tx_counters;
+  uint64_t next_tx_id = 1;
+  uint64_t state_version = 0;
+};
+
+// Defaults of fd_cache_config_init.
+fd_cache_config default_cache_config();
+
+// Checks and resolves a caller's config (struct_size, defaults, ranges).
+fd_cache_config resolve_cache_config(const fd_cache_config *config);
+
+class PagedCache {
+ public:
+  explicit PagedCache(const fd_cache_config &resolved);
+
+  const fd_cache_config &config() const { return s_.config; }
+  uint64_t state_version() const { return s_.state_version; }
+
+  // Requests (S4.3-S4.5).
+  void add_request(uint64_t id);
+  void finish_request(uint64_t id) { close_request(id, FD_REQUEST_FINISHED); }
+  void cancel_request(uint64_t id) { close_request(id, FD_REQUEST_CANCELLED); }
+  int32_t request_state(uint64_t id) const;
+  uint32_t blocks_needed(const uint64_t *ids, uint32_t count) const;
+  uint32_t free_blocks() const { return s_.allocator.free_blocks(); }
+  uint32_t max_blocks_per_seq(const uint64_t *ids, uint32_t count) const;
+  void export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
+                     int32_t *block_tables, int32_t *seq_lens) const;
+  LayerStorage layer_storage(uint32_t layer) const;
+  void append(const uint64_t *ids, uint32_t count, const void *k, const void *v, fd_stream stream);
+
+  // Transactions (S5).
+  fd_tx begin(const uint64_t *ids, uint32_t count);
+  void write_layer(fd_tx tx, uint32_t layer, const void *k, const void *v, fd_stream stream);
+  void write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint32_t num_q_heads,
+                        const void *k, const void *v, uint32_t rotary_dim, float rope_base,
+                        void *q_out, fd_stream stream);
+  void commit(fd_tx tx);
+  void abort(fd_tx tx);
+  // The open transaction `tx` names; throws the precise handle error otherwise.
+  const OpenTransaction &open_transaction(fd_tx tx) const;
+  uint32_t tx_max_blocks_per_seq(const OpenTransaction &t) const;
+  void tx_block_tables(const OpenTransaction &t, uint32_t table_stride,
+                       int32_t *block_tables) const;
+
+  // Shared prefixes (S6).
+  void register_prefix(const char *id, const void *k_blocks, const void *v_blocks,
+                       uint32_t num_blocks, fd_stream stream);
+  void attach_prefix(uint64_t request_id, const char *prefix_id);
+  void evict_prefix(const char *prefix_id);
+  const Prefix &prefix_info(const char *prefix_id) const;
+
+  // Observability (S7).
+  fd_cache_metrics metrics() const;
+  // Empty when every invariant holds, else the first violation in words.
+  std::string find_invariant_violation() const;
+
+  // Internal test hook (see cache/cache_test_hook.hpp).
+  CacheState &state_for_test() { return s_; }
+
+ private:
+  void close_request(uint64_t id, int32_t terminal_state);
+  void require_no_open_transaction(const char *operation) const;
+  // Looks up an id that must be active (NOT_FOUND / INVALID_STATE otherwise).
+  const Request &active_request(uint64_t id) const;
+  // Checks a list of ids: non-NULL, count > 0, optionally unique.
+  void check_id_list(const uint64_t *ids, uint32_t count, bool require_unique) const;
+  // As check_id_list, and every id is active.
+  void check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const;
+  OpenTransaction &mutable_transaction(fd_tx tx);
+  // Checks a layer write's layer and data pointers; a failure counts in
+  // transaction_failure_count.
+  void check_layer_write(const OpenTransaction &t, uint32_t layer, const void *k, const void *v);
+  void write_rows(OpenTransaction &t, uint32_t layer, const void *q, uint32_t num_q_heads,
+                  const void *k, const void *v, uint32_t rotary_dim, float rope_base, void *q_out,
+                  fd_stream stream);
+  TerminalTransaction terminal_entry(const OpenTransaction &t, int32_t state) const;
+  void release_blocks(const std::vector<int32_t> &blocks, size_t first);
+  std::string prefix_key(const char *prefix_id) const;
+
+  CacheState s_;
+  std::unique_ptr<KvStorage> storage_;
+};
+
+}  // namespace fd

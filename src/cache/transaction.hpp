@@ -1,0 +1,68 @@
+// The open multi-layer token transaction and the bounded history of terminal
+// transactions (semantics.md S5).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "flashdec.h"
+
+namespace fd {
+
+// One row of a transaction: where the request's new token goes. Computed by
+// the cache at begin and never read from caller memory afterwards.
+struct TxRow {
+  uint64_t request_id = 0;
+  int32_t position = 0;     // committed seq_len at begin
+  int32_t block = 0;        // physical block of the new token
+  int32_t offset = 0;       // position % block_size
+  bool new_block = false;   // `block` was allocated by this transaction
+  uint32_t table_size = 0;  // blocks of the row including the new one
+};
+
+struct OpenTransaction {
+  uint64_t id = 0;
+  uint64_t cache_version = 0;       // state_version right after begin
+  std::vector<TxRow> rows;          // in begin's order
+  std::vector<int32_t> new_blocks;  // in allocation order
+  uint32_t next_layer = 0;
+};
+
+struct TerminalTransaction {
+  uint64_t id = 0;
+  uint64_t cache_version = 0;
+  std::vector<uint64_t> request_ids;
+  int32_t state = FD_TX_COMMITTED;  // FD_TX_COMMITTED or FD_TX_ABORTED
+};
+
+// Ring buffer of the most recent terminal transactions. Its slots are
+// allocated up front so that recording a transaction never allocates (commit
+// and abort must not fail half way).
+class TransactionHistory {
+ public:
+  static constexpr size_t kLimit = 256;
+
+  TransactionHistory() : slots_(kLimit) {}
+
+  size_t size() const { return count_; }
+  size_t limit() const { return slots_.size(); }
+
+  // Records `entry`, dropping the oldest when full. Never throws.
+  void push(TerminalTransaction &&entry) noexcept;
+
+  // The entry with transaction id `id`, or nullptr when not (or no longer) kept.
+  const TerminalTransaction *find(uint64_t id) const;
+
+  // Internal test hook: pretend to hold `count` entries.
+  void set_size_for_test(size_t count) { count_ = count; }
+
+ private:
+  std::vector<TerminalTransaction> slots_;
+  size_t head_ = 0;   // index of the oldest entry
+  size_t count_ = 0;  // entries held
+};
+
+const char *tx_state_name(int32_t state);
+
+}  // namespace fd
