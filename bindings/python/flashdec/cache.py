@@ -1,0 +1,459 @@
+"""The paged KV cache, its transactions and shared prefixes."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _lib
+from ._arrays import host_index_array, stream_for, tensor
+from .errors import FlashDecError, Status, argument_error, check
+from .ops import decode as _decode
+from .types import CacheConfig, Device, DeviceType, Layout, RequestState, TxState
+
+_U64P = ctypes.POINTER(ctypes.c_uint64)
+_I32P = ctypes.POINTER(ctypes.c_int32)
+
+# Metrics: every field of fd_cache_metrics except the size/padding header, in
+# header order. Built from _lib.METRICS_FIELDS so the two cannot drift.
+Metrics = dataclasses.make_dataclass(
+    "Metrics",
+    [
+        (name, float if ctype is ctypes.c_double else int)
+        for name, ctype in _lib.METRICS_FIELDS
+        if name not in ("struct_size", "reserved0")
+    ],
+    frozen=True,
+)
+Metrics.__doc__ = "Counters and gauges of a cache (fd_cache_metrics, semantics S7)."
+Metrics.__module__ = __name__
+
+
+@dataclass(frozen=True)
+class PrefixInfo:
+    """State of one resident prefix (fd_prefix_info)."""
+
+    num_blocks: int
+    ref_count: int
+    last_use: int
+    first_block: int
+
+
+@dataclass(frozen=True)
+class TxInfo:
+    """Summary of an open transaction (fd_tx_info)."""
+
+    batch: int
+    next_layer: int
+    state: TxState
+    max_blocks_per_seq: int
+    new_block_count: int
+
+
+@dataclass(frozen=True)
+class TxRows:
+    """Per-row view of an open transaction, in begin's row order."""
+
+    request_ids: np.ndarray  # uint64
+    positions: np.ndarray  # int32
+    block_ids: np.ndarray  # int32
+    offsets: np.ndarray  # int32
+    effective_seq_lens: np.ndarray  # int32
+
+
+@dataclass(frozen=True)
+class LayerStorage:
+    """Where one layer's K and V live (owned by the cache until it closes)."""
+
+    k: int  # address
+    v: int  # address
+    strides: Tuple[int, int, int, int]  # elements: block, head, token, dim
+
+
+def _ids(request_ids: Iterable[int]) -> np.ndarray:
+    return host_index_array(request_ids, "request_ids", np.uint64)
+
+
+def _ids_ptr(arr: np.ndarray) -> Any:
+    return arr.ctypes.data_as(_U64P)
+
+
+class Cache:
+    """A paged KV cache (fd_cache).
+
+    Use as a context manager or call :meth:`close`. The C handle is externally
+    synchronised; this wrapper serialises calls with a lock, so a Cache may be
+    shared between Python threads. Every failing call raises
+    :class:`~flashdec.FlashDecError` and, as in C, changes nothing.
+    """
+
+    def __init__(self, config: Optional[CacheConfig] = None, **overrides: Any) -> None:
+        """Creates a cache from ``config`` (default: library defaults) with
+        ``overrides`` applied, e.g. ``Cache(num_layers=2, head_dim=64)``."""
+        self._handle: Optional[int] = None
+        self._lock = threading.RLock()
+        # Engines borrowing this cache: closed before the cache is destroyed,
+        # since the C engine must not outlive its cache.
+        self._dependents: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        cfg = dataclasses.replace(config or CacheConfig(), **overrides)
+        c = cfg.to_c()
+        handle = ctypes.c_void_p()
+        check(_lib.fd_cache_create(ctypes.byref(c), ctypes.byref(handle)))
+        self._handle = handle.value
+        self._config = self._read_config()
+
+    # -- lifecycle -------------------------------------------------------
+    def close(self) -> None:
+        """Destroys the cache (idempotent). Any open transaction is discarded."""
+        with self._lock:
+            for dependent in list(self._dependents):
+                dependent.close()
+            handle, self._handle = self._handle, None
+            if handle is not None:
+                _lib.fd_cache_destroy(handle)
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Backstop only: deterministic release is close() / `with`.
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise FlashDecError(Status.INVALID_STATE, "cache is closed")
+        return self._handle
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        with self._lock:
+            check(fn(self._h(), *args))
+
+    def _read_config(self) -> CacheConfig:
+        c = _lib.fd_cache_config()
+        c.struct_size = ctypes.sizeof(c)
+        self._call(_lib.fd_cache_get_config, ctypes.byref(c))
+        return CacheConfig.from_c(c)
+
+    @property
+    def config(self) -> CacheConfig:
+        """The configuration with defaults resolved (fd_cache_get_config)."""
+        return dataclasses.replace(self._config)
+
+    # -- requests --------------------------------------------------------
+    def add_request(self, request_id: int) -> None:
+        self._call(_lib.fd_cache_add_request, int(request_id))
+
+    def finish_request(self, request_id: int) -> None:
+        self._call(_lib.fd_cache_finish_request, int(request_id))
+
+    def cancel_request(self, request_id: int) -> None:
+        self._call(_lib.fd_cache_cancel_request, int(request_id))
+
+    def request_state(self, request_id: int) -> RequestState:
+        s = ctypes.c_int32(0)
+        self._call(_lib.fd_cache_request_state, int(request_id), ctypes.byref(s))
+        return RequestState(s.value)
+
+    def blocks_needed(self, request_ids: Sequence[int]) -> Tuple[int, int]:
+        """(blocks needed to grow every row by one token, free blocks now)."""
+        ids = _ids(request_ids)
+        needed, free = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        self._call(_lib.fd_cache_blocks_needed, _ids_ptr(ids), len(ids), ctypes.byref(needed), ctypes.byref(free))
+        return int(needed.value), int(free.value)
+
+    def max_blocks_per_seq(self, request_ids: Sequence[int]) -> int:
+        ids = _ids(request_ids)
+        n = ctypes.c_uint32(0)
+        self._call(_lib.fd_cache_max_blocks_per_seq, _ids_ptr(ids), len(ids), ctypes.byref(n))
+        return int(n.value)
+
+    def export(self, request_ids: Sequence[int], table_stride: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """(block_tables int32 [n, table_stride] padded with -1, seq_lens int32 [n]).
+
+        table_stride defaults to :meth:`max_blocks_per_seq` (at least 1).
+        """
+        ids = _ids(request_ids)
+        with self._lock:
+            if table_stride is None:
+                table_stride = max(1, self.max_blocks_per_seq(ids))
+            tables = np.empty((len(ids), int(table_stride)), dtype=np.int32)
+            lens = np.empty(len(ids), dtype=np.int32)
+            self._call(
+                _lib.fd_cache_export, _ids_ptr(ids), len(ids), int(table_stride),
+                tables.ctypes.data, lens.ctypes.data,
+            )  # fmt: skip
+        return tables, lens
+
+    @property
+    def state_version(self) -> int:
+        v = ctypes.c_uint64(0)
+        self._call(_lib.fd_cache_state_version, ctypes.byref(v))
+        return int(v.value)
+
+    def layer_storage(self, layer: int) -> LayerStorage:
+        """Raw addresses and element strides of a layer's K/V (for fd_decode or
+        custom kernels). Valid until the cache closes."""
+        k, v = ctypes.c_void_p(), ctypes.c_void_p()
+        strides = (ctypes.c_int64 * 4)()
+        self._call(_lib.fd_cache_layer_storage, int(layer), ctypes.byref(k), ctypes.byref(v), strides)
+        return LayerStorage(int(k.value or 0), int(v.value or 0), tuple(int(s) for s in strides))  # type: ignore[arg-type]
+
+    def layer_arrays(self, layer: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Read-only numpy views of a CPU cache's K and V for ``layer``, shaped
+        [max_blocks, num_kv_heads, block_size, head_dim] (token-major) or
+        [max_blocks, num_kv_heads, head_dim, block_size] (dim-major).
+
+        Zero-copy: the views alias cache memory and become invalid when the
+        cache closes; copy them if they must outlive it.
+        """
+        cfg = self._config
+        if cfg.device.type != DeviceType.CPU:
+            raise argument_error("layer_arrays needs a CPU cache; use layer_storage for device memory")
+        st = self.layer_storage(layer)
+        from ._arrays import NUMPY_DTYPE
+
+        dt = NUMPY_DTYPE[cfg.dtype]
+        if cfg.layout == Layout.TOKEN_MAJOR:
+            shape = (cfg.max_blocks, cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
+            strides = (st.strides[0], st.strides[1], st.strides[2], st.strides[3])
+        else:
+            shape = (cfg.max_blocks, cfg.num_kv_heads, cfg.head_dim, cfg.block_size)
+            strides = (st.strides[0], st.strides[1], st.strides[3], st.strides[2])
+        out = []
+        for addr in (st.k, st.v):
+            extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+            raw = (ctypes.c_byte * (extent * dt.itemsize)).from_address(addr)
+            arr = np.lib.stride_tricks.as_strided(
+                np.frombuffer(raw, dtype=dt), shape=shape, strides=tuple(s * dt.itemsize for s in strides)
+            )
+            arr.flags.writeable = False
+            out.append(arr)
+        return out[0], out[1]
+
+    def _token_buffer(self, x: Any, name: str, rows: int) -> Any:
+        cfg = self._config
+        return tensor(
+            x, name, dtype=cfg.dtype, shape=(rows, cfg.num_kv_heads, cfg.head_dim), device=cfg.device
+        )
+
+    def append(self, request_ids: Sequence[int], k: Any, v: Any, stream: Optional[int] = None) -> None:
+        """Legacy single-layer append (one token per request; num_layers == 1).
+        k, v: [len(request_ids), num_kv_heads, head_dim] in the cache's dtype."""
+        ids = _ids(request_ids)
+        kb = self._token_buffer(k, "k", len(ids))
+        vb = self._token_buffer(v, "v", len(ids))
+        self._call(_lib.fd_cache_append, _ids_ptr(ids), len(ids), kb.ptr, vb.ptr, stream_for([kb, vb], stream))
+
+    def metrics(self) -> Any:
+        """A :class:`Metrics` snapshot."""
+        m = _lib.fd_cache_metrics()
+        m.struct_size = ctypes.sizeof(m)
+        self._call(_lib.fd_cache_metrics_get, ctypes.byref(m))
+        return Metrics(**{f.name: getattr(m, f.name) for f in dataclasses.fields(Metrics)})
+
+    def validate(self) -> None:
+        """Checks every invariant (S7); raises FlashDecError(INVARIANT) naming
+        the first violation."""
+        self._call(_lib.fd_cache_validate)
+
+    # -- transactions ----------------------------------------------------
+    def begin(self, request_ids: Sequence[int]) -> "Transaction":
+        """Opens a transaction for one new token of each listed request."""
+        ids = _ids(request_ids)
+        tx = _lib.fd_tx()
+        self._call(_lib.fd_tx_begin, _ids_ptr(ids), len(ids), ctypes.byref(tx))
+        return Transaction(self, tx)
+
+    # -- prefixes --------------------------------------------------------
+    def register_prefix(self, prefix_id: str, k_blocks: Any, v_blocks: Any, stream: Optional[int] = None) -> None:
+        """Registers an immutable shared prefix. k_blocks, v_blocks:
+        [num_layers, n, num_kv_heads, block_size, head_dim] (dim-major caches:
+        [.., head_dim, block_size]) in the cache's dtype and device memory."""
+        cfg = self._config
+        inner = (cfg.block_size, cfg.head_dim) if cfg.layout == Layout.TOKEN_MAJOR else (cfg.head_dim, cfg.block_size)
+        shape = (cfg.num_layers, None, cfg.num_kv_heads) + inner
+        kb = tensor(k_blocks, "k_blocks", dtype=cfg.dtype, shape=shape, device=cfg.device)
+        vb = tensor(v_blocks, "v_blocks", dtype=cfg.dtype, shape=kb.shape, device=cfg.device)
+        self._call(
+            _lib.fd_prefix_register, _prefix_id(prefix_id), kb.ptr, vb.ptr, kb.shape[1],
+            stream_for([kb, vb], stream),
+        )  # fmt: skip
+
+    def attach_prefix(self, request_id: int, prefix_id: str) -> None:
+        self._call(_lib.fd_prefix_attach, int(request_id), _prefix_id(prefix_id))
+
+    def evict_prefix(self, prefix_id: str) -> None:
+        self._call(_lib.fd_prefix_evict, _prefix_id(prefix_id))
+
+    def prefix_info(self, prefix_id: str) -> PrefixInfo:
+        info = _lib.fd_prefix_info()
+        info.struct_size = ctypes.sizeof(info)
+        self._call(_lib.fd_prefix_get_info, _prefix_id(prefix_id), ctypes.byref(info))
+        return PrefixInfo(info.num_blocks, info.ref_count, info.last_use, info.first_block)
+
+    # -- decode over the cache -------------------------------------------
+    def decode(
+        self,
+        layer: int,
+        q: Any,
+        request_ids: Optional[Sequence[int]] = None,
+        *,
+        tx: Optional["Transaction"] = None,
+        out: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Decode attention of ``q`` over this cache's ``layer`` for the listed
+        requests' committed tokens, or, with ``tx``, for the transaction's rows
+        including their new token (effective_seq_lens). CPU caches only; for
+        device caches use :func:`flashdec.decode` with :meth:`layer_storage`.
+        Extra keyword arguments go to :func:`flashdec.decode`."""
+        if (request_ids is None) == (tx is None):
+            raise argument_error("pass exactly one of request_ids or tx")
+        k, v = self.layer_arrays(layer)
+        with self._lock:
+            if tx is not None:
+                rows = tx.rows()
+                tables = tx.block_tables()
+                lens = rows.effective_seq_lens
+            else:
+                tables, lens = self.export(request_ids)  # type: ignore[arg-type]
+            return _decode(q, k, v, tables, lens, out, layout=self._config.layout, **kwargs)
+
+
+def _prefix_id(prefix_id: str) -> bytes:
+    if not isinstance(prefix_id, str):
+        raise argument_error(f"prefix_id must be a str, got {type(prefix_id).__name__}")
+    raw = prefix_id.encode()
+    if b"\0" in raw:
+        raise argument_error("prefix_id must not contain NUL characters")
+    return raw
+
+
+class Transaction:
+    """One token for a batch of requests, written layer by layer (fd_tx).
+
+    A value handle: misuse after commit/abort is reported by the library
+    (INVALID_STATE "already committed", STALE_HANDLE, NOT_FOUND). As a context
+    manager it aborts on exit unless committed or aborted inside the block.
+    """
+
+    def __init__(self, cache: Cache, tx: _lib.fd_tx) -> None:
+        self.cache = cache
+        self._tx = _lib.fd_tx(tx.id, tx.cache_version)
+        self._finished = False
+
+    @property
+    def id(self) -> int:
+        return int(self._tx.id)
+
+    @property
+    def cache_version(self) -> int:
+        return int(self._tx.cache_version)
+
+    def _rows(self) -> int:
+        return self.info().batch
+
+    def write_layer(self, layer: int, k: Any, v: Any, stream: Optional[int] = None) -> None:
+        """Writes ``layer``'s K and V ([batch, num_kv_heads, head_dim] each)."""
+        c = self.cache
+        with c._lock:
+            n = self._rows()
+            kb = c._token_buffer(k, "k", n)
+            vb = c._token_buffer(v, "v", n)
+            c._call(_lib.fd_tx_write_layer, self._tx, int(layer), kb.ptr, vb.ptr, stream_for([kb, vb], stream))
+
+    def write_layer_rope(
+        self,
+        layer: int,
+        q: Any,
+        k: Any,
+        v: Any,
+        rotary_dim: int,
+        rope_base: float = 10000.0,
+        q_out: Any = None,
+        stream: Optional[int] = None,
+    ) -> Any:
+        """Rotates q and k at each row's position, writes rotated K and raw V,
+        and returns the rotated Q (into ``q_out``, which may be ``q``)."""
+        c = self.cache
+        cfg = c._config
+        with c._lock:
+            n = self._rows()
+            qb = tensor(q, "q", dtype=cfg.dtype, shape=(n, None, cfg.head_dim), device=cfg.device)
+            kb = c._token_buffer(k, "k", n)
+            vb = c._token_buffer(v, "v", n)
+            if q_out is None:
+                from ._arrays import empty_like_dtype
+
+                q_out = empty_like_dtype(qb.shape, cfg.dtype, like=q)
+            ob = tensor(q_out, "q_out", dtype=cfg.dtype, shape=qb.shape, writable=True, device=cfg.device)
+            c._call(
+                _lib.fd_tx_write_layer_rope, self._tx, int(layer), qb.ptr, qb.shape[1], kb.ptr, vb.ptr,
+                int(rotary_dim), float(rope_base), ob.ptr, stream_for([qb, kb, ob], stream),
+            )  # fmt: skip
+        return q_out
+
+    def commit(self) -> None:
+        self.cache._call(_lib.fd_tx_commit, self._tx)
+        self._finished = True
+
+    def abort(self) -> None:
+        self.cache._call(_lib.fd_tx_abort, self._tx)
+        self._finished = True
+
+    def info(self) -> TxInfo:
+        i = _lib.fd_tx_info()
+        i.struct_size = ctypes.sizeof(i)
+        self.cache._call(_lib.fd_tx_get_info, self._tx, ctypes.byref(i))
+        return TxInfo(i.batch, i.next_layer, TxState(i.state), i.max_blocks_per_seq, i.new_block_count)
+
+    def rows(self) -> TxRows:
+        with self.cache._lock:
+            n = self._rows()
+            ids = np.empty(n, dtype=np.uint64)
+            cols = [np.empty(n, dtype=np.int32) for _ in range(4)]
+            self.cache._call(
+                _lib.fd_tx_get_rows, self._tx, n, ids.ctypes.data_as(_U64P),
+                *(c.ctypes.data_as(_I32P) for c in cols),
+            )  # fmt: skip
+        return TxRows(ids, *cols)
+
+    def block_tables(self, table_stride: Optional[int] = None) -> np.ndarray:
+        """int32 [batch, table_stride] tables including the new blocks."""
+        with self.cache._lock:
+            info = self.info()
+            stride = max(1, info.max_blocks_per_seq) if table_stride is None else int(table_stride)
+            out = np.empty((info.batch, stride), dtype=np.int32)
+            self.cache._call(_lib.fd_tx_block_tables, self._tx, stride, out.ctypes.data)
+        return out
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._finished or self.cache.closed:
+            return
+        try:
+            self.abort()
+        except FlashDecError:
+            if exc_type is None:
+                raise  # a failing abort with no other error in flight is news
+
+    def __repr__(self) -> str:
+        return f"Transaction(id={self.id}, cache_version={self.cache_version})"

@@ -1,0 +1,141 @@
+"""Enums and small value types of the public header."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from dataclasses import dataclass, field
+from typing import Tuple
+
+from . import _lib
+
+
+class DType(enum.IntEnum):
+    """fd_dtype. BF16 data travels in numpy as uint16 arrays (raw bits)."""
+
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is DType.F32 else 2
+
+
+class Layout(enum.IntEnum):
+    """fd_kv_layout: TOKEN_MAJOR = [block_size][head_dim] per block/head."""
+
+    TOKEN_MAJOR = 0
+    DIM_MAJOR = 1
+
+
+class DeviceType(enum.IntEnum):
+    CPU = 0
+    CUDA = 1
+
+
+class RequestState(enum.IntEnum):
+    UNKNOWN = 0
+    ACTIVE = 1
+    FINISHED = 2
+    CANCELLED = 3
+
+
+class TxState(enum.IntEnum):
+    OPEN = 0
+    COMMITTED = 1
+    ABORTED = 2
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where memory lives and work runs. ``Device.cpu()`` or ``Device.cuda(n)``."""
+
+    type: DeviceType = DeviceType.CPU
+    ordinal: int = 0
+
+    @staticmethod
+    def cpu() -> "Device":
+        return Device(DeviceType.CPU, 0)
+
+    @staticmethod
+    def cuda(ordinal: int = 0) -> "Device":
+        return Device(DeviceType.CUDA, ordinal)
+
+    def to_c(self) -> _lib.fd_device:
+        return _lib.fd_device(int(self.type), int(self.ordinal))
+
+    @staticmethod
+    def from_c(d: _lib.fd_device) -> "Device":
+        try:
+            t = DeviceType(d.type)
+        except ValueError:
+            t = d.type  # type: ignore[assignment]
+        return Device(t, d.ordinal)
+
+
+def _default_config() -> _lib.fd_cache_config:
+    c = _lib.fd_cache_config()
+    _lib.fd_cache_config_init(ctypes.byref(c))
+    return c
+
+
+@dataclass
+class CacheConfig:
+    """Parameters of a :class:`~flashdec.Cache` (fd_cache_config).
+
+    Defaults come from the library's fd_cache_config_init, so they follow the
+    runtime rather than a copy in this binding.
+    """
+
+    num_layers: int = field(default_factory=lambda: _default_config().num_layers)
+    num_kv_heads: int = field(default_factory=lambda: _default_config().num_kv_heads)
+    head_dim: int = field(default_factory=lambda: _default_config().head_dim)
+    block_size: int = field(default_factory=lambda: _default_config().block_size)
+    max_blocks: int = field(default_factory=lambda: _default_config().max_blocks)
+    prefix_cache_capacity_blocks: int = field(
+        default_factory=lambda: _default_config().prefix_cache_capacity_blocks
+    )
+    dtype: DType = field(default_factory=lambda: DType(_default_config().dtype))
+    layout: Layout = field(default_factory=lambda: Layout(_default_config().layout))
+    device: Device = field(default_factory=lambda: Device.from_c(_default_config().device))
+
+    def to_c(self) -> _lib.fd_cache_config:
+        c = _default_config()
+        for name in (
+            "num_layers",
+            "num_kv_heads",
+            "head_dim",
+            "block_size",
+            "max_blocks",
+            "prefix_cache_capacity_blocks",
+        ):
+            value = int(getattr(self, name))
+            if not 0 <= value <= 0xFFFFFFFF:
+                from .errors import argument_error
+
+                raise argument_error(f"{name} must fit in uint32, got {value}")
+            setattr(c, name, value)
+        c.dtype = int(self.dtype)
+        c.layout = int(self.layout)
+        c.device = self.device.to_c()
+        return c
+
+    @staticmethod
+    def from_c(c: _lib.fd_cache_config) -> "CacheConfig":
+        return CacheConfig(
+            num_layers=c.num_layers,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            block_size=c.block_size,
+            max_blocks=c.max_blocks,
+            prefix_cache_capacity_blocks=c.prefix_cache_capacity_blocks,
+            dtype=DType(c.dtype),
+            layout=Layout(c.layout),
+            device=Device.from_c(c.device),
+        )
+
+    @property
+    def token_shape(self) -> Tuple[int, int]:
+        """(num_kv_heads, head_dim): the trailing shape of one token's K or V."""
+        return (self.num_kv_heads, self.head_dim)
