@@ -1,0 +1,45 @@
+# Shared by demo.sh and test.sh (sourced): configure and build FlashDec.
+#
+# Environment (all optional):
+#   FLASHDEC_BUILD_DIR  build directory, relative to the repository (default: build)
+#   FLASHDEC_CUDA       AUTO (default), ON or OFF
+#   FLASHDEC_SANITIZE   OFF (default) or ON: AddressSanitizer + UBSan
+#   FLASHDEC_JOBS       parallel jobs (default: number of cores)
+
+flashdec_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$flashdec_root"
+build_dir=${FLASHDEC_BUILD_DIR:-build}
+cuda_mode=${FLASHDEC_CUDA:-AUTO}
+sanitize=${FLASHDEC_SANITIZE:-OFF}
+jobs=${FLASHDEC_JOBS:-$(nproc 2> /dev/null || echo 2)}
+
+# shellcheck source=setup.sh
+source "$flashdec_root/scripts/setup.sh"
+
+flashdec_configure() {
+  echo "== configure $build_dir (FLASHDEC_CUDA=$cuda_mode, FLASHDEC_SANITIZE=$sanitize)"
+  mkdir -p "$build_dir"
+  local log=$build_dir/configure.log
+  cmake -S . -B "$build_dir" -G Ninja -DFLASHDEC_CUDA="$cuda_mode" -DFLASHDEC_SANITIZE="$sanitize" \
+    > "$log" 2>&1 || {
+    cat "$log" >&2
+    echo "FAIL: configure failed" >&2
+    return 1
+  }
+  grep -E '^-- (flashdec|The CUDA compiler)' "$log" || true
+  cuda_enabled=$(sed -n 's/^FLASHDEC_CUDA_ENABLED:INTERNAL=//p' "$build_dir/CMakeCache.txt")
+  echo "CUDA backend: ${cuda_enabled:-OFF}"
+  # AUTO must not quietly fall back to a CPU-only build when a toolkit exists.
+  if [ "$cuda_mode" = "AUTO" ] && command -v nvcc > /dev/null 2>&1 && [ "$cuda_enabled" != "ON" ]; then
+    echo "FAIL: nvcc is installed ($(command -v nvcc)) but the CUDA backend is OFF;" \
+      "see the CMake output above (or set FLASHDEC_CUDA=OFF to build without it)" >&2
+    return 1
+  fi
+}
+
+flashdec_build() {  # [targets...]
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  echo "== build $build_dir ${*:-(all)} with $jobs jobs"
+  cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs what building and testing FlashDec needs, only what is missing:
+# a C/C++ compiler, CMake >= 3.25, Ninja, pkg-config, cmocka, Doxygen and
+# binutils. Debian/Ubuntu (apt-get); run as root or with sudo available.
+# Also puts an installed CUDA toolkit's nvcc on PATH for the caller when it is
+# not there yet (scripts/common.sh sources this file to keep that PATH).
+#
+# usage: ./scripts/setup.sh
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -euo pipefail
+fi
+
+flashdec_have() { command -v "$1" > /dev/null 2>&1; }
+
+# cmake >= 3.25 present?
+flashdec_cmake_ok() {
+  flashdec_have cmake || return 1
+  local v
+  v=$(cmake --version | sed -n 's/^cmake version \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+  set -- $v
+  [ "${1:-0}" -gt 3 ] || { [ "${1:-0}" -eq 3 ] && [ "${2:-0}" -ge 25 ]; }
+}
+
+flashdec_setup() {
+  local missing=()
+  flashdec_cmake_ok || missing+=(cmake)
+  flashdec_have ninja || missing+=(ninja-build)
+  flashdec_have g++ || missing+=(g++)
+  flashdec_have cc || missing+=(gcc)
+  flashdec_have pkg-config || missing+=(pkg-config)
+  flashdec_have doxygen || missing+=(doxygen)
+  { flashdec_have nm && flashdec_have readelf; } || missing+=(binutils)
+  [ -f /usr/include/cmocka.h ] || missing+=(libcmocka-dev)
+
+  if [ ${#missing[@]} -gt 0 ]; then
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+      if flashdec_have sudo; then
+        sudo=(sudo)
+      else
+        echo "setup: missing ${missing[*]}; run as root or install them with apt-get" >&2
+        return 1
+      fi
+    fi
+    flashdec_have apt-get || {
+      echo "setup: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
+      return 1
+    }
+    echo "setup: installing ${missing[*]}"
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${missing[@]}" > /dev/null
+  fi
+  if ! flashdec_cmake_ok; then
+    # An older distribution: take CMake from PyPI instead.
+    echo "setup: CMake $(cmake --version | head -n 1) is older than 3.25; installing it with pip"
+    python3 -m pip install --quiet --user 'cmake>=3.25' && export PATH="$HOME/.local/bin:$PATH"
+    flashdec_cmake_ok || { echo "setup: no CMake >= 3.25 available" >&2; return 1; }
+  fi
+
+  # A CUDA toolkit installed in the usual place but not on PATH.
+  if ! flashdec_have nvcc && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  if flashdec_have nvcc; then
+    echo "setup: nvcc found ($(command -v nvcc)): the CUDA backend will be built"
+  else
+    echo "setup: no nvcc: CPU-only build"
+  fi
+}
+
+flashdec_setup
