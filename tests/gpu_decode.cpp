@@ -1,0 +1,512 @@
+/* fd_decode on CUDA against the CPU backend (the paged reference, S2) on fresh
+ * random data: every dtype x head_dim x block size x layout (packed, NHD
+ * strides, padded dim-major strides) x GQA group 1..32, ragged rows with
+ * seq_len 0, 1, block boundaries and the maximum, split and unsplit; outputs
+ * poisoned with NaN and checked fully written; stale NaN past every row's end
+ * in the cache; bit-identical reruns; CUDA-graph capture; every error status.
+ *
+ * FD_GPU_TEST_REDUCED=1 runs a small sweep (for compute-sanitizer). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "fd_test.h"
+
+namespace {
+
+bool reduced() {
+  const char *e = getenv("FD_GPU_TEST_REDUCED");
+  return e != nullptr && e[0] == '1';
+}
+
+#define CUDA_OK(expr)                                                                            \
+  do {                                                                                           \
+    cudaError_t cuda_ok_e_ = (expr);                                                             \
+    if (cuda_ok_e_ != cudaSuccess) {                                                             \
+      print_error("%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_ok_e_)); \
+      fail();                                                                                    \
+    }                                                                                            \
+  } while (0)
+
+enum Storage { kTokenPacked, kDimPacked, kNhd, kDimPadded, kStorages };
+
+const char *storage_name(int s) {
+  static const char *names[] = {"token-major", "dim-major", "NHD strides", "dim-major padded"};
+  return names[s];
+}
+
+struct Case {
+  int32_t dtype = FD_DTYPE_BF16;
+  int storage = kTokenPacked;
+  uint32_t dim = 128, bs = 16, hkv = 2, group = 4;
+  std::vector<int32_t> lens;
+  uint32_t mbps = 0;            /* 0: just enough for the longest row */
+  int32_t max_seq_len_hint = 0; /* passed through */
+  uint64_t seed = 1;
+};
+
+/* Host copy of one problem, with the cache laid out as the case says. */
+struct Host {
+  Case c;
+  uint32_t batch = 0, hq = 0, num_blocks = 0, mbps = 0;
+  int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
+  int64_t sb = 0, sh = 0, st = 0, sd = 0; /* actual element strides */
+  bool explicit_strides = false;
+  size_t cache_elems = 0;
+  std::vector<uint16_t> q, k, v;
+  std::vector<int32_t> tables, lens;
+};
+
+size_t esize() {
+  return 2;
+}
+
+Host make_host(const Case &c) {
+  Host h;
+  h.c = c;
+  h.batch = static_cast<uint32_t>(c.lens.size());
+  h.hq = c.hkv * c.group;
+  uint32_t longest = 0;
+  for (int32_t l : c.lens) longest = std::max(longest, static_cast<uint32_t>(l));
+  h.mbps = c.mbps ? c.mbps : std::max(1u, (longest + c.bs - 1) / c.bs);
+  uint32_t used = 0;
+  for (int32_t l : c.lens) used += (static_cast<uint32_t>(l) + c.bs - 1) / c.bs;
+  h.num_blocks = used + 3;
+  const int64_t H = c.hkv, D = c.dim, B = c.bs, N = h.num_blocks;
+  switch (c.storage) {
+    case kTokenPacked:
+      h.layout = FD_LAYOUT_TOKEN_MAJOR;
+      h.sb = H * B * D, h.sh = B * D, h.st = D, h.sd = 1;
+      break;
+    case kDimPacked:
+      h.layout = FD_LAYOUT_DIM_MAJOR;
+      h.sb = H * D * B, h.sh = D * B, h.st = 1, h.sd = B;
+      break;
+    case kNhd:
+      h.layout = FD_LAYOUT_TOKEN_MAJOR;
+      h.explicit_strides = true;
+      h.sb = B * H * D, h.sh = D, h.st = H * D, h.sd = 1;
+      break;
+    default: /* dim-major with gaps between dims, heads and blocks */
+      h.layout = FD_LAYOUT_DIM_MAJOR;
+      h.explicit_strides = true;
+      h.sd = B + 8, h.sh = D * (B + 8) + 16, h.st = 1, h.sb = H * h.sh + 24;
+      break;
+  }
+  h.cache_elems = static_cast<size_t>(h.sb * N);
+  fd_test_rng rng = {c.seed};
+  h.q.resize(static_cast<size_t>(h.batch) * h.hq * c.dim);
+  for (auto &x : h.q) fd_test_store(&x, 0, c.dtype, 3.0f * fd_test_normal(&rng));
+  h.k.resize(h.cache_elems);
+  h.v.resize(h.cache_elems);
+  for (size_t i = 0; i < h.cache_elems; ++i) {
+    fd_test_store(&h.k[i], 0, c.dtype, fd_test_normal(&rng));
+    fd_test_store(&h.v[i], 0, c.dtype, fd_test_normal(&rng));
+  }
+  /* Physical blocks in a seeded random order. */
+  std::vector<int32_t> perm(h.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (size_t i = perm.size(); i > 1; --i)
+    std::swap(perm[i - 1], perm[static_cast<size_t>(fd_test_range(&rng, 0, (int64_t)i - 1))]);
+  h.tables.assign(static_cast<size_t>(h.batch) * h.mbps, -1);
+  h.lens = c.lens;
+  size_t next = 0;
+  const uint16_t nan_bits = 0x7fff; /* NaN in both f16 and bf16 */
+  for (uint32_t r = 0; r < h.batch; ++r) {
+    const uint32_t len = static_cast<uint32_t>(c.lens[r]);
+    const uint32_t nb = (len + c.bs - 1) / c.bs;
+    for (uint32_t b = 0; b < nb; ++b) h.tables[r * h.mbps + b] = perm[next++];
+    /* Stale NaN in the last block past the row's end must never leak. */
+    for (uint32_t t = len; t < nb * c.bs; ++t) {
+      const int64_t blk = h.tables[r * h.mbps + t / c.bs];
+      for (uint32_t kv = 0; kv < c.hkv; ++kv)
+        for (uint32_t d = 0; d < c.dim; ++d) {
+          const size_t at =
+              static_cast<size_t>(blk * h.sb + kv * h.sh + (t % c.bs) * h.st + d * h.sd);
+          h.k[at] = nan_bits;
+          h.v[at] = nan_bits;
+        }
+    }
+  }
+  return h;
+}
+
+fd_decode_params params_for(const Host &h) {
+  fd_decode_params p;
+  fd_decode_params_init(&p);
+  p.dtype = h.c.dtype;
+  p.layout = h.layout;
+  p.batch = h.batch;
+  p.num_q_heads = h.hq;
+  p.num_kv_heads = h.c.hkv;
+  p.head_dim = h.c.dim;
+  p.block_size = h.c.bs;
+  p.num_blocks = h.num_blocks;
+  p.max_blocks_per_seq = h.mbps;
+  if (h.explicit_strides) {
+    p.stride_block = h.sb;
+    p.stride_head = h.sh;
+    p.stride_token = h.st;
+    p.stride_dim = h.sd;
+  }
+  p.max_seq_len_hint = h.c.max_seq_len_hint;
+  return p;
+}
+
+std::vector<uint16_t> cpu_reference(const Host &h) {
+  std::vector<uint16_t> out(h.q.size(), 0);
+  fd_decode_params p = params_for(h);
+  p.q = h.q.data();
+  p.k_cache = h.k.data();
+  p.v_cache = h.v.data();
+  p.block_tables = h.tables.data();
+  p.seq_lens = h.lens.data();
+  p.out = out.data();
+  p.device.type = FD_DEVICE_CPU;
+  FD_ASSERT_OK(fd_decode(&p));
+  return out;
+}
+
+/* The same problem in device memory. */
+struct Dev {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *ws = nullptr;
+  int32_t *tables = nullptr, *lens = nullptr;
+  size_t ws_size = 0;
+  cudaStream_t stream = nullptr;
+  Dev() = default;
+  Dev(const Dev &) = delete;
+  Dev &operator=(const Dev &) = delete;
+  ~Dev() {
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(ws);
+    cudaFree(tables), cudaFree(lens);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+void upload(const Host &h, Dev &d) {
+  const size_t qb = h.q.size() * esize(), cb = h.cache_elems * esize();
+  CUDA_OK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaMalloc(&d.q, qb));
+  CUDA_OK(cudaMalloc(&d.out, qb));
+  CUDA_OK(cudaMalloc(&d.k, cb));
+  CUDA_OK(cudaMalloc(&d.v, cb));
+  CUDA_OK(
+      cudaMalloc(reinterpret_cast<void **>(&d.tables), std::max<size_t>(1, h.tables.size()) * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.lens), h.lens.size() * 4));
+  CUDA_OK(cudaMemcpy(d.q, h.q.data(), qb, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d.k, h.k.data(), cb, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d.v, h.v.data(), cb, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d.lens, h.lens.data(), h.lens.size() * 4, cudaMemcpyHostToDevice));
+}
+
+fd_decode_params device_params(const Host &h, const Dev &d, int32_t num_splits) {
+  fd_decode_params p = params_for(h);
+  p.q = d.q;
+  p.k_cache = d.k;
+  p.v_cache = d.v;
+  p.block_tables = d.tables;
+  p.seq_lens = d.lens;
+  p.out = d.out;
+  p.num_splits = num_splits;
+  p.device.type = FD_DEVICE_CUDA;
+  p.device.ordinal = 0;
+  p.stream = reinterpret_cast<fd_stream>(d.stream);
+  return p;
+}
+
+/* Sizes and attaches a workspace for `p` (fd_decode_workspace_size). */
+void attach_workspace(fd_decode_params &p, Dev &d) {
+  size_t need = 0;
+  FD_ASSERT_OK(fd_decode_workspace_size(&p, &need));
+  if (need > d.ws_size) {
+    cudaFree(d.ws);
+    d.ws = nullptr;
+    CUDA_OK(cudaMalloc(&d.ws, need));
+    d.ws_size = need;
+    /* Poison: the kernels must never read partials they did not write. */
+    CUDA_OK(cudaMemset(d.ws, 0xff, need));
+  }
+  p.workspace = need ? d.ws : nullptr;
+  p.workspace_size = need;
+}
+
+std::vector<uint16_t> run_gpu(const Host &h, Dev &d, fd_decode_params p) {
+  const size_t qb = h.q.size() * esize();
+  CUDA_OK(cudaMemset(d.out, 0xff, qb)); /* NaN in f16 and bf16 */
+  FD_ASSERT_OK(fd_decode(&p));
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  CUDA_OK(cudaGetLastError());
+  std::vector<uint16_t> out(h.q.size());
+  CUDA_OK(cudaMemcpy(out.data(), d.out, qb, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+/* Worst per-(row, head) relative error; fails on any non-finite output and
+ * on a non-zero output of an empty row. */
+double compare(const Host &h, const std::vector<uint16_t> &got, const std::vector<uint16_t> &ref) {
+  double worst = 0;
+  const uint32_t D = h.c.dim;
+  for (uint32_t r = 0; r < h.batch; ++r)
+    for (uint32_t hd = 0; hd < h.hq; ++hd) {
+      double num = 0, den = 0;
+      for (uint32_t d = 0; d < D; ++d) {
+        const size_t i = (static_cast<size_t>(r) * h.hq + hd) * D + d;
+        const double g = fd_test_load(got.data(), i, h.c.dtype);
+        const double e = fd_test_load(ref.data(), i, h.c.dtype);
+        if (!std::isfinite(g)) {
+          print_error("non-finite output at row %u head %u dim %u\n", r, hd, d);
+          fail();
+        }
+        num += (g - e) * (g - e);
+        den += e * e;
+      }
+      if (h.lens[r] == 0) {
+        if (num != 0) {
+          print_error("row %u (seq_len 0) head %u is not zero\n", r, hd);
+          fail();
+        }
+        continue;
+      }
+      worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    }
+  return worst;
+}
+
+double tolerance(int32_t dtype) {
+  return dtype == FD_DTYPE_BF16 ? 5e-3 : 1e-3;
+}
+
+/* Checks one case for each split mode (none, automatic, fixed), plus a
+ * bit-identical rerun of the automatic mode. */
+void check_case(const Case &c) {
+  const Host h = make_host(c);
+  const std::vector<uint16_t> ref = cpu_reference(h);
+  Dev d;
+  upload(h, d);
+  const int32_t modes[] = {1, 0, 5};
+  for (int32_t splits : modes) {
+    fd_decode_params p = device_params(h, d, splits);
+    attach_workspace(p, d);
+    const std::vector<uint16_t> got = run_gpu(h, d, p);
+    const double err = compare(h, got, ref);
+    if (err > tolerance(c.dtype)) {
+      print_error("%s D=%u bs=%u %s group=%u kv=%u batch=%u splits=%d: rel error %.3g > %.3g\n",
+                  fd_test_dtype_size(c.dtype) == 2 && c.dtype == FD_DTYPE_F16 ? "f16" : "bf16",
+                  c.dim, c.bs, storage_name(c.storage), c.group, c.hkv, h.batch, splits, err,
+                  tolerance(c.dtype));
+      fail();
+    }
+    if (splits == 0) {
+      const std::vector<uint16_t> again = run_gpu(h, d, p);
+      assert_memory_equal(got.data(), again.data(), got.size() * esize());
+    }
+  }
+}
+
+/* Ragged lengths: empty, one token, exact block boundaries, one past, the
+ * maximum, and random ones. */
+std::vector<int32_t> ragged_lens(uint32_t bs, uint32_t max_len, fd_test_rng *rng) {
+  std::vector<int32_t> lens = {0, 1, static_cast<int32_t>(bs), static_cast<int32_t>(bs + 1),
+                               static_cast<int32_t>(max_len)};
+  lens.push_back(static_cast<int32_t>(fd_test_range(rng, 2, max_len)));
+  lens.push_back(static_cast<int32_t>(fd_test_range(rng, 2, max_len)));
+  return lens;
+}
+
+void test_sweep(void **state) {
+  (void)state;
+  const bool small = reduced();
+  fd_test_rng rng = {42};
+  const int32_t dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16};
+  const uint32_t dims[] = {64, 128};
+  const uint32_t sizes[] = {8, 16, 32};
+  const uint32_t groups[] = {1, 2, 4, 8, 16, 32};
+  int cases = 0;
+  for (int32_t dt : dtypes)
+    for (uint32_t D : dims)
+      for (uint32_t bs : sizes)
+        for (int st = 0; st < kStorages; ++st)
+          for (uint32_t g : groups) {
+            if (small && (dt == FD_DTYPE_F16 || bs == 8 || (g != 1 && g != 4 && g != 32) ||
+                          st == kDimPadded))
+              continue;
+            Case c;
+            c.dtype = dt;
+            c.dim = D;
+            c.bs = bs;
+            c.storage = st;
+            c.group = g;
+            c.hkv = g >= 16 ? 1 : 2;
+            const uint32_t max_len = small ? 130 : 320;
+            c.lens = ragged_lens(bs, max_len, &rng);
+            c.mbps = (max_len + bs - 1) / bs;
+            c.seed = fd_test_next(&rng);
+            check_case(c);
+            ++cases;
+          }
+  print_message("gpu_decode: %d sweep cases x 3 split modes passed\n", cases);
+}
+
+/* Long rows (split-KV across many CTAs), a hint below the real length (a
+ * too-small hint may cost speed, never tokens) and a max_blocks_per_seq with
+ * spare slots. */
+void test_long_rows(void **state) {
+  (void)state;
+  if (reduced()) skip();
+  struct {
+    int32_t dtype;
+    uint32_t dim, bs, hkv, group;
+    std::vector<int32_t> lens;
+    int32_t hint;
+  } cases[] = {
+      {FD_DTYPE_BF16, 128, 16, 8, 4, {32768}, 0},
+      {FD_DTYPE_F16, 128, 32, 2, 8, {20000, 777, 0}, 0},
+      {FD_DTYPE_BF16, 64, 8, 4, 8, {9000, 8191}, 4096},
+      {FD_DTYPE_BF16, 128, 16, 1, 32, {5000}, 0},
+  };
+  for (const auto &k : cases) {
+    for (int st : {kTokenPacked, kDimPacked}) {
+      Case c;
+      c.dtype = k.dtype;
+      c.dim = k.dim;
+      c.bs = k.bs;
+      c.hkv = k.hkv;
+      c.group = k.group;
+      c.lens = k.lens;
+      c.storage = st;
+      c.max_seq_len_hint = k.hint;
+      int32_t longest = *std::max_element(k.lens.begin(), k.lens.end());
+      c.mbps = static_cast<uint32_t>(longest) / k.bs + 2;
+      check_case(c);
+    }
+  }
+}
+
+/* fd_decode captured into a CUDA graph gives the eager bits. */
+void test_graph_capture(void **state) {
+  (void)state;
+  Case c;
+  c.lens = {3000, 5, 0, 1500};
+  c.group = 4;
+  c.hkv = 2;
+  const Host h = make_host(c);
+  Dev d;
+  upload(h, d);
+  fd_decode_params p = device_params(h, d, 0);
+  attach_workspace(p, d);
+  const std::vector<uint16_t> eager = run_gpu(h, d, p);
+  const size_t qb = h.q.size() * esize();
+  CUDA_OK(cudaMemset(d.out, 0xff, qb));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+  const fd_status st = fd_decode(&p);
+  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+  FD_ASSERT_OK(st);
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  size_t nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  assert_true(nodes >= 1);
+  for (int i = 0; i < 3; ++i) CUDA_OK(cudaGraphLaunch(exec, d.stream));
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  std::vector<uint16_t> replay(h.q.size());
+  CUDA_OK(cudaMemcpy(replay.data(), d.out, qb, cudaMemcpyDeviceToHost));
+  assert_memory_equal(eager.data(), replay.data(), qb);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+/* Every refusal leaves the output untouched (still poisoned). */
+void expect_untouched(const Host &h, const Dev &d) {
+  const size_t qb = h.q.size() * esize();
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  std::vector<uint8_t> out(qb);
+  CUDA_OK(cudaMemcpy(out.data(), d.out, qb, cudaMemcpyDeviceToHost));
+  for (uint8_t b : out) assert_int_equal(b, 0xff);
+}
+
+void test_errors(void **state) {
+  (void)state;
+  Case c;
+  c.lens = {40, 17};
+  c.group = 2;
+  c.hkv = 2;
+  c.dim = 64;
+  const Host h = make_host(c);
+  Dev d;
+  upload(h, d);
+  CUDA_OK(cudaMemset(d.out, 0xff, h.q.size() * esize()));
+  fd_decode_params base = device_params(h, d, 1);
+  size_t bytes = 12345;
+  fd_decode_params p;
+
+  p = base, p.head_dim = 96;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "head_dim");
+  FD_ASSERT_FAILS(fd_decode_workspace_size(&p, &bytes), FD_ERR_UNSUPPORTED, "head_dim");
+  assert_int_equal(bytes, 12345);
+  p = base, p.block_size = 64, p.max_blocks_per_seq = 1;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "block_size");
+  p = base, p.num_kv_heads = 1, p.num_q_heads = 64;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "group");
+  p = base, p.dtype = FD_DTYPE_F32;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "f32");
+  p = base, p.k_cache = static_cast<const uint8_t *>(d.k) + 2;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "aligned");
+  /* NHD-like strides that break 16-byte rows. */
+  p = base, p.stride_block = h.sb + 4, p.stride_head = h.sh, p.stride_token = h.st,
+  p.stride_dim = 1;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "stride_block");
+  /* An explicit split count needs its workspace. */
+  p = base, p.num_splits = 4;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "workspace");
+  p = base, p.device.ordinal = 1000;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_NO_DEVICE, "");
+  expect_untouched(h, d);
+
+  /* FD_DECODE_CHECK_INDICES validates device-resident indices. */
+  const int32_t bad_len[2] = {40, 100000};
+  CUDA_OK(cudaMemcpy(d.lens, bad_len, sizeof bad_len, cudaMemcpyHostToDevice));
+  p = base, p.flags = FD_DECODE_CHECK_INDICES;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "seq_lens[1]");
+  CUDA_OK(cudaMemcpy(d.lens, h.lens.data(), 8, cudaMemcpyHostToDevice));
+  const int32_t bad_id = static_cast<int32_t>(h.num_blocks);
+  CUDA_OK(cudaMemcpy(d.tables + 1, &bad_id, 4, cudaMemcpyHostToDevice));
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "block_tables[0][1]");
+  expect_untouched(h, d);
+  CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
+  /* The checked path succeeds on valid indices. */
+  const std::vector<uint16_t> ref = cpu_reference(h);
+  const std::vector<uint16_t> got = run_gpu(h, d, p);
+  assert_true(compare(h, got, ref) <= tolerance(c.dtype));
+}
+
+}  // namespace
+
+int main(void) {
+  int32_t n = 0;
+  if (fd_cuda_device_count(&n) != FD_OK || n == 0) {
+    printf("SKIPPED: no CUDA device (fd_cuda_device_count reported %d)\n", n);
+    return 77;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_graph_capture),
+      cmocka_unit_test(test_sweep),
+      cmocka_unit_test(test_long_rows),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
