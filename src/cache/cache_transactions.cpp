@@ -92,7 +92,7 @@ OpenTransaction &PagedCache::mutable_transaction(fd_tx tx) {
 void PagedCache::check_layer_write(const OpenTransaction &t, uint32_t layer, const void *k,
                                    const void *v) {
   try {
-    if (layer != t.next_layer) {
+    if (layer != t.next_layer || layer >= s_.config.num_layers) {
       if (t.next_layer == s_.config.num_layers)
         fail(FD_ERR_INVALID_ARGUMENT,
              "transaction %llu has written all %u layers (commit it), got layer %u", ull(t.id),
