@@ -1,0 +1,567 @@
+#include "engine/engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace fd {
+
+namespace {
+
+using ull = unsigned long long;
+
+// Turns a failed public call into an fd::Error with the callee's message.
+void check(fd_status status, const char *prefix = nullptr) {
+  if (status == FD_OK) return;
+  std::string msg = fd_last_error_message();
+  if (prefix != nullptr) msg = std::string(prefix) + msg;
+  throw Error(status, msg);
+}
+
+const char *state_name(int32_t s) {
+  switch (s) {
+    case FD_ENGINE_REQUEST_WAITING: return "waiting";
+    case FD_ENGINE_REQUEST_ACTIVE: return "active";
+    case FD_ENGINE_REQUEST_FINISHED: return "finished";
+    case FD_ENGINE_REQUEST_CANCELLED: return "cancelled";
+    case FD_ENGINE_REQUEST_REJECTED: return "rejected";
+    default: return "unknown";
+  }
+}
+
+bool terminal(int32_t s) {
+  return s == FD_ENGINE_REQUEST_FINISHED || s == FD_ENGINE_REQUEST_CANCELLED ||
+         s == FD_ENGINE_REQUEST_REJECTED;
+}
+
+}  // namespace
+
+Engine::Engine(fd_cache *cache, const fd_engine_config &config) : cache_(cache) {
+  require_non_null(cache, "cache");
+  cache_config_.struct_size = sizeof cache_config_;
+  check(fd_cache_get_config(cache, &cache_config_));
+  if (cache_config_.device.type != FD_DEVICE_CPU) {
+    fail(FD_ERR_UNSUPPORTED, "the engine serves CPU caches only; this cache is on device type %d",
+         cache_config_.device.type);
+  }
+  const uint32_t kv = cache_config_.num_kv_heads, d = cache_config_.head_dim;
+  num_q_heads_ = config.num_q_heads == 0 ? kv : config.num_q_heads;
+  if (num_q_heads_ % kv != 0) {
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "config->num_q_heads %u must be a positive multiple of the cache's num_kv_heads %u",
+         num_q_heads_, kv);
+  }
+  rotary_dim_ = config.rotary_dim == 0 ? d : config.rotary_dim;
+  if (rotary_dim_ % 2 != 0 || rotary_dim_ > d) {
+    fail(FD_ERR_INVALID_ARGUMENT, "config->rotary_dim %u must be even and <= head_dim %u",
+         rotary_dim_, d);
+  }
+  if (!std::isfinite(config.rope_base) || config.rope_base <= 0.f) {
+    fail(FD_ERR_INVALID_ARGUMENT, "config->rope_base must be finite and > 0, got %g",
+         static_cast<double>(config.rope_base));
+  }
+  if (!std::isfinite(config.sm_scale) || config.sm_scale < 0.f) {
+    fail(FD_ERR_INVALID_ARGUMENT, "config->sm_scale must be finite and >= 0, got %g",
+         static_cast<double>(config.sm_scale));
+  }
+  rope_base_ = config.rope_base;
+  sm_scale_ = config.sm_scale;
+  cpu_threads_ = config.cpu_threads;
+  if (cache_metrics().open_transaction_count != 0) {
+    fail(FD_ERR_INVALID_STATE, "the cache has an open transaction; commit or abort it first");
+  }
+  // Storage pointers are stable for the cache's lifetime: look them up once.
+  for (uint32_t l = 0; l < cache_config_.num_layers; ++l) {
+    void *k = nullptr, *v = nullptr;
+    check(fd_cache_layer_storage(cache, l, &k, &v, strides_));
+    layer_k_.push_back(k);
+    layer_v_.push_back(v);
+  }
+  sync_cache_version();
+}
+
+Engine::~Engine() {
+  // Leave the cache without a dangling transaction.
+  if (step_open_) (void)fd_tx_abort(cache_, step_tx_);
+}
+
+fd_cache_metrics Engine::cache_metrics() const {
+  fd_cache_metrics m;
+  std::memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  check(fd_cache_metrics_get(cache_, &m));
+  return m;
+}
+
+void Engine::sync_cache_version() {
+  check(fd_cache_state_version(cache_, &cache_version_));
+}
+
+void Engine::check_cache_version() const {
+  if (!scheduler_managed_) return;
+  uint64_t now = 0;
+  check(fd_cache_state_version(cache_, &now));
+  if (now != cache_version_) {
+    fail(FD_ERR_INVALID_STATE,
+         "the cache was changed outside the engine (cache state version %llu, the engine last "
+         "saw %llu); a scheduler-managed engine refuses to continue",
+         ull(now), ull(cache_version_));
+  }
+}
+
+void Engine::require_no_step(const char *what) const {
+  if (step_open_) {
+    fail(FD_ERR_INVALID_STATE, "%s is not allowed while a step is open (transaction %llu)", what,
+         ull(step_tx_.id));
+  }
+}
+
+const EngineRequest *Engine::lookup(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : &it->second;
+}
+
+EngineRequest &Engine::find(uint64_t id, const char *what) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) fail(FD_ERR_NOT_FOUND, "%s: unknown request %llu", what, ull(id));
+  return it->second;
+}
+
+void Engine::set_state(EngineRequest &r, uint64_t id, int32_t state) {
+  if (r.state != FD_ENGINE_REQUEST_UNKNOWN) counts_[r.state] -= 1;
+  if (r.scheduled) {
+    if (r.state == FD_ENGINE_REQUEST_WAITING) waiting_by_order_.erase(r.spec.submission_order);
+    if (r.state == FD_ENGINE_REQUEST_ACTIVE) active_by_order_.erase(r.spec.submission_order);
+    if (state == FD_ENGINE_REQUEST_WAITING) waiting_by_order_[r.spec.submission_order] = id;
+    if (state == FD_ENGINE_REQUEST_ACTIVE) active_by_order_[r.spec.submission_order] = id;
+  }
+  r.state = state;
+  counts_[state] += 1;
+  bump();
+}
+
+int32_t Engine::request_state(uint64_t id) const {
+  const EngineRequest *r = lookup(id);
+  return r == nullptr ? FD_ENGINE_REQUEST_UNKNOWN : r->state;
+}
+
+int32_t Engine::seq_len_of(uint64_t id) const {
+  int32_t len = 0;
+  check(fd_cache_export(cache_, &id, 1, 0, nullptr, &len));
+  return len;
+}
+
+// ---------------------------------------------------------------------------
+// Unscheduled lifecycle
+
+void Engine::add_request(uint64_t id) {
+  require_no_step("add_request");
+  if (scheduler_managed_) {
+    fail(FD_ERR_INVALID_STATE,
+         "add_request: the engine is scheduler-managed; use fd_engine_submit_request");
+  }
+  const EngineRequest *r = lookup(id);
+  if (r != nullptr) {
+    if (terminal(r->state)) {
+      fail(FD_ERR_INVALID_STATE, "add_request: request %llu is %s", ull(id), state_name(r->state));
+    }
+    return;  // waiting or active: no-op
+  }
+  int32_t cache_state = FD_REQUEST_UNKNOWN;
+  check(fd_cache_request_state(cache_, id, &cache_state));
+  if (cache_state == FD_REQUEST_FINISHED || cache_state == FD_REQUEST_CANCELLED) {
+    fail(FD_ERR_INVALID_STATE, "add_request: request %llu is %s in the cache", ull(id),
+         cache_state == FD_REQUEST_FINISHED ? "finished" : "cancelled");
+  }
+  EngineRequest &created = requests_[id];
+  has_unscheduled_ = true;
+  set_state(created, id, FD_ENGINE_REQUEST_WAITING);
+}
+
+void Engine::admit(uint64_t id) {
+  require_no_step("admit");
+  if (scheduler_managed_) {
+    fail(FD_ERR_INVALID_STATE,
+         "admit: the engine is scheduler-managed; admission happens through "
+         "fd_engine_apply_decision");
+  }
+  EngineRequest &r = find(id, "admit");
+  if (r.state == FD_ENGINE_REQUEST_ACTIVE) return;
+  if (r.state != FD_ENGINE_REQUEST_WAITING) {
+    fail(FD_ERR_INVALID_STATE, "admit: request %llu is %s", ull(id), state_name(r.state));
+  }
+  check(fd_cache_add_request(cache_, id), "admit: ");
+  sync_cache_version();
+  set_state(r, id, FD_ENGINE_REQUEST_ACTIVE);
+}
+
+void Engine::finish(uint64_t id, bool cancelled) {
+  const char *what = cancelled ? "cancel" : "finish";
+  require_no_step(what);
+  check_cache_version();
+  EngineRequest &r = find(id, what);
+  if (terminal(r.state)) {
+    fail(FD_ERR_INVALID_STATE, "%s: request %llu is already %s", what, ull(id),
+         state_name(r.state));
+  }
+  if (r.state == FD_ENGINE_REQUEST_ACTIVE) {
+    check(cancelled ? fd_cache_cancel_request(cache_, id) : fd_cache_finish_request(cache_, id),
+          cancelled ? "cancel: " : "finish: ");
+    sync_cache_version();
+    // The last decision counted this request's blocks: a new plan is needed.
+    decision_unused_ = false;
+    authorised_runnable_.clear();
+  }
+  set_state(r, id, cancelled ? FD_ENGINE_REQUEST_CANCELLED : FD_ENGINE_REQUEST_FINISHED);
+}
+
+// ---------------------------------------------------------------------------
+// Steps
+
+fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
+  require_no_step("begin_step");
+  require_non_null(ids, "request_ids");
+  if (count == 0) fail(FD_ERR_INVALID_ARGUMENT, "count must be > 0");
+  check_cache_version();
+  std::unordered_set<uint64_t> seen;
+  seen.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    if (!seen.insert(ids[i]).second) {
+      fail(FD_ERR_INVALID_ARGUMENT, "request %llu appears twice in request_ids", ull(ids[i]));
+    }
+    const EngineRequest *r = lookup(ids[i]);
+    if (r == nullptr) fail(FD_ERR_NOT_FOUND, "begin_step: unknown request %llu", ull(ids[i]));
+    if (r->state != FD_ENGINE_REQUEST_ACTIVE) {
+      fail(FD_ERR_INVALID_STATE, "begin_step: request %llu is %s, not active", ull(ids[i]),
+           state_name(r->state));
+    }
+  }
+  if (scheduler_managed_) {
+    if (!decision_unused_) {
+      fail(FD_ERR_INVALID_STATE,
+           "begin_step: no applied decision authorises a step; plan and apply one first");
+    }
+    if (count != authorised_runnable_.size()) {
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "begin_step: the step must use the %zu runnable ids of the last applied decision, "
+           "got %u ids",
+           authorised_runnable_.size(), count);
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      if (ids[i] != authorised_runnable_[i]) {
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "begin_step: row %u must be request %llu (runnable ids of the last applied "
+             "decision, in order), got %llu",
+             i, ull(authorised_runnable_[i]), ull(ids[i]));
+      }
+      const EngineRequest &r = requests_.at(ids[i]);
+      if (static_cast<uint32_t>(r.seq_len) < r.spec.initial_context_tokens) {
+        fail(FD_ERR_INVALID_STATE,
+             "begin_step: request %llu holds %d of its %u context tokens; prefill it first",
+             ull(ids[i]), r.seq_len, r.spec.initial_context_tokens);
+      }
+    }
+  }
+  uint32_t needed = 0, free_blocks = 0;
+  check(fd_cache_blocks_needed(cache_, ids, count, &needed, &free_blocks), "begin_step: ");
+  fd_engine_step out;
+  std::memset(&out, 0, sizeof out);
+  out.struct_size = sizeof out;
+  out.batch = count;
+  out.needed_blocks = needed;
+  out.free_blocks = free_blocks;
+  if (needed > free_blocks) {
+    if (scheduler_managed_) {
+      fail(FD_ERR_INVARIANT,
+           "scheduler-managed step needs %u new blocks but only %u are free: the scheduler's "
+           "lifetime commitment was broken",
+           needed, free_blocks);
+    }
+    backpressure_ += 1;
+    out.outcome = FD_STEP_BACKPRESSURE;
+    return out;
+  }
+  // Scratch is sized before the transaction opens, so nothing can fail
+  // between begin and the bookkeeping below except out-of-memory on tables.
+  const size_t q_bytes = size_t{count} * num_q_heads_ * cache_config_.head_dim * element_size();
+  q_rotated_.resize(q_bytes);
+  step_ids_.assign(ids, ids + count);
+  step_effective_lens_.resize(count);
+  fd_tx tx{0, 0};
+  check(fd_tx_begin(cache_, ids, count, &tx), "begin_step: ");
+  try {
+    fd_tx_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    check(fd_tx_get_info(cache_, tx, &info));
+    table_stride_ = info.max_blocks_per_seq;
+    step_tables_.resize(size_t{count} * table_stride_);
+    check(fd_tx_block_tables(cache_, tx, table_stride_, step_tables_.data()));
+    check(fd_tx_get_rows(cache_, tx, count, nullptr, nullptr, nullptr, nullptr,
+                         step_effective_lens_.data()));
+  } catch (...) {
+    (void)fd_tx_abort(cache_, tx);
+    throw;
+  }
+  max_effective_len_ = *std::max_element(step_effective_lens_.begin(), step_effective_lens_.end());
+  step_open_ = true;
+  step_tx_ = tx;
+  next_layer_ = 0;
+  decision_unused_ = false;  // one decision authorises one step
+  sync_cache_version();
+  bump();
+  out.outcome = FD_STEP_OPENED;
+  out.tx = tx;
+  return out;
+}
+
+void Engine::require_open_step(fd_tx tx, const char *what) const {
+  if (!step_open_) fail(FD_ERR_INVALID_STATE, "%s: no step is open", what);
+  if (tx.id != step_tx_.id || tx.cache_version != step_tx_.cache_version) {
+    fail(FD_ERR_STALE_HANDLE,
+         "%s: transaction %llu (version %llu) is not the open step (transaction %llu, version "
+         "%llu)",
+         what, ull(tx.id), ull(tx.cache_version), ull(step_tx_.id), ull(step_tx_.cache_version));
+  }
+}
+
+void Engine::close_step() {
+  step_open_ = false;
+  next_layer_ = 0;
+  sync_cache_version();
+  bump();
+}
+
+void Engine::abort_and_rethrow(const char *during) {
+  // Any failure inside a layer aborts the whole token (S8).
+  (void)fd_tx_abort(cache_, step_tx_);
+  step_aborts_ += 1;
+  close_step();
+  try {
+    throw;
+  } catch (const Error &e) {
+    throw Error(e.status(), format("%s failed, step aborted: %s", during, e.what()));
+  }
+}
+
+void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, const void *v,
+                        void *out, fd_stream stream) {
+  require_open_step(tx, "step_layer");
+  try {
+    if (layer != next_layer_) {
+      fail(FD_ERR_INVALID_ARGUMENT, "step requires layer %u, got layer %u", next_layer_, layer);
+    }
+    require_non_null(q, "q");
+    require_non_null(k, "k");
+    require_non_null(v, "v");
+    require_non_null(out, "out_attention");
+    check(fd_tx_write_layer_rope(cache_, tx, layer, q, num_q_heads_, k, v, rotary_dim_, rope_base_,
+                                 q_rotated_.data(), stream));
+    fd_decode_params p;
+    fd_decode_params_init(&p);
+    p.dtype = cache_config_.dtype;
+    p.layout = cache_config_.layout;
+    p.batch = static_cast<uint32_t>(step_ids_.size());
+    p.num_q_heads = num_q_heads_;
+    p.num_kv_heads = cache_config_.num_kv_heads;
+    p.head_dim = cache_config_.head_dim;
+    p.block_size = cache_config_.block_size;
+    p.num_blocks = cache_config_.max_blocks;
+    p.max_blocks_per_seq = table_stride_;
+    p.sm_scale = sm_scale_;
+    p.q = q_rotated_.data();
+    p.k_cache = layer_k_[layer];
+    p.v_cache = layer_v_[layer];
+    p.stride_block = strides_[0];
+    p.stride_head = strides_[1];
+    p.stride_token = strides_[2];
+    p.stride_dim = strides_[3];
+    p.block_tables = step_tables_.data();
+    p.seq_lens = step_effective_lens_.data();
+    p.out = out;
+    p.max_seq_len_hint = max_effective_len_;
+    p.device = cache_config_.device;
+    p.stream = stream;
+    p.cpu_threads = cpu_threads_;
+    check(fd_decode(&p));
+  } catch (...) {
+    abort_and_rethrow(format("step_layer(layer %u)", layer).c_str());
+  }
+  next_layer_ += 1;
+  layer_steps_ += 1;
+  sync_cache_version();
+}
+
+void Engine::commit_step(fd_tx tx) {
+  require_open_step(tx, "commit_step");
+  if (next_layer_ != cache_config_.num_layers) {
+    fail(FD_ERR_INVALID_STATE, "commit_step: the step has run %u of %u layers", next_layer_,
+         cache_config_.num_layers);
+  }
+  check(fd_tx_commit(cache_, tx), "commit_step: ");
+  completed_steps_ += 1;
+  appended_tokens_ += step_ids_.size();
+  close_step();
+  if (!scheduler_managed_) return;
+  // A scheduled request that generated its last token is done: its
+  // commitment ends here.
+  for (uint64_t id : step_ids_) {
+    EngineRequest &r = requests_.at(id);
+    r.seq_len += 1;
+    const uint64_t total = uint64_t{r.spec.initial_context_tokens} + r.spec.max_new_tokens;
+    if (static_cast<uint64_t>(r.seq_len) >= total) {
+      check(fd_cache_finish_request(cache_, id), "commit_step: finishing a complete request: ");
+      set_state(r, id, FD_ENGINE_REQUEST_FINISHED);
+    }
+  }
+  sync_cache_version();
+}
+
+void Engine::abort_step(fd_tx tx) {
+  require_open_step(tx, "abort_step");
+  check(fd_tx_abort(cache_, tx), "abort_step: ");
+  step_aborts_ += 1;
+  close_step();
+}
+
+void Engine::prefill(uint64_t id, const void *k, const void *v) {
+  require_no_step("prefill_request_layers");
+  require_non_null(k, "k");
+  require_non_null(v, "v");
+  check_cache_version();
+  EngineRequest &r = find(id, "prefill_request_layers");
+  if (r.state != FD_ENGINE_REQUEST_ACTIVE) {
+    fail(FD_ERR_INVALID_STATE, "prefill_request_layers: request %llu is %s, not active", ull(id),
+         state_name(r.state));
+  }
+  if (r.scheduled && static_cast<uint32_t>(r.seq_len) >= r.spec.initial_context_tokens) {
+    fail(FD_ERR_INVALID_STATE,
+         "prefill_request_layers: request %llu already holds its %u context tokens", ull(id),
+         r.spec.initial_context_tokens);
+  }
+  const int32_t position = r.scheduled ? r.seq_len : seq_len_of(id);
+  const uint32_t L = cache_config_.num_layers, kv = cache_config_.num_kv_heads;
+  const uint32_t d = cache_config_.head_dim;
+  const size_t layer_bytes = size_t{kv} * d * element_size();
+  // K is rotated at the token's position, as in step_layer.
+  std::vector<unsigned char> k_rot(static_cast<const unsigned char *>(k),
+                                   static_cast<const unsigned char *>(k) + L * layer_bytes);
+  std::vector<int32_t> positions(L, position);
+  check(fd_rope_apply(cache_config_.dtype, k_rot.data(), L, kv, d, positions.data(), rotary_dim_,
+                      rope_base_),
+        "prefill_request_layers: ");
+  fd_tx tx{0, 0};
+  check(fd_tx_begin(cache_, &id, 1, &tx), "prefill_request_layers: ");
+  try {
+    for (uint32_t l = 0; l < L; ++l) {
+      check(fd_tx_write_layer(cache_, tx, l, k_rot.data() + l * layer_bytes,
+                              static_cast<const unsigned char *>(v) + l * layer_bytes, nullptr));
+    }
+    check(fd_tx_commit(cache_, tx));
+  } catch (...) {
+    (void)fd_tx_abort(cache_, tx);
+    sync_cache_version();
+    throw;
+  }
+  if (r.scheduled) r.seq_len += 1;
+  prefill_tokens_ += 1;
+  sync_cache_version();
+  bump();
+}
+
+// ---------------------------------------------------------------------------
+// Metrics and validation
+
+fd_engine_metrics Engine::metrics() const {
+  fd_engine_metrics m;
+  std::memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  m.scheduler_managed = scheduler_managed_ ? 1u : 0u;
+  m.waiting_request_count = counts_[FD_ENGINE_REQUEST_WAITING];
+  m.active_request_count = counts_[FD_ENGINE_REQUEST_ACTIVE];
+  m.finished_request_count = counts_[FD_ENGINE_REQUEST_FINISHED];
+  m.cancelled_request_count = counts_[FD_ENGINE_REQUEST_CANCELLED];
+  m.rejected_request_count = counts_[FD_ENGINE_REQUEST_REJECTED];
+  m.completed_step_count = completed_steps_;
+  m.appended_token_count = appended_tokens_;
+  m.prefill_token_count = prefill_tokens_;
+  m.backpressure_count = backpressure_;
+  m.state_version = state_version_;
+  m.cache_state_version = cache_version_;
+  if (scheduler_managed_) {
+    const fd_cache_metrics cm = cache_metrics();
+    uint64_t committed = cm.resident_prefix_blocks;
+    for (const auto &entry : active_by_order_) {
+      committed += private_commitment(requests_.at(entry.second).spec, cache_config_.block_size);
+    }
+    m.committed_blocks = committed;
+    m.committed_but_unallocated_blocks =
+        committed > cm.used_blocks ? committed - cm.used_blocks : 0;
+  }
+  m.stale_decision_count = stale_decisions_;
+  m.applied_decision_count = applied_decisions_;
+  m.open_step_transaction_count = step_open_ ? 1u : 0u;
+  m.transaction_layer_step_count = layer_steps_;
+  m.transaction_abort_count = step_aborts_;
+  return m;
+}
+
+void Engine::validate() const {
+  check(fd_cache_validate(cache_), "cache: ");
+  const fd_cache_metrics cm = cache_metrics();
+  if ((cm.open_transaction_count != 0) != step_open_) {
+    fail(FD_ERR_INVARIANT, "engine step open = %d but the cache has %llu open transactions",
+         step_open_ ? 1 : 0, ull(cm.open_transaction_count));
+  }
+  uint64_t counted[6] = {0, 0, 0, 0, 0, 0};
+  for (const auto &entry : requests_) {
+    const uint64_t id = entry.first;
+    const EngineRequest &r = entry.second;
+    counted[r.state] += 1;
+    int32_t cs = FD_REQUEST_UNKNOWN;
+    check(fd_cache_request_state(cache_, id, &cs));
+    int32_t want = FD_REQUEST_UNKNOWN;
+    if (r.state == FD_ENGINE_REQUEST_ACTIVE) want = FD_REQUEST_ACTIVE;
+    if (r.state == FD_ENGINE_REQUEST_FINISHED) want = FD_REQUEST_FINISHED;
+    if (r.state == FD_ENGINE_REQUEST_CANCELLED) want = FD_REQUEST_CANCELLED;
+    // A request cancelled or finished while waiting never reached the cache.
+    const bool never_admitted = cs == FD_REQUEST_UNKNOWN && terminal(r.state);
+    if (cs != want && !never_admitted) {
+      fail(FD_ERR_INVARIANT, "request %llu is %s in the engine but has cache state %d", ull(id),
+           state_name(r.state), cs);
+    }
+    if (r.scheduled && r.state == FD_ENGINE_REQUEST_ACTIVE) {
+      const int32_t len = seq_len_of(id);
+      if (len != r.seq_len) {
+        fail(FD_ERR_INVARIANT, "request %llu: engine seq_len %d, cache seq_len %d", ull(id),
+             r.seq_len, len);
+      }
+      const uint64_t total = uint64_t{r.spec.initial_context_tokens} + r.spec.max_new_tokens;
+      if (static_cast<uint64_t>(len) >= total) {
+        fail(FD_ERR_INVARIANT, "request %llu is active with seq_len %d >= its lifetime %llu",
+             ull(id), len, ull(total));
+      }
+    }
+  }
+  for (int s = 1; s < 6; ++s) {
+    if (counted[s] != counts_[s]) {
+      fail(FD_ERR_INVARIANT, "%s count %llu differs from the %llu requests in that state",
+           state_name(s), ull(counts_[s]), ull(counted[s]));
+    }
+  }
+  if (scheduler_managed_) {
+    if (cm.active_request_count != counts_[FD_ENGINE_REQUEST_ACTIVE]) {
+      fail(FD_ERR_INVARIANT, "cache has %llu active requests, engine %llu",
+           ull(cm.active_request_count), ull(counts_[FD_ENGINE_REQUEST_ACTIVE]));
+    }
+    const fd_engine_metrics m = metrics();
+    if (m.committed_blocks < cm.used_blocks) {
+      fail(FD_ERR_INVARIANT, "blocks in use %llu exceed the committed blocks %llu",
+           ull(cm.used_blocks), ull(m.committed_blocks));
+    }
+  }
+}
+
+}  // namespace fd

@@ -1,0 +1,140 @@
+// The decode engine (semantics.md S8). It drives an fd_cache only through the
+// public C API (fd_cache_*, fd_tx_*, fd_prefix_*, fd_decode), so it works with
+// any conforming cache implementation. Every public entry point validates
+// first and mutates afterwards; failures throw fd::Error.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/scheduler.hpp"
+#include "flashdec.h"
+
+namespace fd {
+
+struct EngineRequest {
+  int32_t state = FD_ENGINE_REQUEST_UNKNOWN;
+  bool scheduled = false;
+  RequestSpec spec;     // scheduled requests only
+  int32_t seq_len = 0;  // scheduled requests: mirror of the cache's seq_len
+};
+
+struct FairnessCounters {
+  uint32_t wait_steps = 0;
+  uint32_t skip_count = 0;
+  uint32_t service_wait_steps = 0;
+};
+
+class Engine {
+ public:
+  Engine(fd_cache *cache, const fd_engine_config &config);
+  ~Engine();
+  Engine(const Engine &) = delete;
+  Engine &operator=(const Engine &) = delete;
+
+  // Unscheduled lifecycle.
+  void add_request(uint64_t id);
+  void admit(uint64_t id);
+  // Both modes.
+  void finish(uint64_t id, bool cancelled);
+  int32_t request_state(uint64_t id) const;
+
+  // Steps.
+  fd_engine_step begin_step(const uint64_t *ids, uint32_t count);
+  void step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, const void *v, void *out,
+                  fd_stream stream);
+  void commit_step(fd_tx tx);
+  void abort_step(fd_tx tx);
+  void prefill(uint64_t id, const void *k, const void *v);
+
+  // Scheduler-managed mode.
+  void submit(const fd_request_spec *spec);
+  void register_prefix(const char *prefix_id, const void *k, const void *v, uint32_t n,
+                       fd_stream stream);
+  void evict_prefix(const char *prefix_id);
+  std::shared_ptr<Snapshot> snapshot(uint64_t step, const fd_request_fairness *fairness,
+                                     uint32_t count) const;
+  void apply(const SchedulerConfig &config, const Decision &decision);
+
+  fd_engine_metrics metrics() const;
+  void validate() const;
+
+  // Read-only views for the workload drivers.
+  fd_cache *cache() const { return cache_; }
+  const fd_cache_config &cache_config() const { return cache_config_; }
+  uint32_t num_q_heads() const { return num_q_heads_; }
+  bool step_open() const { return step_open_; }
+  int32_t seq_len_of(uint64_t id) const;
+  uint64_t prefix_blocks_of(const std::string &prefix_id) const;
+
+ private:
+  struct PrefixRecord {
+    uint32_t num_blocks = 0;
+  };
+
+  void require_no_step(const char *what) const;
+  void check_cache_version() const;  // scheduler-managed only
+  void sync_cache_version();
+  void bump() { ++state_version_; }
+  EngineRequest &find(uint64_t id, const char *what);
+  const EngineRequest *lookup(uint64_t id) const;
+  void set_state(EngineRequest &r, uint64_t id, int32_t state);
+  void require_open_step(fd_tx tx, const char *what) const;
+  [[noreturn]] void abort_and_rethrow(const char *during);
+  void close_step();
+  void prune_evicted_prefixes();
+  fd_cache_metrics cache_metrics() const;
+  std::shared_ptr<Snapshot> build_snapshot(
+      uint64_t step, const std::unordered_map<uint64_t, FairnessCounters> &fairness) const;
+  size_t element_size() const { return cache_config_.dtype == FD_DTYPE_F32 ? 4 : 2; }
+
+  fd_cache *cache_;
+  fd_cache_config cache_config_{};
+  uint32_t num_q_heads_ = 0;
+  uint32_t rotary_dim_ = 0;
+  float rope_base_ = 10000.f;
+  float sm_scale_ = 0.f;
+  uint32_t cpu_threads_ = 0;
+  std::vector<const void *> layer_k_, layer_v_;
+  int64_t strides_[4] = {0, 0, 0, 0};
+
+  std::unordered_map<uint64_t, EngineRequest> requests_;
+  // Scheduled waiting / active requests by submission order (snapshot order).
+  std::map<uint64_t, uint64_t> waiting_by_order_, active_by_order_;
+  std::unordered_set<uint64_t> used_orders_;
+  std::map<std::string, PrefixRecord> prefixes_;
+  bool scheduler_managed_ = false;
+  bool has_unscheduled_ = false;
+
+  // The open step.
+  bool step_open_ = false;
+  fd_tx step_tx_{0, 0};
+  uint32_t next_layer_ = 0;
+  uint32_t table_stride_ = 0;
+  int32_t max_effective_len_ = 0;
+  std::vector<uint64_t> step_ids_;
+  std::vector<int32_t> step_tables_, step_effective_lens_;
+  std::vector<unsigned char> q_rotated_;
+
+  // The last applied decision (scheduler-managed mode).
+  bool decision_unused_ = false;
+  std::vector<uint64_t> authorised_runnable_;
+
+  uint64_t cache_version_ = 0;
+  uint64_t state_version_ = 0;
+  uint64_t counts_[6] = {0, 0, 0, 0, 0, 0};  // by fd_engine_request_state
+  uint64_t completed_steps_ = 0, appended_tokens_ = 0, prefill_tokens_ = 0;
+  uint64_t backpressure_ = 0, stale_decisions_ = 0, applied_decisions_ = 0;
+  uint64_t layer_steps_ = 0, step_aborts_ = 0;
+};
+
+}  // namespace fd
+
+struct fd_engine {
+  std::unique_ptr<fd::Engine> impl;
+};
