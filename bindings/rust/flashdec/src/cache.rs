@@ -1,0 +1,533 @@
+//! The paged KV cache, transactions and shared prefixes.
+use crate::error::{check, Error, Result};
+use crate::ops::{decode_params_base, run_decode};
+use crate::types::{DType, Device, Element, Layout};
+use flashdec_sys as sys;
+use std::cell::Cell;
+use std::ffi::{c_void, CString};
+use std::marker::PhantomData;
+use std::mem::{size_of, MaybeUninit};
+use std::ptr::{self, NonNull};
+
+/// Parameters of [`Cache::new`] (`fd_cache_config`). `Default` takes the
+/// library's defaults from `fd_cache_config_init`.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct CacheConfig {
+    pub num_layers: u32,
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub block_size: u32,
+    pub max_blocks: u32,
+    pub prefix_cache_capacity_blocks: u32,
+    pub dtype: DType,
+    pub layout: Layout,
+    pub device: Device,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        let mut c = MaybeUninit::<sys::fd_cache_config>::zeroed();
+        // SAFETY: the init function writes every field of a valid pointer.
+        unsafe { sys::fd_cache_config_init(c.as_mut_ptr()) };
+        CacheConfig::from_raw(&unsafe { c.assume_init() })
+    }
+}
+
+impl CacheConfig {
+    fn from_raw(c: &sys::fd_cache_config) -> CacheConfig {
+        CacheConfig {
+            num_layers: c.num_layers,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: c.block_size,
+            max_blocks: c.max_blocks,
+            prefix_cache_capacity_blocks: c.prefix_cache_capacity_blocks,
+            dtype: DType::from_raw(c.dtype).unwrap_or(DType::F16),
+            layout: Layout::from_raw(c.layout).unwrap_or(Layout::TokenMajor),
+            device: Device::from_raw(c.device),
+        }
+    }
+
+    fn to_raw(&self) -> sys::fd_cache_config {
+        let mut c = MaybeUninit::<sys::fd_cache_config>::zeroed();
+        unsafe { sys::fd_cache_config_init(c.as_mut_ptr()) };
+        let mut c = unsafe { c.assume_init() };
+        c.num_layers = self.num_layers;
+        c.num_kv_heads = self.num_kv_heads;
+        c.head_dim = self.head_dim;
+        c.block_size = self.block_size;
+        c.max_blocks = self.max_blocks;
+        c.prefix_cache_capacity_blocks = self.prefix_cache_capacity_blocks;
+        c.dtype = self.dtype.raw();
+        c.layout = self.layout.raw();
+        c.device = self.device.raw();
+        c
+    }
+
+    /// Elements of one token's K or V for one layer: num_kv_heads * head_dim.
+    pub fn token_elems(&self) -> usize {
+        self.num_kv_heads as usize * self.head_dim as usize
+    }
+}
+
+/// Lifecycle state of a request id (`fd_request_state`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RequestState {
+    Unknown,
+    Active,
+    Finished,
+    Cancelled,
+}
+
+/// Counters and gauges of a cache (S7): the C struct, fields public.
+pub type CacheMetrics = sys::fd_cache_metrics;
+
+/// State of a resident prefix.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PrefixInfo {
+    pub num_blocks: u32,
+    pub ref_count: u32,
+    pub last_use: u64,
+    pub first_block: i32,
+}
+
+/// Summary of an open transaction.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct TxInfo {
+    pub batch: u32,
+    pub next_layer: u32,
+    pub max_blocks_per_seq: u32,
+    pub new_block_count: u32,
+}
+
+/// Per-row view of an open transaction, in begin's row order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxRows {
+    pub request_ids: Vec<u64>,
+    pub positions: Vec<i32>,
+    pub block_ids: Vec<i32>,
+    pub offsets: Vec<i32>,
+    pub effective_seq_lens: Vec<i32>,
+}
+
+/// Committed block tables (row-major, padded with -1) and seq_lens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Export {
+    pub table_stride: u32,
+    pub block_tables: Vec<i32>,
+    pub seq_lens: Vec<i32>,
+}
+
+/// A paged KV cache (`fd_cache`).
+///
+/// The C handle is externally synchronised: `Cache` is `Send` (it may move
+/// to another thread) but not `Sync` (no shared use from two threads);
+/// mutating calls take `&mut self`. Dropping it destroys the cache.
+pub struct Cache {
+    raw: NonNull<sys::fd_cache>,
+    config: CacheConfig,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+// SAFETY: the cache has no thread affinity; the C contract only forbids
+// concurrent use, which the missing Sync impl rules out.
+unsafe impl Send for Cache {}
+
+fn u32_len(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::invalid(format!("{what}: {n} entries do not fit in uint32")))
+}
+
+fn prefix_cstring(id: &str) -> Result<CString> {
+    CString::new(id).map_err(|_| Error::invalid("prefix_id must not contain NUL characters"))
+}
+
+impl Cache {
+    /// Creates a cache with zero-initialised storage.
+    pub fn new(config: &CacheConfig) -> Result<Cache> {
+        let c = config.to_raw();
+        let mut out = ptr::null_mut();
+        check(unsafe { sys::fd_cache_create(&c, &mut out) })?;
+        let raw = NonNull::new(out).expect("fd_cache_create returned FD_OK and NULL");
+        let mut cache = Cache { raw, config: *config, _not_sync: PhantomData };
+        cache.config = cache.read_config()?;
+        Ok(cache)
+    }
+
+    fn read_config(&self) -> Result<CacheConfig> {
+        let mut c: sys::fd_cache_config = unsafe { MaybeUninit::zeroed().assume_init() };
+        c.struct_size = size_of::<sys::fd_cache_config>() as u32;
+        check(unsafe { sys::fd_cache_get_config(self.raw.as_ptr(), &mut c) })?;
+        Ok(CacheConfig::from_raw(&c))
+    }
+
+    /// The configuration with defaults resolved.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// The raw handle, for calls this crate does not wrap. Valid while `self` lives.
+    pub fn as_raw(&self) -> *mut sys::fd_cache {
+        self.raw.as_ptr()
+    }
+
+    pub fn add_request(&mut self, id: u64) -> Result<()> {
+        check(unsafe { sys::fd_cache_add_request(self.raw.as_ptr(), id) })
+    }
+    pub fn finish_request(&mut self, id: u64) -> Result<()> {
+        check(unsafe { sys::fd_cache_finish_request(self.raw.as_ptr(), id) })
+    }
+    pub fn cancel_request(&mut self, id: u64) -> Result<()> {
+        check(unsafe { sys::fd_cache_cancel_request(self.raw.as_ptr(), id) })
+    }
+
+    pub fn request_state(&self, id: u64) -> Result<RequestState> {
+        let mut s = -1;
+        check(unsafe { sys::fd_cache_request_state(self.raw.as_ptr(), id, &mut s) })?;
+        Ok(match s {
+            sys::FD_REQUEST_ACTIVE => RequestState::Active,
+            sys::FD_REQUEST_FINISHED => RequestState::Finished,
+            sys::FD_REQUEST_CANCELLED => RequestState::Cancelled,
+            _ => RequestState::Unknown,
+        })
+    }
+
+    /// (blocks needed to grow every listed request by one token, free blocks).
+    pub fn blocks_needed(&self, ids: &[u64]) -> Result<(u32, u32)> {
+        let (mut needed, mut free) = (0u32, 0u32);
+        let n = u32_len(ids.len(), "request_ids")?;
+        check(unsafe { sys::fd_cache_blocks_needed(self.raw.as_ptr(), ids.as_ptr(), n, &mut needed, &mut free) })?;
+        Ok((needed, free))
+    }
+
+    pub fn max_blocks_per_seq(&self, ids: &[u64]) -> Result<u32> {
+        let mut m = 0u32;
+        let n = u32_len(ids.len(), "request_ids")?;
+        check(unsafe { sys::fd_cache_max_blocks_per_seq(self.raw.as_ptr(), ids.as_ptr(), n, &mut m) })?;
+        Ok(m)
+    }
+
+    /// Committed block tables and seq_lens; `table_stride` None = the smallest
+    /// valid stride (at least 1).
+    pub fn export(&self, ids: &[u64], table_stride: Option<u32>) -> Result<Export> {
+        let stride = match table_stride {
+            Some(s) => s,
+            None => self.max_blocks_per_seq(ids)?.max(1),
+        };
+        let n = u32_len(ids.len(), "request_ids")?;
+        let mut tables = vec![0i32; ids.len() * stride as usize];
+        let mut lens = vec![0i32; ids.len()];
+        check(unsafe {
+            sys::fd_cache_export(self.raw.as_ptr(), ids.as_ptr(), n, stride, tables.as_mut_ptr(), lens.as_mut_ptr())
+        })?;
+        Ok(Export { table_stride: stride, block_tables: tables, seq_lens: lens })
+    }
+
+    pub fn state_version(&self) -> Result<u64> {
+        let mut v = 0u64;
+        check(unsafe { sys::fd_cache_state_version(self.raw.as_ptr(), &mut v) })?;
+        Ok(v)
+    }
+
+    /// Raw K/V base pointers and element strides (block, head, token, dim) of
+    /// `layer`; owned by the cache, valid while it lives.
+    pub fn layer_storage(&self, layer: u32) -> Result<(*mut c_void, *mut c_void, [i64; 4])> {
+        let (mut k, mut v) = (ptr::null_mut(), ptr::null_mut());
+        let mut strides = [0i64; 4];
+        check(unsafe {
+            sys::fd_cache_layer_storage(self.raw.as_ptr(), layer, &mut k, &mut v, strides.as_mut_ptr())
+        })?;
+        Ok((k, v, strides))
+    }
+
+    fn check_tokens<T: Element>(&self, x: &[T], rows: usize, what: &str) -> Result<()> {
+        if T::DTYPE != self.config.dtype {
+            return Err(Error::invalid(format!(
+                "{what}: element type {:?} does not match the cache's {:?}",
+                T::DTYPE,
+                self.config.dtype
+            )));
+        }
+        if self.config.device != Device::Cpu {
+            return Err(Error::invalid(format!("{what}: host slices need a CPU cache; use the sys crate for device memory")));
+        }
+        let want = rows * self.config.token_elems();
+        if x.len() != want {
+            return Err(Error::invalid(format!(
+                "{what}: expected {want} elements ({rows} x {} x {}), got {}",
+                self.config.num_kv_heads,
+                self.config.head_dim,
+                x.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Legacy single-layer append (num_layers == 1): one token per request.
+    pub fn append<T: Element>(&mut self, ids: &[u64], k: &[T], v: &[T]) -> Result<()> {
+        self.check_tokens(k, ids.len(), "k")?;
+        self.check_tokens(v, ids.len(), "v")?;
+        let n = u32_len(ids.len(), "request_ids")?;
+        check(unsafe {
+            sys::fd_cache_append(
+                self.raw.as_ptr(),
+                ids.as_ptr(),
+                n,
+                k.as_ptr().cast(),
+                v.as_ptr().cast(),
+                ptr::null_mut(),
+            )
+        })
+    }
+
+    pub fn metrics(&self) -> Result<CacheMetrics> {
+        let mut m: CacheMetrics = unsafe { MaybeUninit::zeroed().assume_init() };
+        m.struct_size = size_of::<CacheMetrics>() as u32;
+        check(unsafe { sys::fd_cache_metrics_get(self.raw.as_ptr(), &mut m) })?;
+        Ok(m)
+    }
+
+    /// Checks every invariant (S7); Err(Invariant) names the first violation.
+    pub fn validate(&self) -> Result<()> {
+        check(unsafe { sys::fd_cache_validate(self.raw.as_ptr()) })
+    }
+
+    /// Opens a transaction for one token of each listed request. The
+    /// transaction borrows the cache mutably; dropping it uncommitted aborts it.
+    pub fn begin(&mut self, ids: &[u64]) -> Result<Transaction<'_>> {
+        let mut tx = sys::fd_tx { id: 0, cache_version: 0 };
+        let n = u32_len(ids.len(), "request_ids")?;
+        check(unsafe { sys::fd_tx_begin(self.raw.as_ptr(), ids.as_ptr(), n, &mut tx) })?;
+        Ok(Transaction { cache: self, tx, finished: false })
+    }
+
+    fn prefix_shape_elems(&self, k: usize, what: &str) -> Result<u32> {
+        let per_block = self.config.num_layers as usize * self.config.token_elems() * self.config.block_size as usize;
+        if k == 0 || k % per_block != 0 {
+            return Err(Error::invalid(format!(
+                "{what}: {k} elements is not a positive multiple of num_layers * num_kv_heads * block_size * head_dim = {per_block}"
+            )));
+        }
+        u32_len(k / per_block, what)
+    }
+
+    /// Registers a shared prefix: k_blocks/v_blocks are
+    /// [num_layers, n, num_kv_heads, block_size, head_dim] (n inferred).
+    pub fn register_prefix<T: Element>(&mut self, id: &str, k_blocks: &[T], v_blocks: &[T]) -> Result<()> {
+        let rows = k_blocks.len() / self.config.token_elems().max(1);
+        self.check_tokens(k_blocks, rows, "k_blocks")?;
+        let n = self.prefix_shape_elems(k_blocks.len(), "k_blocks")?;
+        if v_blocks.len() != k_blocks.len() {
+            return Err(Error::invalid(format!("v_blocks: expected {} elements, got {}", k_blocks.len(), v_blocks.len())));
+        }
+        let cid = prefix_cstring(id)?;
+        check(unsafe {
+            sys::fd_prefix_register(
+                self.raw.as_ptr(),
+                cid.as_ptr(),
+                k_blocks.as_ptr().cast(),
+                v_blocks.as_ptr().cast(),
+                n,
+                ptr::null_mut(),
+            )
+        })
+    }
+
+    pub fn attach_prefix(&mut self, request_id: u64, prefix_id: &str) -> Result<()> {
+        let cid = prefix_cstring(prefix_id)?;
+        check(unsafe { sys::fd_prefix_attach(self.raw.as_ptr(), request_id, cid.as_ptr()) })
+    }
+
+    pub fn evict_prefix(&mut self, prefix_id: &str) -> Result<()> {
+        let cid = prefix_cstring(prefix_id)?;
+        check(unsafe { sys::fd_prefix_evict(self.raw.as_ptr(), cid.as_ptr()) })
+    }
+
+    pub fn prefix_info(&self, prefix_id: &str) -> Result<PrefixInfo> {
+        let cid = prefix_cstring(prefix_id)?;
+        let mut i: sys::fd_prefix_info = unsafe { MaybeUninit::zeroed().assume_init() };
+        i.struct_size = size_of::<sys::fd_prefix_info>() as u32;
+        check(unsafe { sys::fd_prefix_get_info(self.raw.as_ptr(), cid.as_ptr(), &mut i) })?;
+        Ok(PrefixInfo { num_blocks: i.num_blocks, ref_count: i.ref_count, last_use: i.last_use, first_block: i.first_block })
+    }
+
+    /// Decode attention of `q` ([rows, num_q_heads, head_dim]) over `layer`
+    /// of this CPU cache, with the given block tables and seq_lens (from
+    /// [`Cache::export`] or [`Transaction::block_tables`]). `out` has q's shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_layer<T: Element>(
+        &self,
+        layer: u32,
+        q: &[T],
+        num_q_heads: u32,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &mut [T],
+        cpu_threads: u32,
+    ) -> Result<()> {
+        let cfg = self.config;
+        if cfg.device != Device::Cpu {
+            return Err(Error::invalid("decode_layer needs a CPU cache"));
+        }
+        if T::DTYPE != cfg.dtype {
+            return Err(Error::invalid(format!("q: element type {:?} does not match the cache's {:?}", T::DTYPE, cfg.dtype)));
+        }
+        let (k, v, strides) = self.layer_storage(layer)?;
+        let mut p = decode_params_base(q, num_q_heads, cfg.num_kv_heads, cfg.head_dim, block_tables, seq_lens, out)?;
+        p.layout = cfg.layout.raw();
+        p.block_size = cfg.block_size;
+        p.num_blocks = cfg.max_blocks;
+        p.k_cache = k;
+        p.v_cache = v;
+        p.stride_block = strides[0];
+        p.stride_head = strides[1];
+        p.stride_token = strides[2];
+        p.stride_dim = strides[3];
+        p.cpu_threads = cpu_threads;
+        // SAFETY: every slice length was checked against the shapes in p, the
+        // storage pointers belong to this cache (borrowed for the call), and
+        // block ids/seq_lens of host memory are always checked by the library.
+        unsafe { run_decode(&p) }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        unsafe { sys::fd_cache_destroy(self.raw.as_ptr()) }
+    }
+}
+
+/// One token for a batch, written layer by layer (`fd_tx`). Holds the cache
+/// mutably; [`Transaction::commit`] or [`Transaction::abort`] consume it and
+/// dropping it while open aborts it (errors ignored).
+pub struct Transaction<'c> {
+    cache: &'c mut Cache,
+    tx: sys::fd_tx,
+    finished: bool,
+}
+
+impl<'c> Transaction<'c> {
+    pub fn id(&self) -> u64 {
+        self.tx.id
+    }
+    pub fn raw(&self) -> sys::fd_tx {
+        self.tx
+    }
+    /// The cache, read-only (for decode while the transaction is open).
+    pub fn cache(&self) -> &Cache {
+        self.cache
+    }
+
+    pub fn info(&self) -> Result<TxInfo> {
+        let mut i: sys::fd_tx_info = unsafe { MaybeUninit::zeroed().assume_init() };
+        i.struct_size = size_of::<sys::fd_tx_info>() as u32;
+        check(unsafe { sys::fd_tx_get_info(self.cache.raw.as_ptr(), self.tx, &mut i) })?;
+        Ok(TxInfo { batch: i.batch, next_layer: i.next_layer, max_blocks_per_seq: i.max_blocks_per_seq, new_block_count: i.new_block_count })
+    }
+
+    pub fn rows(&self) -> Result<TxRows> {
+        let n = self.info()?.batch as usize;
+        let mut r = TxRows {
+            request_ids: vec![0; n],
+            positions: vec![0; n],
+            block_ids: vec![0; n],
+            offsets: vec![0; n],
+            effective_seq_lens: vec![0; n],
+        };
+        check(unsafe {
+            sys::fd_tx_get_rows(
+                self.cache.raw.as_ptr(),
+                self.tx,
+                n as u32,
+                r.request_ids.as_mut_ptr(),
+                r.positions.as_mut_ptr(),
+                r.block_ids.as_mut_ptr(),
+                r.offsets.as_mut_ptr(),
+                r.effective_seq_lens.as_mut_ptr(),
+            )
+        })?;
+        Ok(r)
+    }
+
+    /// Block tables including the new blocks; stride None = smallest valid.
+    pub fn block_tables(&self, table_stride: Option<u32>) -> Result<(u32, Vec<i32>)> {
+        let info = self.info()?;
+        let stride = table_stride.unwrap_or(info.max_blocks_per_seq.max(1));
+        let mut t = vec![0i32; info.batch as usize * stride as usize];
+        check(unsafe { sys::fd_tx_block_tables(self.cache.raw.as_ptr(), self.tx, stride, t.as_mut_ptr()) })?;
+        Ok((stride, t))
+    }
+
+    /// Writes `layer`'s K and V, each [batch, num_kv_heads, head_dim].
+    pub fn write_layer<T: Element>(&mut self, layer: u32, k: &[T], v: &[T]) -> Result<()> {
+        let rows = self.info()?.batch as usize;
+        self.cache.check_tokens(k, rows, "k")?;
+        self.cache.check_tokens(v, rows, "v")?;
+        check(unsafe {
+            sys::fd_tx_write_layer(self.cache.raw.as_ptr(), self.tx, layer, k.as_ptr().cast(), v.as_ptr().cast(), ptr::null_mut())
+        })
+    }
+
+    /// RoPE on q and k at each row's position, writes rotated K and raw V;
+    /// the rotated Q goes to `q_out` (same length as q).
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_layer_rope<T: Element>(
+        &mut self,
+        layer: u32,
+        q: &[T],
+        num_q_heads: u32,
+        k: &[T],
+        v: &[T],
+        rotary_dim: u32,
+        rope_base: f32,
+        q_out: &mut [T],
+    ) -> Result<()> {
+        let rows = self.info()?.batch as usize;
+        self.cache.check_tokens(k, rows, "k")?;
+        self.cache.check_tokens(v, rows, "v")?;
+        let want = rows * num_q_heads as usize * self.cache.config.head_dim as usize;
+        if q.len() != want || q_out.len() != want {
+            return Err(Error::invalid(format!("q/q_out: expected {want} elements, got {} and {}", q.len(), q_out.len())));
+        }
+        check(unsafe {
+            sys::fd_tx_write_layer_rope(
+                self.cache.raw.as_ptr(),
+                self.tx,
+                layer,
+                q.as_ptr().cast(),
+                num_q_heads,
+                k.as_ptr().cast(),
+                v.as_ptr().cast(),
+                rotary_dim,
+                rope_base,
+                q_out.as_mut_ptr().cast(),
+                ptr::null_mut(),
+            )
+        })
+    }
+
+    /// Publishes the token. On failure the transaction stays open and is
+    /// returned with the error, so the caller can finish the layers or abort.
+    pub fn commit(mut self) -> std::result::Result<(), (Error, Transaction<'c>)> {
+        match check(unsafe { sys::fd_tx_commit(self.cache.raw.as_ptr(), self.tx) }) {
+            Ok(()) => {
+                self.finished = true;
+                Ok(())
+            }
+            Err(e) => Err((e, self)),
+        }
+    }
+
+    pub fn abort(mut self) -> Result<()> {
+        self.finished = true;
+        check(unsafe { sys::fd_tx_abort(self.cache.raw.as_ptr(), self.tx) })
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Best effort: Drop cannot report an error.
+            let _ = unsafe { sys::fd_tx_abort(self.cache.raw.as_ptr(), self.tx) };
+        }
+    }
+}

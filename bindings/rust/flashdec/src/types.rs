@@ -1,0 +1,154 @@
+//! Element types, layouts and devices.
+use flashdec_sys as sys;
+
+/// Element type of Q, K, V and outputs (`fd_dtype`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DType {
+    pub fn raw(self) -> i32 {
+        match self {
+            DType::F32 => sys::FD_DTYPE_F32,
+            DType::F16 => sys::FD_DTYPE_F16,
+            DType::Bf16 => sys::FD_DTYPE_BF16,
+        }
+    }
+    pub fn from_raw(raw: i32) -> Option<DType> {
+        match raw {
+            sys::FD_DTYPE_F32 => Some(DType::F32),
+            sys::FD_DTYPE_F16 => Some(DType::F16),
+            sys::FD_DTYPE_BF16 => Some(DType::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// Order of a KV block in memory (`fd_kv_layout`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// [block_size][head_dim] per block and head.
+    TokenMajor,
+    /// [head_dim][block_size] per block and head.
+    DimMajor,
+}
+
+impl Layout {
+    pub fn raw(self) -> i32 {
+        match self {
+            Layout::TokenMajor => sys::FD_LAYOUT_TOKEN_MAJOR,
+            Layout::DimMajor => sys::FD_LAYOUT_DIM_MAJOR,
+        }
+    }
+    pub fn from_raw(raw: i32) -> Option<Layout> {
+        match raw {
+            sys::FD_LAYOUT_TOKEN_MAJOR => Some(Layout::TokenMajor),
+            sys::FD_LAYOUT_DIM_MAJOR => Some(Layout::DimMajor),
+            _ => None,
+        }
+    }
+}
+
+/// Where memory lives and work runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(i32),
+}
+
+impl Device {
+    pub fn raw(self) -> sys::fd_device {
+        match self {
+            Device::Cpu => sys::fd_device { type_: sys::FD_DEVICE_CPU, ordinal: 0 },
+            Device::Cuda(n) => sys::fd_device { type_: sys::FD_DEVICE_CUDA, ordinal: n },
+        }
+    }
+    pub fn from_raw(d: sys::fd_device) -> Device {
+        if d.type_ == sys::FD_DEVICE_CUDA {
+            Device::Cuda(d.ordinal)
+        } else {
+            Device::Cpu
+        }
+    }
+}
+
+/// IEEE binary16, stored as its bits.
+#[repr(transparent)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct F16(pub u16);
+
+/// bfloat16, stored as its bits (the upper half of a binary32).
+#[repr(transparent)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bf16(pub u16);
+
+impl Bf16 {
+    /// Round to nearest even; NaN stays NaN.
+    pub fn from_f32(x: f32) -> Bf16 {
+        let u = x.to_bits();
+        if u & 0x7fff_ffff > 0x7f80_0000 {
+            return Bf16(((u >> 16) | 0x40) as u16);
+        }
+        Bf16(((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16)
+    }
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl F16 {
+    /// Round to nearest even, with subnormals, infinities and NaN.
+    pub fn from_f32(x: f32) -> F16 {
+        let u = x.to_bits();
+        let a = u & 0x7fff_ffff;
+        let sign = ((u >> 16) & 0x8000) as u16;
+        if a > 0x7f80_0000 {
+            return F16(sign | 0x7e00);
+        }
+        if a >= 0x477f_f000 {
+            return F16(sign | 0x7c00);
+        }
+        if a < 0x3880_0000 {
+            let r = f32::from_bits(a) + 0.5;
+            return F16(sign | (r.to_bits().wrapping_sub(0x3f00_0000)) as u16);
+        }
+        F16(sign | ((a.wrapping_add(0xc800_0fff).wrapping_add((a >> 13) & 1)) >> 13) as u16)
+    }
+    pub fn to_f32(self) -> f32 {
+        let h = self.0 as u32;
+        let sign = (h & 0x8000) << 16;
+        let e = (h >> 10) & 0x1f;
+        let m = h & 0x3ff;
+        if e == 0 {
+            let v = m as f32 * (1.0 / 16_777_216.0);
+            return if sign != 0 { -v } else { v };
+        }
+        if e == 31 {
+            return f32::from_bits(sign | 0x7f80_0000 | (m << 13));
+        }
+        f32::from_bits(sign | ((e + 112) << 23) | (m << 13))
+    }
+}
+
+/// Element types FlashDec reads and writes. Sealed: only f32, F16 and Bf16.
+pub trait Element: Copy + private::Sealed {
+    const DTYPE: DType;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for F16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for Bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for super::F16 {}
+    impl Sealed for super::Bf16 {}
+}
