@@ -1,0 +1,652 @@
+// Decode-kernel benchmark (docs/spec benchmarks.md, "Decode kernel grid").
+//
+// For every case: seeded random data on the GPU (q = 3*N(0,1), K/V N(0,1)),
+// physical blocks in a seeded random permutation, enough K/V buffer sets to
+// exceed 400 MB, a correctness check of fd_decode against an FP32 GPU
+// reference (output poisoned with NaN first), then timing: CUDA-graph replays
+// of many launches cycling the sets (median of replays / launches, twice) and
+// plain stream launches (median of 50). The copy ceiling (1 GiB device-to-
+// device copy, bytes read + written) is measured in the same run. Writes
+// decode_bench.json, decode_bench.md and decode_bench.svg to --out.
+//
+// Usage: decode_bench [--out DIR] [--quick] [--explore]
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "flashdec.h"
+
+#define CHECK_CUDA(expr)                                                                     \
+  do {                                                                                       \
+    cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+#define CHECK_FD(expr)                                                                         \
+  do {                                                                                         \
+    fd_status s_ = (expr);                                                                     \
+    if (s_ != FD_OK) {                                                                         \
+      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #expr, fd_status_string(s_), \
+              fd_last_error_message());                                                        \
+      exit(1);                                                                                 \
+    }                                                                                          \
+  } while (0)
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Device helpers: random fill, FP32 reference.
+
+__device__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__device__ float to_f32(uint16_t bits, bool bf16) {
+  if (bf16) return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  return __half2float(__ushort_as_half(bits));
+}
+
+__global__ void fill_normal(uint16_t *dst, size_t n, uint64_t seed, float scale, bool bf16) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint64_t a = mix64(seed ^ (i * 0x9e3779b97f4a7c15ull));
+    const uint64_t b = mix64(a + 0x632be59bd9b4e019ull);
+    const float u1 = fmaxf((a >> 40) * (1.0f / 16777216.0f), 1e-7f);
+    const float u2 = (b >> 40) * (1.0f / 16777216.0f);
+    const float x = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    dst[i] =
+        bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
+  }
+}
+
+struct RefArgs {
+  const uint16_t *q, *k, *v;
+  const int32_t *tables, *lens;
+  float *scores;  // [batch * hq, max_len]
+  float *out;     // [batch * hq, D]
+  int64_t sb, sh, st, sd;
+  int hq, hkv, dim, bs, mbps, max_len;
+  float scale;
+  bool bf16;
+};
+
+// One CTA per (row, q head): scores, max, exp and sum, then P V, all FP32.
+__global__ void reference_kernel(RefArgs a) {
+  __shared__ float red[256];
+  const int rh = blockIdx.x, row = rh / a.hq, h = rh % a.hq, kvh = h / (a.hq / a.hkv);
+  const int len = a.lens[row];
+  const uint16_t *q = a.q + static_cast<int64_t>(rh) * a.dim;
+  float *sc = a.scores + static_cast<int64_t>(rh) * a.max_len;
+  auto at = [&](int t, int d) {
+    const int64_t blk = a.tables[static_cast<int64_t>(row) * a.mbps + t / a.bs];
+    return blk * a.sb + kvh * a.sh + (t % a.bs) * a.st + d * a.sd;
+  };
+  float mx = -INFINITY;
+  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+    float s = 0.f;
+    for (int d = 0; d < a.dim; ++d) s += to_f32(q[d], a.bf16) * to_f32(a.k[at(t, d)], a.bf16);
+    s *= a.scale;
+    sc[t] = s;
+    mx = fmaxf(mx, s);
+  }
+  red[threadIdx.x] = mx;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
+    __syncthreads();
+  }
+  mx = red[0];
+  __syncthreads();
+  float sum = 0.f;
+  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+    const float p = expf(sc[t] - mx);
+    sc[t] = p;
+    sum += p;
+  }
+  red[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  sum = red[0];
+  __syncthreads();
+  // Two token halves per dim, then combine.
+  const int d = threadIdx.x % a.dim, part = threadIdx.x / a.dim, parts = blockDim.x / a.dim;
+  float acc = 0.f;
+  for (int t = part; t < len; t += parts) acc += sc[t] * to_f32(a.v[at(t, d)], a.bf16);
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  if (part == 0) {
+    float total = 0.f;
+    for (int p = 0; p < parts; ++p) total += red[p * a.dim + d];
+    a.out[static_cast<int64_t>(rh) * a.dim + d] = len > 0 ? total / sum : 0.f;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+struct Shape {
+  const char *name;
+  int hq, hkv, dim;
+};
+const Shape kShapes[] = {
+    {"A", 32, 8, 128}, {"B", 32, 32, 128}, {"C", 16, 2, 128}, {"D", 32, 4, 64}};
+
+struct BatchCtx {
+  int batch, ctx;  // ctx 0: ragged
+};
+const BatchCtx kGrid[] = {{1, 32768}, {1, 2048},   {8, 8192},   {32, 4096},
+                          {64, 4096}, {128, 2048}, {256, 1024}, {64, 0}};
+
+struct Spec {
+  Shape shape;
+  BatchCtx bc;
+  int32_t dtype;
+  int bs;
+  int32_t layout;
+  int32_t num_splits = 0;  // 0: automatic
+};
+
+struct Result {
+  Spec spec;
+  std::vector<int32_t> lens;
+  int splits = 0;
+  int sets = 0, launches_per_graph = 0;
+  double kv_bytes = 0, eff_bytes = 0;
+  double median_us = 0, p10_us = 0, p90_us = 0, repeat_median_us = 0, stream_median_us = 0;
+  double eff_gbps = 0, fraction = 0, rel_error = 0;
+  bool ok = true;
+};
+
+uint64_t splitmix(uint64_t &s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)));
+  return v[i];
+}
+
+// Device-to-device copy of 1 GiB; bytes read + written per second.
+double measure_copy_gbps(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemsetAsync(a, 1, bytes, stream));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0, stream));
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+    CHECK_CUDA(cudaEventRecord(e1, stream));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 3) t.push_back(ms);
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e9;
+}
+
+std::string dtype_str(int32_t d) {
+  return d == FD_DTYPE_F16 ? "fp16" : "bf16";
+}
+std::string layout_str(int32_t l) {
+  return l == FD_LAYOUT_DIM_MAJOR ? "dim" : "token";
+}
+std::string ctx_str(const BatchCtx &bc) {
+  return bc.ctx ? std::to_string(bc.ctx) : std::string("ragged");
+}
+
+Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
+  Result res;
+  res.spec = spec;
+  const Shape &sh = spec.shape;
+  const int B = spec.bc.batch, bs = spec.bs, D = sh.dim, H = sh.hkv, HQ = sh.hq;
+  const bool bf16 = spec.dtype == FD_DTYPE_BF16;
+  // Lengths: uniform, or ragged from [128, 8192] with seed 0.
+  uint64_t seed = 0;
+  for (int r = 0; r < B; ++r)
+    res.lens.push_back(spec.bc.ctx ? spec.bc.ctx
+                                   : 128 + static_cast<int32_t>(splitmix(seed) % (8192 - 128 + 1)));
+  const int max_len = spec.bc.ctx ? spec.bc.ctx : 8192;
+  const int mbps = (max_len + bs - 1) / bs;
+  int64_t blocks_per_set = 0, tokens = 0;
+  for (int32_t l : res.lens) blocks_per_set += (l + bs - 1) / bs, tokens += l;
+  const double elem = 2.0;
+  const int64_t block_elems = static_cast<int64_t>(H) * bs * D;
+  const double set_bytes = 2.0 * static_cast<double>(blocks_per_set * block_elems) * elem;
+  int sets = static_cast<int>(std::ceil(420e6 / set_bytes));
+  sets = std::max(1, std::min(sets, 512));
+  res.sets = sets;
+  const int64_t total_blocks = blocks_per_set * sets;
+  res.kv_bytes = static_cast<double>(tokens) * H * D * 2 * elem;
+  const double qo_bytes = 2.0 * B * HQ * D * elem;
+  res.eff_bytes = res.kv_bytes + qo_bytes;
+
+  // Buffers: one K/V pool, per-set q/out/tables, shared lens and workspace.
+  uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
+  int32_t *tables = nullptr, *lens = nullptr;
+  const size_t pool = static_cast<size_t>(total_blocks * block_elems);
+  const size_t qn = static_cast<size_t>(B) * HQ * D;
+  CHECK_CUDA(cudaMalloc(&k, pool * 2));
+  CHECK_CUDA(cudaMalloc(&v, pool * 2));
+  CHECK_CUDA(cudaMalloc(&q, qn * 2 * sets));
+  CHECK_CUDA(cudaMalloc(&out, qn * 2 * sets));
+  CHECK_CUDA(cudaMalloc(&tables, static_cast<size_t>(B) * mbps * 4 * sets));
+  CHECK_CUDA(cudaMalloc(&lens, static_cast<size_t>(B) * 4));
+  fill_normal<<<2048, 256, 0, stream>>>(k, pool, 11, 1.f, bf16);
+  fill_normal<<<2048, 256, 0, stream>>>(v, pool, 12, 1.f, bf16);
+  fill_normal<<<256, 256, 0, stream>>>(q, qn * sets, 13, 3.f, bf16);
+  CHECK_CUDA(cudaGetLastError());
+  // Physical blocks: a seeded random permutation of the whole pool.
+  std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  uint64_t pseed = 1234;
+  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[splitmix(pseed) % i]);
+  std::vector<int32_t> host_tables(static_cast<size_t>(B) * mbps * sets, -1);
+  size_t next = 0;
+  for (int s = 0; s < sets; ++s)
+    for (int r = 0; r < B; ++r)
+      for (int b = 0; b < (res.lens[r] + bs - 1) / bs; ++b)
+        host_tables[(static_cast<size_t>(s) * B + r) * mbps + b] = perm[next++];
+  CHECK_CUDA(
+      cudaMemcpy(tables, host_tables.data(), host_tables.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(lens, res.lens.data(), res.lens.size() * 4, cudaMemcpyHostToDevice));
+
+  fd_decode_params base;
+  fd_decode_params_init(&base);
+  base.dtype = spec.dtype;
+  base.layout = spec.layout;
+  base.batch = static_cast<uint32_t>(B);
+  base.num_q_heads = static_cast<uint32_t>(HQ);
+  base.num_kv_heads = static_cast<uint32_t>(H);
+  base.head_dim = static_cast<uint32_t>(D);
+  base.block_size = static_cast<uint32_t>(bs);
+  base.num_blocks = static_cast<uint32_t>(total_blocks);
+  base.max_blocks_per_seq = static_cast<uint32_t>(mbps);
+  base.k_cache = k;
+  base.v_cache = v;
+  base.seq_lens = lens;
+  base.max_seq_len_hint = max_len;
+  base.num_splits = spec.num_splits;
+  base.device.type = FD_DEVICE_CUDA;
+  base.stream = reinterpret_cast<fd_stream>(stream);
+  size_t ws_bytes = 0;
+  CHECK_FD(fd_decode_workspace_size(&base, &ws_bytes));
+  void *ws = nullptr;
+  if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  base.workspace = ws;
+  base.workspace_size = ws_bytes;
+  res.splits =
+      ws_bytes ? static_cast<int>(ws_bytes / (static_cast<size_t>(B) * HQ * (D + 2) * 4)) : 1;
+  auto params_for_set = [&](int s) {
+    fd_decode_params p = base;
+    p.q = q + qn * s;
+    p.out = out + qn * s;
+    p.block_tables = tables + static_cast<size_t>(s) * B * mbps;
+    return p;
+  };
+
+  // Correctness of set 0 against the FP32 reference.
+  {
+    float *ref = nullptr, *scores = nullptr;
+    CHECK_CUDA(cudaMalloc(&ref, qn * 4));
+    CHECK_CUDA(cudaMalloc(&scores, static_cast<size_t>(B) * HQ * max_len * 4));
+    RefArgs a;
+    a.q = q, a.k = k, a.v = v, a.tables = tables, a.lens = lens, a.scores = scores, a.out = ref;
+    if (spec.layout == FD_LAYOUT_TOKEN_MAJOR)
+      a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = D, a.sd = 1;
+    else
+      a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = 1, a.sd = bs;
+    a.hq = HQ, a.hkv = H, a.dim = D, a.bs = bs, a.mbps = mbps, a.max_len = max_len;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.bf16 = bf16;
+    reference_kernel<<<B * HQ, 256, 0, stream>>>(a);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemsetAsync(out, 0xff, qn * 2, stream));
+    fd_decode_params p = params_for_set(0);
+    CHECK_FD(fd_decode(&p));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::vector<float> r(qn);
+    std::vector<uint16_t> o(qn);
+    CHECK_CUDA(cudaMemcpy(r.data(), ref, qn * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(o.data(), out, qn * 2, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int rh = 0; rh < B * HQ; ++rh) {
+      double num = 0, den = 0;
+      for (int d = 0; d < D; ++d) {
+        const uint16_t bits = o[static_cast<size_t>(rh) * D + d];
+        float g;
+        if (bf16) {
+          uint32_t u = static_cast<uint32_t>(bits) << 16;
+          memcpy(&g, &u, 4);
+        } else {
+          __half_raw hr;
+          hr.x = bits;
+          g = __half2float(__half(hr));
+        }
+        if (!std::isfinite(g)) res.ok = false;
+        const double e = r[static_cast<size_t>(rh) * D + d];
+        num += (g - e) * (g - e);
+        den += e * e;
+      }
+      worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    }
+    res.rel_error = worst;
+    if (!(worst <= (bf16 ? 5e-3 : 1e-3))) res.ok = false;
+    CHECK_CUDA(cudaFree(ref));
+    CHECK_CUDA(cudaFree(scores));
+  }
+
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  // Plain stream launches: the host call and the kernel, GPU idle before.
+  {
+    std::vector<double> t;
+    for (int i = 0; i < 60; ++i) {
+      fd_decode_params p = params_for_set(i % sets);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_CUDA(cudaEventRecord(e0, stream));
+      CHECK_FD(fd_decode(&p));
+      CHECK_CUDA(cudaEventRecord(e1, stream));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      if (i >= 10) t.push_back(ms * 1e3);
+    }
+    res.stream_median_us = median(t);
+  }
+  // CUDA graph of many launches cycling through the sets.
+  {
+    int launches = std::max(sets, 20);
+    launches = (launches + sets - 1) / sets * sets;
+    res.launches_per_graph = launches;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < launches; ++i) {
+      fd_decode_params p = params_for_set(i % sets);
+      CHECK_FD(fd_decode(&p));
+    }
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    std::vector<double> rounds[2];
+    for (int round = 0; round < 2; ++round)
+      for (int i = 0; i < 10; ++i) {
+        CHECK_CUDA(cudaEventRecord(e0, stream));
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaEventRecord(e1, stream));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        rounds[round].push_back(ms * 1e3 / launches);
+      }
+    res.median_us = median(rounds[0]);
+    res.p10_us = percentile(rounds[0], 0.1);
+    res.p90_us = percentile(rounds[0], 0.9);
+    res.repeat_median_us = median(rounds[1]);
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  res.eff_gbps = res.eff_bytes / (res.median_us * 1e-6) / 1e9;
+  res.fraction = res.eff_gbps / copy_gbps;
+  CHECK_CUDA(cudaFree(k));
+  CHECK_CUDA(cudaFree(v));
+  CHECK_CUDA(cudaFree(q));
+  CHECK_CUDA(cudaFree(out));
+  CHECK_CUDA(cudaFree(tables));
+  CHECK_CUDA(cudaFree(lens));
+  if (ws) CHECK_CUDA(cudaFree(ws));
+  return res;
+}
+
+std::string case_name(const Result &r) {
+  const Spec &s = r.spec;
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s", s.shape.name, s.bc.batch,
+           ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.bs, layout_str(s.layout).c_str(),
+           s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "");
+  return buf;
+}
+
+void write_json(const std::string &path, const std::vector<Result> &rs, double copy_gbps,
+                const char *device) {
+  FILE *f = fopen(path.c_str(), "w");
+  if (!f) return;
+  fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_GBps\": %.1f,\n  \"cases\": [\n", device,
+          copy_gbps);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Result &r = rs[i];
+    const auto mm = std::minmax_element(r.lens.begin(), r.lens.end());
+    const double mean =
+        std::accumulate(r.lens.begin(), r.lens.end(), 0.0) / static_cast<double>(r.lens.size());
+    fprintf(f,
+            "    {\"shape\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
+            "\"batch\": %d, \"context\": \"%s\", \"seq_lens\": {\"min\": %d, \"max\": %d, "
+            "\"mean\": %.1f, \"sum\": %.0f}, \"dtype\": \"%s\", \"block_size\": %d, "
+            "\"layout\": \"%s\", \"splits\": %d, \"buffer_sets\": %d, \"launches_per_graph\": %d, "
+            "\"kv_MB\": %.2f, \"median_us\": %.3f, \"p10_us\": %.3f, \"p90_us\": %.3f, "
+            "\"repeat_median_us\": %.3f, \"stream_median_us\": %.3f, \"effective_GBps\": %.1f, "
+            "\"fraction_of_copy\": %.4f, \"rel_error\": %.3e, \"correct\": %s}%s\n",
+            r.spec.shape.name, r.spec.shape.hq, r.spec.shape.hkv, r.spec.shape.dim, r.spec.bc.batch,
+            ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
+            std::accumulate(r.lens.begin(), r.lens.end(), 0.0), dtype_str(r.spec.dtype).c_str(),
+            r.spec.bs, layout_str(r.spec.layout).c_str(), r.splits, r.sets, r.launches_per_graph,
+            r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us, r.repeat_median_us,
+            r.stream_median_us, r.eff_gbps, r.fraction, r.rel_error, r.ok ? "true" : "false",
+            i + 1 < rs.size() ? "," : "");
+  }
+  fprintf(f, "  ]\n}\n");
+  fclose(f);
+}
+
+void write_markdown(const std::string &path, const std::vector<Result> &rs, double copy_gbps,
+                    const char *device, const std::string &summary) {
+  FILE *f = fopen(path.c_str(), "w");
+  if (!f) return;
+  fprintf(f,
+          "# Decode kernel benchmark\n\nDevice: %s. Copy ceiling (1 GiB D2D, read + write): "
+          "%.0f GB/s.\n\n",
+          device, copy_gbps);
+  fprintf(f, "%s\n", summary.c_str());
+  fprintf(f,
+          "| case | splits | KV MB | graph median us | p10 | p90 | repeat | stream us | GB/s | "
+          "of copy | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Result &r : rs)
+    fprintf(f, "| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.1e%s |\n",
+            case_name(r).c_str(), r.splits, r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us,
+            r.repeat_median_us, r.stream_median_us, r.eff_gbps, r.fraction, r.rel_error,
+            r.ok ? "" : " FAIL");
+  fclose(f);
+}
+
+// Horizontal bar chart of fraction-of-copy per case, drawn by hand.
+void write_svg(const std::string &path, const std::vector<Result> &rs) {
+  FILE *f = fopen(path.c_str(), "w");
+  if (!f) return;
+  const int row_h = 14, left = 260, width = 500, top = 30;
+  const int height = top + row_h * static_cast<int>(rs.size()) + 30;
+  fprintf(f,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+          "font-family=\"monospace\" font-size=\"10\">\n",
+          left + width + 60, height);
+  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  fprintf(f,
+          "<text x=\"%d\" y=\"16\" font-size=\"12\">fd_decode effective bandwidth / copy "
+          "bandwidth (CUDA graph, median)</text>\n",
+          left);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Result &r = rs[i];
+    const int y = top + row_h * static_cast<int>(i);
+    const double frac = std::max(0.0, std::min(1.2, r.fraction));
+    const char *color = r.kv_bytes < 16e6 ? "#9bb7d4" : (r.fraction >= 0.9 ? "#2e7d32" : "#ef6c00");
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", left - 6, y + 10,
+            case_name(r).c_str());
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n", left, y + 2,
+            frac / 1.2 * width, row_h - 3, color);
+    fprintf(f, "<text x=\"%.1f\" y=\"%d\">%.2f</text>\n", left + frac / 1.2 * width + 3, y + 10,
+            r.fraction);
+  }
+  for (double mark : {0.6, 0.9, 1.0}) {
+    const double x = left + mark / 1.2 * width;
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#555\" "
+            "stroke-dasharray=\"3,3\"/>\n<text x=\"%.1f\" y=\"%d\">%.1f</text>\n",
+            x, top, x, height - 20, x - 6, height - 8, mark);
+  }
+  fprintf(f, "</svg>\n");
+  fclose(f);
+}
+
+// The targets of the issue, checked over this run.
+std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
+  std::vector<double> big, ragged, small_us;
+  double min_16 = 1e9, min_b1 = 1e9, worst_pair = 0;
+  int failures = 0;
+  for (const Result &r : rs) {
+    if (!r.ok) ++failures;
+    if (r.spec.num_splits != 0) continue;  // exploration rows are not part of the grid
+    if (r.kv_bytes >= 64e6) big.push_back(r.fraction);
+    if (r.spec.bc.ctx == 0) ragged.push_back(r.fraction);
+    if (r.kv_bytes >= 16e6) min_16 = std::min(min_16, r.fraction);
+    if (r.kv_bytes < 16e6) small_us.push_back(r.median_us);
+    if (r.spec.bc.batch == 1 && r.spec.bc.ctx == 32768) min_b1 = std::min(min_b1, r.fraction);
+    if (r.spec.bs == 16 && r.kv_bytes >= 64e6)
+      for (const Result &o : rs)
+        if (o.spec.bs == 32 && o.spec.num_splits == 0 && o.spec.shape.name == r.spec.shape.name &&
+            o.spec.bc.batch == r.spec.bc.batch && o.spec.bc.ctx == r.spec.bc.ctx &&
+            o.spec.dtype == r.spec.dtype && o.spec.layout == r.spec.layout)
+          worst_pair = std::max(worst_pair, std::fabs(r.median_us / o.median_us - 1.0));
+  }
+  const double med_big = big.empty() ? 0 : median(big);
+  const double min_ragged = ragged.empty() ? 0 : *std::min_element(ragged.begin(), ragged.end());
+  const double med_small = small_us.empty() ? 0 : median(small_us);
+  char buf[2048];
+  const bool t1 = med_big >= 0.90, t2 = min_ragged >= 0.85, t3 = min_b1 >= 0.75,
+             t4 = min_16 >= 0.60, t5 = med_small <= 10.0, t6 = worst_pair <= 0.05;
+  snprintf(buf, sizeof buf,
+           "| target | measured | met |\n|---|---|---|\n"
+           "| median fraction, cases >= 64 MB KV (%zu cases) >= 0.90 | %.3f | %s |\n"
+           "| ragged (min of %zu) >= 0.85 | %.3f | %s |\n"
+           "| batch 1 x 32768 (min) >= 0.75 | %.3f | %s |\n"
+           "| no case >= 16 MB below 0.60 (min) | %.3f | %s |\n"
+           "| cases < 16 MB: median time <= 10 us (%zu cases) | %.2f us | %s |\n"
+           "| block 16 vs 32 on >= 64 MB cases within 5%% (worst) | %.1f%% | %s |\n"
+           "| correctness failures | %d | %s |\n",
+           big.size(), med_big, t1 ? "yes" : "NO", ragged.size(), min_ragged, t2 ? "yes" : "NO",
+           min_b1, t3 ? "yes" : "NO", min_16, t4 ? "yes" : "NO", small_us.size(), med_small,
+           t5 ? "yes" : "NO", worst_pair * 100, t6 ? "yes" : "NO", failures,
+           failures == 0 ? "yes" : "NO");
+  *all_ok = failures == 0;
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  std::string out_dir = ".";
+  bool quick = false, explore = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--out") && i + 1 < argc)
+      out_dir = argv[++i];
+    else if (!strcmp(argv[i], "--quick"))
+      quick = true;
+    else if (!strcmp(argv[i], "--explore"))
+      explore = true;
+    else {
+      fprintf(stderr, "usage: %s [--out DIR] [--quick] [--explore]\n", argv[0]);
+      return 2;
+    }
+  }
+  int32_t n = 0;
+  CHECK_FD(fd_cuda_device_count(&n));
+  if (n == 0) {
+    printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy0 = measure_copy_gbps(stream);
+  printf("device %s, %d SMs, L2 %d MB; copy ceiling %.0f GB/s\n", prop.name,
+         prop.multiProcessorCount, prop.l2CacheSize >> 20, copy0);
+
+  std::vector<Spec> specs;
+  for (const Shape &sh : kShapes)
+    for (const BatchCtx &bc : kGrid) {
+      const bool a = sh.name[0] == 'A';
+      for (int32_t dt : {FD_DTYPE_BF16, FD_DTYPE_F16})
+        for (int bs : {8, 16, 32})
+          for (int32_t lay : {FD_LAYOUT_TOKEN_MAJOR, FD_LAYOUT_DIM_MAJOR}) {
+            if (!a && (dt == FD_DTYPE_F16 || bs == 8 || lay == FD_LAYOUT_DIM_MAJOR)) continue;
+            if (quick && (dt == FD_DTYPE_F16 || bs == 8 || lay == FD_LAYOUT_DIM_MAJOR)) continue;
+            specs.push_back({sh, bc, dt, bs, lay, 0});
+          }
+    }
+  if (explore)
+    for (int splits : {1, 2, 4, 8, 16})
+      for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{64, 4096}, BatchCtx{1, 32768}})
+        specs.push_back({kShapes[0], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
+
+  std::vector<Result> results;
+  for (const Spec &s : specs) {
+    Result r = run_case(s, stream, copy0);
+    printf(
+        "%-44s splits %3d sets %3d  %9.2f us (rep %9.2f, stream %9.2f)  %7.0f GB/s  %.3f  "
+        "err %.1e%s\n",
+        case_name(r).c_str(), r.splits, r.sets, r.median_us, r.repeat_median_us, r.stream_median_us,
+        r.eff_gbps, r.fraction, r.rel_error, r.ok ? "" : "  FAIL");
+    fflush(stdout);
+    results.push_back(r);
+  }
+  const double copy1 = measure_copy_gbps(stream);
+  // One ceiling for the whole run: the larger (stricter) of the two readings.
+  const double copy = std::max(copy0, copy1);
+  for (Result &r : results) r.fraction = r.eff_gbps / copy;
+  printf("copy ceiling: %.0f GB/s at start, %.0f GB/s at end; using %.0f\n", copy0, copy1, copy);
+  bool ok = true;
+  const std::string summary = summarize(results, &ok);
+  printf("\n%s\n", summary.c_str());
+  write_json(out_dir + "/decode_bench.json", results, copy, prop.name);
+  write_markdown(out_dir + "/decode_bench.md", results, copy, prop.name, summary);
+  write_svg(out_dir + "/decode_bench.svg", results);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return ok ? 0 : 1;
+}
