@@ -13,6 +13,14 @@ cuda_mode=${FLASHDEC_CUDA:-AUTO}
 sanitize=${FLASHDEC_SANITIZE:-OFF}
 jobs=${FLASHDEC_JOBS:-$(nproc 2> /dev/null || echo 2)}
 
+# Sanitizer builds: leaks are errors, UB stops the test, and a huge allocation
+# returns NULL as the real allocator would (tests check that
+# FD_ERR_OUT_OF_MEMORY comes back) instead of aborting the process.
+if [ "$sanitize" = "ON" ]; then
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+fi
+
 # shellcheck source=setup.sh
 source "$flashdec_root/scripts/setup.sh"
 
