@@ -1,6 +1,7 @@
 // Reading paged K/V into dense FP32 tiles for the CPU decode backend.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -49,7 +50,7 @@ class TileSource {
         token_major_(pb.layout == FD_LAYOUT_TOKEN_MAJOR) {}
 
   // Writes tokens [t0, t0 + n) as FP32 rows of head_dim into dst ([n, head_dim]).
-  void gather(size_t t0, size_t n, float *dst) const {
+  [[gnu::always_inline]] void gather(size_t t0, size_t n, float *dst) const {
     for (size_t j = 0; j < n;) {
       const size_t t = t0 + j;
       const size_t offset = t % block_size_;
