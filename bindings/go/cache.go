@@ -1,0 +1,507 @@
+package flashdec
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "flashdec.h"
+*/
+import "C"
+
+import (
+	"reflect"
+	"runtime"
+	"strings"
+	"unsafe"
+)
+
+// CacheConfig mirrors fd_cache_config. DefaultCacheConfig gives the library defaults.
+type CacheConfig struct {
+	NumLayers, NumKVHeads, HeadDim, BlockSize, MaxBlocks uint32
+	PrefixCacheCapacityBlocks                            uint32
+	DType                                                DType
+	Layout                                               Layout
+	DeviceType, DeviceOrdinal                            int32
+}
+
+// DefaultCacheConfig returns fd_cache_config_init's defaults.
+func DefaultCacheConfig() CacheConfig {
+	var c C.fd_cache_config
+	C.fd_cache_config_init(&c)
+	return configFromC(&c)
+}
+
+func configFromC(c *C.fd_cache_config) CacheConfig {
+	return CacheConfig{
+		NumLayers: uint32(c.num_layers), NumKVHeads: uint32(c.num_kv_heads), HeadDim: uint32(c.head_dim),
+		BlockSize: uint32(c.block_size), MaxBlocks: uint32(c.max_blocks),
+		PrefixCacheCapacityBlocks: uint32(c.prefix_cache_capacity_blocks),
+		DType:                     DType(c.dtype), Layout: Layout(c.layout),
+		DeviceType: int32(c.device._type), DeviceOrdinal: int32(c.device.ordinal),
+	}
+}
+
+func (cfg CacheConfig) toC() C.fd_cache_config {
+	var c C.fd_cache_config
+	C.fd_cache_config_init(&c)
+	c.num_layers, c.num_kv_heads, c.head_dim = C.uint32_t(cfg.NumLayers), C.uint32_t(cfg.NumKVHeads), C.uint32_t(cfg.HeadDim)
+	c.block_size, c.max_blocks = C.uint32_t(cfg.BlockSize), C.uint32_t(cfg.MaxBlocks)
+	c.prefix_cache_capacity_blocks = C.uint32_t(cfg.PrefixCacheCapacityBlocks)
+	c.dtype, c.layout = C.int32_t(cfg.DType), C.int32_t(cfg.Layout)
+	c.device._type, c.device.ordinal = C.int32_t(cfg.DeviceType), C.int32_t(cfg.DeviceOrdinal)
+	return c
+}
+
+// Cache is a paged KV cache (fd_cache). Externally synchronised: use it from
+// one goroutine at a time. Close it when done.
+type Cache struct {
+	h   *C.fd_cache
+	cfg CacheConfig
+}
+
+// NewCache creates a cache with zero-initialised storage.
+func NewCache(cfg CacheConfig) (*Cache, error) {
+	c := cfg.toC()
+	var h *C.fd_cache
+	if err := call(func() C.fd_status { return C.fd_cache_create(&c, &h) }); err != nil {
+		return nil, err
+	}
+	cache := &Cache{h: h}
+	runtime.SetFinalizer(cache, (*Cache).Close)
+	var got C.fd_cache_config
+	got.struct_size = C.uint32_t(unsafe.Sizeof(got))
+	if err := call(func() C.fd_status { return C.fd_cache_get_config(h, &got) }); err != nil {
+		cache.Close()
+		return nil, err
+	}
+	cache.cfg = configFromC(&got)
+	return cache, nil
+}
+
+// Close destroys the cache; idempotent.
+func (c *Cache) Close() {
+	if c.h != nil {
+		C.fd_cache_destroy(c.h)
+		c.h = nil
+	}
+	runtime.SetFinalizer(c, nil)
+}
+
+func (c *Cache) handle() (*C.fd_cache, error) {
+	if c.h == nil {
+		return nil, &Error{Status: InvalidState, Message: "cache is closed"}
+	}
+	return c.h, nil
+}
+
+// do runs one C call on the cache's handle and keeps the cache alive past it.
+func (c *Cache) do(f func(h *C.fd_cache) C.fd_status) error {
+	h, err := c.handle()
+	if err != nil {
+		return err
+	}
+	err = call(func() C.fd_status { return f(h) })
+	runtime.KeepAlive(c)
+	return err
+}
+
+// Config returns the configuration with defaults resolved.
+func (c *Cache) Config() CacheConfig { return c.cfg }
+
+func (c *Cache) AddRequest(id uint64) error {
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_add_request(h, C.uint64_t(id)) })
+}
+func (c *Cache) FinishRequest(id uint64) error {
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_finish_request(h, C.uint64_t(id)) })
+}
+func (c *Cache) CancelRequest(id uint64) error {
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_cancel_request(h, C.uint64_t(id)) })
+}
+
+// RequestState is an fd_request_state (0 unknown, 1 active, 2 finished, 3 cancelled).
+type RequestState int32
+
+const (
+	RequestUnknown   RequestState = C.FD_REQUEST_UNKNOWN
+	RequestActive    RequestState = C.FD_REQUEST_ACTIVE
+	RequestFinished  RequestState = C.FD_REQUEST_FINISHED
+	RequestCancelled RequestState = C.FD_REQUEST_CANCELLED
+)
+
+func (c *Cache) RequestState(id uint64) (RequestState, error) {
+	var s C.int32_t
+	err := c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_request_state(h, C.uint64_t(id), &s) })
+	return RequestState(s), err
+}
+
+func idsPtr(ids []uint64) *C.uint64_t {
+	if len(ids) == 0 {
+		return nil
+	}
+	return (*C.uint64_t)(unsafe.Pointer(&ids[0]))
+}
+
+func i32Ptr(x []int32) *C.int32_t {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&x[0]))
+}
+
+func dataPtr[T Elem](x []T) unsafe.Pointer {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&x[0])
+}
+
+// BlocksNeeded returns the blocks growing every id by one token needs, and the free blocks.
+func (c *Cache) BlocksNeeded(ids []uint64) (needed, free uint32, err error) {
+	var n, f C.uint32_t
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_blocks_needed(h, idsPtr(ids), C.uint32_t(len(ids)), &n, &f)
+	})
+	runtime.KeepAlive(ids)
+	return uint32(n), uint32(f), err
+}
+
+func (c *Cache) MaxBlocksPerSeq(ids []uint64) (uint32, error) {
+	var n C.uint32_t
+	err := c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_max_blocks_per_seq(h, idsPtr(ids), C.uint32_t(len(ids)), &n)
+	})
+	runtime.KeepAlive(ids)
+	return uint32(n), err
+}
+
+// Export returns committed block tables ([len(ids)][stride], -1 padded) and seq_lens.
+// stride 0 means the smallest valid stride (at least 1).
+func (c *Cache) Export(ids []uint64, stride uint32) (tables []int32, lens []int32, usedStride uint32, err error) {
+	if stride == 0 {
+		if stride, err = c.MaxBlocksPerSeq(ids); err != nil {
+			return nil, nil, 0, err
+		}
+		if stride == 0 {
+			stride = 1
+		}
+	}
+	tables = make([]int32, len(ids)*int(stride))
+	lens = make([]int32, len(ids))
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_export(h, idsPtr(ids), C.uint32_t(len(ids)), C.uint32_t(stride), i32Ptr(tables), i32Ptr(lens))
+	})
+	runtime.KeepAlive(ids)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return tables, lens, stride, nil
+}
+
+func (c *Cache) StateVersion() (uint64, error) {
+	var v C.uint64_t
+	err := c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_state_version(h, &v) })
+	return uint64(v), err
+}
+
+func (c *Cache) checkTokens(elemBytes int, n int, rows int, what string) error {
+	if c.cfg.DeviceType != 0 {
+		return invalid("%s: Go slices need a CPU cache", what)
+	}
+	if want := rows * int(c.cfg.NumKVHeads) * int(c.cfg.HeadDim); n != want {
+		return invalid("%s: expected %d elements (%d x %d x %d), got %d", what, want, rows, c.cfg.NumKVHeads, c.cfg.HeadDim, n)
+	}
+	return nil
+}
+
+// Append is the legacy single-layer append (num_layers == 1).
+func Append[T Elem](c *Cache, ids []uint64, k, v []T) error {
+	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+		return err
+	}
+	if err := c.checkTokens(elemSize[T](), len(k), len(ids), "k"); err != nil {
+		return err
+	}
+	if err := c.checkTokens(elemSize[T](), len(v), len(ids), "v"); err != nil {
+		return err
+	}
+	err := c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_append(h, idsPtr(ids), C.uint32_t(len(ids)), dataPtr(k), dataPtr(v), nil)
+	})
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	return err
+}
+
+// Metric is one field of a metrics struct, in header order.
+type Metric struct {
+	Name    string
+	Uint    uint64
+	Float   float64
+	IsFloat bool
+}
+
+// structFields lists the counter/gauge fields of a cgo struct by their C names.
+func structFields(v interface{}) []Metric {
+	rv := reflect.ValueOf(v)
+	rt := rv.Type()
+	var out []Metric
+	for i := 0; i < rt.NumField(); i++ {
+		name := strings.TrimPrefix(rt.Field(i).Name, "_")
+		if name == "struct_size" || isPadding(name) || name == "" {
+			continue
+		}
+		f := rv.Field(i)
+		switch f.Kind() {
+		case reflect.Float32, reflect.Float64:
+			out = append(out, Metric{Name: name, Float: f.Float(), IsFloat: true})
+		case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			out = append(out, Metric{Name: name, Uint: f.Uint()})
+		case reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			out = append(out, Metric{Name: name, Uint: uint64(f.Int())})
+		}
+	}
+	return out
+}
+
+// isPadding reports the reservedN padding fields (not reserved_tokens etc.).
+func isPadding(name string) bool {
+	rest := strings.TrimPrefix(name, "reserved")
+	return rest != name && rest != "" && strings.Trim(rest, "0123456789") == ""
+}
+
+// Metrics is a snapshot of fd_cache_metrics: every field, in header order.
+type Metrics []Metric
+
+// Get returns a field by its C name (0, false when unknown).
+func (m Metrics) Get(name string) (Metric, bool) {
+	for _, x := range m {
+		if x.Name == name {
+			return x, true
+		}
+	}
+	return Metric{}, false
+}
+
+// U returns an integer field by name (0 when unknown).
+func (m Metrics) U(name string) uint64 { x, _ := m.Get(name); return x.Uint }
+
+func (c *Cache) Metrics() (Metrics, error) {
+	var m C.fd_cache_metrics
+	m.struct_size = C.uint32_t(unsafe.Sizeof(m))
+	if err := c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_metrics_get(h, &m) }); err != nil {
+		return nil, err
+	}
+	return Metrics(structFields(m)), nil
+}
+
+// Validate checks every invariant; an *Error with Status Invariant names the first violation.
+func (c *Cache) Validate() error {
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_validate(h) })
+}
+
+func prefixCString(id string) (*C.char, error) {
+	if strings.IndexByte(id, 0) >= 0 {
+		return nil, invalid("prefix_id must not contain NUL characters")
+	}
+	return C.CString(id), nil
+}
+
+// RegisterPrefix registers a shared prefix: kBlocks/vBlocks hold
+// [num_layers, n, num_kv_heads, block_size, head_dim] elements (n inferred).
+func RegisterPrefix[T Elem](c *Cache, id string, kBlocks, vBlocks []T) error {
+	if err := checkElem[T](c.cfg.DType, "k_blocks"); err != nil {
+		return err
+	}
+	per := int(c.cfg.NumLayers * c.cfg.NumKVHeads * c.cfg.BlockSize * c.cfg.HeadDim)
+	if per == 0 || len(kBlocks) == 0 || len(kBlocks)%per != 0 || len(vBlocks) != len(kBlocks) {
+		return invalid("k_blocks/v_blocks: need equal positive multiples of %d elements, got %d and %d", per, len(kBlocks), len(vBlocks))
+	}
+	cid, err := prefixCString(id)
+	if err != nil {
+		return err
+	}
+	defer C.free(unsafe.Pointer(cid))
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_prefix_register(h, cid, dataPtr(kBlocks), dataPtr(vBlocks), C.uint32_t(len(kBlocks)/per), nil)
+	})
+	runtime.KeepAlive(kBlocks)
+	runtime.KeepAlive(vBlocks)
+	return err
+}
+
+func (c *Cache) AttachPrefix(requestID uint64, prefixID string) error {
+	cid, err := prefixCString(prefixID)
+	if err != nil {
+		return err
+	}
+	defer C.free(unsafe.Pointer(cid))
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_prefix_attach(h, C.uint64_t(requestID), cid) })
+}
+
+func (c *Cache) EvictPrefix(prefixID string) error {
+	cid, err := prefixCString(prefixID)
+	if err != nil {
+		return err
+	}
+	defer C.free(unsafe.Pointer(cid))
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_prefix_evict(h, cid) })
+}
+
+// PrefixInfo mirrors fd_prefix_info.
+type PrefixInfo struct {
+	NumBlocks, RefCount uint32
+	LastUse             uint64
+	FirstBlock          int32
+}
+
+func (c *Cache) PrefixInfo(prefixID string) (PrefixInfo, error) {
+	cid, err := prefixCString(prefixID)
+	if err != nil {
+		return PrefixInfo{}, err
+	}
+	defer C.free(unsafe.Pointer(cid))
+	var i C.fd_prefix_info
+	i.struct_size = C.uint32_t(unsafe.Sizeof(i))
+	if err := c.do(func(h *C.fd_cache) C.fd_status { return C.fd_prefix_get_info(h, cid, &i) }); err != nil {
+		return PrefixInfo{}, err
+	}
+	return PrefixInfo{uint32(i.num_blocks), uint32(i.ref_count), uint64(i.last_use), int32(i.first_block)}, nil
+}
+
+// Tx is a transaction: a value handle (id + cache version). Misuse after
+// Commit/Abort is reported by the library, never undefined.
+type Tx struct {
+	cache *Cache
+	raw   C.fd_tx
+}
+
+// Begin opens a transaction for one token of each listed request.
+func (c *Cache) Begin(ids []uint64) (*Tx, error) {
+	var tx C.fd_tx
+	err := c.do(func(h *C.fd_cache) C.fd_status { return C.fd_tx_begin(h, idsPtr(ids), C.uint32_t(len(ids)), &tx) })
+	runtime.KeepAlive(ids)
+	if err != nil {
+		return nil, err
+	}
+	return &Tx{cache: c, raw: tx}, nil
+}
+
+// ID is the transaction id (ids start at 1 in each cache).
+func (t *Tx) ID() uint64 { return uint64(t.raw.id) }
+
+// TxInfo mirrors fd_tx_info.
+type TxInfo struct {
+	Batch, NextLayer           uint32
+	State                      int32
+	MaxBlocksPerSeq, NewBlocks uint32
+}
+
+func (t *Tx) Info() (TxInfo, error) {
+	var i C.fd_tx_info
+	i.struct_size = C.uint32_t(unsafe.Sizeof(i))
+	err := t.cache.do(func(h *C.fd_cache) C.fd_status { return C.fd_tx_get_info(h, t.raw, &i) })
+	return TxInfo{uint32(i.batch), uint32(i.next_layer), int32(i.state), uint32(i.max_blocks_per_seq), uint32(i.new_block_count)}, err
+}
+
+// TxRows is the per-row view of an open transaction.
+type TxRows struct {
+	RequestIDs                                     []uint64
+	Positions, BlockIDs, Offsets, EffectiveSeqLens []int32
+}
+
+func (t *Tx) Rows() (TxRows, error) {
+	info, err := t.Info()
+	if err != nil {
+		return TxRows{}, err
+	}
+	n := int(info.Batch)
+	r := TxRows{make([]uint64, n), make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)}
+	err = t.cache.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_get_rows(h, t.raw, C.uint32_t(n), idsPtr(r.RequestIDs), i32Ptr(r.Positions),
+			i32Ptr(r.BlockIDs), i32Ptr(r.Offsets), i32Ptr(r.EffectiveSeqLens))
+	})
+	return r, err
+}
+
+// BlockTables returns the rows' tables including new blocks (stride 0: smallest valid).
+func (t *Tx) BlockTables(stride uint32) ([]int32, uint32, error) {
+	info, err := t.Info()
+	if err != nil {
+		return nil, 0, err
+	}
+	if stride == 0 {
+		stride = info.MaxBlocksPerSeq
+		if stride == 0 {
+			stride = 1
+		}
+	}
+	out := make([]int32, int(info.Batch)*int(stride))
+	err = t.cache.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_block_tables(h, t.raw, C.uint32_t(stride), i32Ptr(out))
+	})
+	return out, stride, err
+}
+
+// WriteLayer writes one layer's K and V ([batch, num_kv_heads, head_dim] each).
+func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
+	c := t.cache
+	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+		return err
+	}
+	info, err := t.Info()
+	if err != nil {
+		return err
+	}
+	if err := c.checkTokens(elemSize[T](), len(k), int(info.Batch), "k"); err != nil {
+		return err
+	}
+	if err := c.checkTokens(elemSize[T](), len(v), int(info.Batch), "v"); err != nil {
+		return err
+	}
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_write_layer(h, t.raw, C.uint32_t(layer), dataPtr(k), dataPtr(v), nil)
+	})
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	return err
+}
+
+// WriteLayerRope rotates q and k at each row's position, writes rotated K and
+// raw V, and writes the rotated Q to qOut (same length as q).
+func WriteLayerRope[T Elem](t *Tx, layer uint32, q []T, numQHeads uint32, k, v []T, rotaryDim uint32, ropeBase float32, qOut []T) error {
+	c := t.cache
+	if err := checkElem[T](c.cfg.DType, "q"); err != nil {
+		return err
+	}
+	info, err := t.Info()
+	if err != nil {
+		return err
+	}
+	if err := c.checkTokens(elemSize[T](), len(k), int(info.Batch), "k"); err != nil {
+		return err
+	}
+	if err := c.checkTokens(elemSize[T](), len(v), int(info.Batch), "v"); err != nil {
+		return err
+	}
+	want := int(info.Batch) * int(numQHeads) * int(c.cfg.HeadDim)
+	if len(q) != want || len(qOut) != want {
+		return invalid("q/q_out: expected %d elements, got %d and %d", want, len(q), len(qOut))
+	}
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_write_layer_rope(h, t.raw, C.uint32_t(layer), dataPtr(q), C.uint32_t(numQHeads), dataPtr(k), dataPtr(v),
+			C.uint32_t(rotaryDim), C.float(ropeBase), dataPtr(qOut), nil)
+	})
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	runtime.KeepAlive(qOut)
+	return err
+}
+
+func (t *Tx) Commit() error {
+	return t.cache.do(func(h *C.fd_cache) C.fd_status { return C.fd_tx_commit(h, t.raw) })
+}
+
+func (t *Tx) Abort() error {
+	return t.cache.do(func(h *C.fd_cache) C.fd_status { return C.fd_tx_abort(h, t.raw) })
+}

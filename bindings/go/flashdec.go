@@ -1,0 +1,129 @@
+// Package flashdec is a cgo binding of libflashdec, paged-KV decode attention.
+//
+// Handles have an explicit Close (which also clears the finalizer); a
+// finalizer frees forgotten handles as a backstop only. Every C call runs with
+// the goroutine locked to its OS thread until the thread-local error message
+// has been read, and runtime.KeepAlive keeps Go memory alive across calls.
+//
+// Build: CGO_CFLAGS=-I<repo>/include CGO_LDFLAGS=-L<libdir> go build
+// (the include path below covers in-repo builds).
+package flashdec
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include
+#cgo LDFLAGS: -lflashdec
+#include <stdlib.h>
+#include "flashdec.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Status is an fd_status value.
+type Status int32
+
+const (
+	OK              Status = C.FD_OK
+	InvalidArgument Status = C.FD_ERR_INVALID_ARGUMENT
+	OutOfBlocks     Status = C.FD_ERR_OUT_OF_BLOCKS
+	NotFound        Status = C.FD_ERR_NOT_FOUND
+	InvalidState    Status = C.FD_ERR_INVALID_STATE
+	StaleHandle     Status = C.FD_ERR_STALE_HANDLE
+	Unsupported     Status = C.FD_ERR_UNSUPPORTED
+	NoDevice        Status = C.FD_ERR_NO_DEVICE
+	DeviceError     Status = C.FD_ERR_DEVICE
+	OutOfMemory     Status = C.FD_ERR_OUT_OF_MEMORY
+	Internal        Status = C.FD_ERR_INTERNAL
+	AlreadyExists   Status = C.FD_ERR_ALREADY_EXISTS
+	Invariant       Status = C.FD_ERR_INVARIANT
+)
+
+// String is the library's static name, e.g. "FD_ERR_NOT_FOUND: not found".
+func (s Status) String() string { return C.GoString(C.fd_status_string(C.fd_status(s))) }
+
+// Error is a failed call: its status and the library's detail message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Status, e.Message) }
+
+func invalid(format string, args ...interface{}) error {
+	return &Error{Status: InvalidArgument, Message: fmt.Sprintf(format, args...)}
+}
+
+// call runs f (one C call) with the goroutine locked to its OS thread and,
+// on failure, reads the thread-local message on that same thread.
+func call(f func() C.fd_status) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s := f()
+	if s == C.FD_OK {
+		return nil
+	}
+	return &Error{Status: Status(s), Message: C.GoString(C.fd_last_error_message())}
+}
+
+// CheckStatus turns a raw status into an error; exported for tests and raw calls.
+func CheckStatus(s int32) error {
+	return call(func() C.fd_status { return C.fd_status(s) })
+}
+
+// Version is the runtime version "MAJOR.MINOR.PATCH".
+func Version() string { return C.GoString(C.fd_version_string()) }
+
+// VersionNumber is major*10000 + minor*100 + patch of the runtime.
+func VersionNumber() uint32 { return uint32(C.fd_version_number()) }
+
+// HeaderVersionNumber is FD_VERSION_NUMBER of the header this package was built with.
+const HeaderVersionNumber = uint32(C.FD_VERSION_MAJOR*10000 + C.FD_VERSION_MINOR*100 + C.FD_VERSION_PATCH)
+
+// IsCompatible applies the header's rule: same major, runtime at least as new.
+func IsCompatible(runtimeVersion uint32) bool {
+	return runtimeVersion/10000 == HeaderVersionNumber/10000 && runtimeVersion >= HeaderVersionNumber
+}
+
+// CudaDeviceCount is the number of usable CUDA devices (0 without CUDA).
+func CudaDeviceCount() (int, error) {
+	var n C.int32_t
+	err := call(func() C.fd_status { return C.fd_cuda_device_count(&n) })
+	return int(n), err
+}
+
+// DType is an fd_dtype.
+type DType int32
+
+const (
+	F32  DType = C.FD_DTYPE_F32
+	F16  DType = C.FD_DTYPE_F16
+	BF16 DType = C.FD_DTYPE_BF16
+)
+
+// Layout is an fd_kv_layout.
+type Layout int32
+
+const (
+	TokenMajor Layout = C.FD_LAYOUT_TOKEN_MAJOR
+	DimMajor   Layout = C.FD_LAYOUT_DIM_MAJOR
+)
+
+// Elem is a Go type FlashDec can read: float32, or uint16 bits of f16/bf16.
+type Elem interface{ ~float32 | ~uint16 }
+
+func elemSize[T Elem]() int {
+	var z T
+	return int(unsafe.Sizeof(z))
+}
+
+// checkElem rejects a Go element type that cannot hold dtype.
+func checkElem[T Elem](dtype DType, what string) error {
+	if (dtype == F32) != (elemSize[T]() == 4) {
+		return invalid("%s: Go element type does not match dtype %d (float32 for F32, uint16 bits for F16/BF16)", what, dtype)
+	}
+	return nil
+}

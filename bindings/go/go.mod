@@ -1,0 +1,3 @@
+module flashdec
+
+go 1.19
