@@ -303,6 +303,9 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   base.num_splits = spec.num_splits;
   base.device.type = FD_DEVICE_CUDA;
   base.stream = reinterpret_cast<fd_stream>(stream);
+  base.q = q;
+  base.out = out;
+  base.block_tables = tables;
   size_t ws_bytes = 0;
   CHECK_FD(fd_decode_workspace_size(&base, &ws_bytes));
   void *ws = nullptr;

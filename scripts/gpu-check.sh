@@ -28,7 +28,7 @@ if ! ls /usr/include/cmocka.h >/dev/null 2>&1 && ls .deps/*.deb >/dev/null 2>&1;
 fi
 
 note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1)"
-note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+note "commit: ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 start=$SECONDS
 if ! cmake -S . -B "$BUILD_DIR" -G Ninja -DFLASHDEC_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
