@@ -30,7 +30,7 @@ if(FLASHDEC_SANITIZE)
 endif()
 foreach(mode cmake pkg-config)
   add_test(NAME package_consumer_${mode}
-    COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_install.sh ${mode} ${PROJECT_BINARY_DIR}
+    COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_install.sh ${mode} ${CMAKE_COMMAND} ${PROJECT_BINARY_DIR}
             ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/package-${mode}
             ${CMAKE_INSTALL_LIBDIR} ${PROJECT_VERSION} ${CMAKE_C_COMPILER} ${CMAKE_GENERATOR}
             "${flashdec_consumer_flags}")

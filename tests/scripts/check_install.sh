@@ -2,8 +2,8 @@
 # Packaging check: installs the build tree into a fresh temporary prefix and
 # builds tests/consumer against it, the way a downstream project would.
 #
-# usage: check_install.sh cmake|pkg-config BUILD_DIR SOURCE_DIR WORK_DIR LIBDIR
-#                         VERSION C_COMPILER GENERATOR [EXTRA_FLAGS]
+# usage: check_install.sh cmake|pkg-config CMAKE BUILD_DIR SOURCE_DIR WORK_DIR
+#                         LIBDIR VERSION C_COMPILER GENERATOR [EXTRA_FLAGS]
 #
 #   cmake       find_package(flashdec) + flashdec::flashdec
 #   pkg-config  cc consumer.c $(pkg-config --cflags --libs flashdec)
@@ -11,14 +11,15 @@
 # -fsanitize=... so the consumer loads the instrumented library correctly).
 set -euo pipefail
 mode=$1
-build_dir=$2
-source_dir=$3
-work=$4
-libdir=$5
-version=$6
-cc=$7
-generator=$8
-extra_flags=${9:-}
+cmake=$2  # the CMake that configured the build (it also builds the consumer)
+build_dir=$3
+source_dir=$4
+work=$5
+libdir=$6
+version=$7
+cc=$8
+generator=$9
+extra_flags=${10:-}
 major=${version%%.*}
 prefix=$work/prefix
 
@@ -29,7 +30,7 @@ fail() {
 
 rm -rf "$work"
 mkdir -p "$work"
-cmake --install "$build_dir" --prefix "$prefix" > "$work/install.log" ||
+"$cmake" --install "$build_dir" --prefix "$prefix" > "$work/install.log" ||
   { cat "$work/install.log" >&2; fail "cmake --install failed"; }
 
 # Layout: header, real file + SONAME link + development link, package files.
@@ -52,7 +53,7 @@ echo "ok: installed layout (SONAME $soname)"
 case $mode in
   cmake)
     # Only the temporary prefix may satisfy find_package.
-    cmake -S "$source_dir/tests/consumer" -B "$work/build" -G "$generator" \
+    "$cmake" -S "$source_dir/tests/consumer" -B "$work/build" -G "$generator" \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
       -DCMAKE_C_FLAGS="$extra_flags" -DCMAKE_EXE_LINKER_FLAGS="$extra_flags" > "$work/configure.log" ||
@@ -60,7 +61,7 @@ case $mode in
     grep "consumer: flashdec" "$work/configure.log"
     grep -q "consumer: flashdec $version from $lib/cmake/flashdec" "$work/configure.log" ||
       fail "find_package did not pick the package from $prefix"
-    cmake --build "$work/build" > "$work/build.log" ||
+    "$cmake" --build "$work/build" > "$work/build.log" ||
       { cat "$work/build.log" >&2; fail "building the consumer failed"; }
     exe=$work/build/consumer
     # The build tree's RPATH must point at the installed library.
