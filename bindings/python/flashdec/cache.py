@@ -80,6 +80,14 @@ def _ids(request_ids: Iterable[int]) -> np.ndarray:
     return host_index_array(request_ids, "request_ids", np.uint64)
 
 
+def _rid(request_id: int) -> int:
+    """A request id as uint64, refusing values ctypes would silently wrap."""
+    value = int(request_id)
+    if not 0 <= value < 1 << 64:
+        raise argument_error(f"request_id must lie in [0, 2**64), got {value}")
+    return value
+
+
 def _ids_ptr(arr: np.ndarray) -> Any:
     return arr.ctypes.data_as(_U64P)
 
@@ -157,17 +165,17 @@ class Cache:
 
     # -- requests --------------------------------------------------------
     def add_request(self, request_id: int) -> None:
-        self._call(_lib.fd_cache_add_request, int(request_id))
+        self._call(_lib.fd_cache_add_request, _rid(request_id))
 
     def finish_request(self, request_id: int) -> None:
-        self._call(_lib.fd_cache_finish_request, int(request_id))
+        self._call(_lib.fd_cache_finish_request, _rid(request_id))
 
     def cancel_request(self, request_id: int) -> None:
-        self._call(_lib.fd_cache_cancel_request, int(request_id))
+        self._call(_lib.fd_cache_cancel_request, _rid(request_id))
 
     def request_state(self, request_id: int) -> RequestState:
         s = ctypes.c_int32(0)
-        self._call(_lib.fd_cache_request_state, int(request_id), ctypes.byref(s))
+        self._call(_lib.fd_cache_request_state, _rid(request_id), ctypes.byref(s))
         return RequestState(s.value)
 
     def blocks_needed(self, request_ids: Sequence[int]) -> Tuple[int, int]:
@@ -296,7 +304,7 @@ class Cache:
         )  # fmt: skip
 
     def attach_prefix(self, request_id: int, prefix_id: str) -> None:
-        self._call(_lib.fd_prefix_attach, int(request_id), _prefix_id(prefix_id))
+        self._call(_lib.fd_prefix_attach, _rid(request_id), _prefix_id(prefix_id))
 
     def evict_prefix(self, prefix_id: str) -> None:
         self._call(_lib.fd_prefix_evict, _prefix_id(prefix_id))

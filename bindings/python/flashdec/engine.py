@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import empty_like_dtype, host_index_array, stream_for, tensor
-from .cache import Cache, _ids, _ids_ptr, _prefix_id
+from .cache import Cache, _ids, _ids_ptr, _prefix_id, _rid
 from .errors import FlashDecError, Status, argument_error, check
 from .types import Layout
 
@@ -452,20 +452,20 @@ class Engine(_Handle):
 
     # lifecycle (unscheduled mode)
     def add_request(self, request_id: int) -> None:
-        self._call(_lib.fd_engine_add_request, int(request_id))
+        self._call(_lib.fd_engine_add_request, _rid(request_id))
 
     def admit(self, request_id: int) -> None:
-        self._call(_lib.fd_engine_admit, int(request_id))
+        self._call(_lib.fd_engine_admit, _rid(request_id))
 
     def finish(self, request_id: int) -> None:
-        self._call(_lib.fd_engine_finish, int(request_id))
+        self._call(_lib.fd_engine_finish, _rid(request_id))
 
     def cancel(self, request_id: int) -> None:
-        self._call(_lib.fd_engine_cancel, int(request_id))
+        self._call(_lib.fd_engine_cancel, _rid(request_id))
 
     def request_state(self, request_id: int) -> EngineRequestState:
         s = ctypes.c_int32(0)
-        self._call(_lib.fd_engine_get_request_state, int(request_id), ctypes.byref(s))
+        self._call(_lib.fd_engine_get_request_state, _rid(request_id), ctypes.byref(s))
         return EngineRequestState(s.value)
 
     # steps
@@ -484,7 +484,7 @@ class Engine(_Handle):
         shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         kb = tensor(k, "k", dtype=cfg.dtype, shape=shape, device=cfg.device)
         vb = tensor(v, "v", dtype=cfg.dtype, shape=shape, device=cfg.device)
-        self._call(_lib.fd_engine_prefill_request_layers, int(request_id), kb.ptr, vb.ptr)
+        self._call(_lib.fd_engine_prefill_request_layers, _rid(request_id), kb.ptr, vb.ptr)
 
     # scheduler-managed mode
     def submit(self, spec: RequestSpec) -> None:

@@ -29,6 +29,8 @@ def test_header_functions_match_declarations():
 
 def test_declared_functions_have_argtypes_and_restype():
     for name in _lib.SIGNATURES:
+        if name in _lib.missing_symbols:
+            continue  # reported by test_basics.test_every_header_symbol_is_exported
         fn = getattr(_lib.lib, name)
         restype, argtypes = _lib.SIGNATURES[name]
         assert fn.argtypes == list(argtypes), name
