@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "include" / "flashdec.h"
 OUT = ROOT / "bindings" / "rust" / "flashdec-sys" / "src" / "generated.rs"
-FIELDS = ROOT / "bindings" / "rust" / "flashdec-sys" / "tests" / "fields.rs"
+FIELDS = ROOT / "bindings" / "rust" / "flashdec-sys" / "tests" / "common" / "fields.rs"
 
 SCALARS = {
     "uint32_t": "u32", "int32_t": "i32", "uint64_t": "u64", "int64_t": "i64",

@@ -4,7 +4,7 @@ use flashdec_sys::*;
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
 
-include!("fields.rs");
+include!("common/fields.rs");
 
 fn probe() -> HashMap<String, usize> {
     let text = LAYOUT_PROBE;
