@@ -521,21 +521,31 @@ void test_workspace_size_and_devices(void **state) {
   assert_int_equal(bytes, 0);
   FD_ASSERT_FAILS(fd_decode_workspace_size(&prm, NULL), FD_ERR_INVALID_ARGUMENT,
                   "bytes must not be NULL");
+}
 
-  /* This build / machine has no CUDA device: the CUDA backend answers NO_DEVICE. */
+/* Without a usable CUDA device the CUDA backend answers NO_DEVICE. The shape is
+ * one the CUDA kernel serves (S1), so only the missing device can fail it. */
+void test_cuda_without_device(void **state) {
+  (void)state;
   int32_t devices = -1;
   FD_ASSERT_OK(fd_cuda_device_count(&devices));
-  if (devices == 0) {
-    prm.device.type = FD_DEVICE_CUDA;
-    const std::vector<uint8_t> before = p.out;
-    FD_ASSERT_FAILS(fd_decode(&prm), FD_ERR_NO_DEVICE, "CUDA device 0");
-    assert_memory_equal(before.data(), p.out.data(), before.size());
-    bytes = 12345;
-    FD_ASSERT_FAILS(fd_decode_workspace_size(&prm, &bytes), FD_ERR_NO_DEVICE, "CUDA device 0");
-    assert_int_equal(bytes, 12345);
-  } else {
+  if (devices != 0) {
     print_message("NOTE: %d CUDA device(s) visible; the no-device check is skipped\n", devices);
+    return;
   }
+  Case c;
+  c.dtype = FD_DTYPE_BF16;
+  c.hq = 8, c.hkv = 2, c.dim = 128, c.bs = 16, c.mbps = 4, c.batch = 2;
+  c.lens = {40, 64};
+  Problem p = build(c);
+  fd_decode_params prm = params_for(p);
+  prm.device.type = FD_DEVICE_CUDA;
+  const std::vector<uint8_t> before = p.out;
+  FD_ASSERT_FAILS(fd_decode(&prm), FD_ERR_NO_DEVICE, "CUDA device 0");
+  assert_memory_equal(before.data(), p.out.data(), before.size());
+  size_t bytes = 12345;
+  FD_ASSERT_FAILS(fd_decode_workspace_size(&prm, &bytes), FD_ERR_NO_DEVICE, "CUDA device 0");
+  assert_int_equal(bytes, 12345);
 }
 
 }  // namespace
@@ -553,6 +563,7 @@ int main(void) {
       cmocka_unit_test(test_stride_errors),
       cmocka_unit_test(test_index_errors),
       cmocka_unit_test(test_workspace_size_and_devices),
+      cmocka_unit_test(test_cuda_without_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
