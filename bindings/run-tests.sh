@@ -44,7 +44,9 @@ mkdir -p "$OUT"
 # --- toolchains --------------------------------------------------------------
 section "toolchains"
 PY="${PYTHON:-python3}"
-"$PY" -m pip install --quiet --disable-pip-version-check numpy pytest cffi
+# wheel: older setuptools (< 70.1) build wheels through it; with
+# --no-build-isolation below nothing else is fetched, so the install is offline.
+"$PY" -m pip install --quiet --disable-pip-version-check numpy pytest cffi wheel
 if ! command -v go >/dev/null 2>&1; then
   apt-get install -y golang-go >/dev/null || { apt-get update >/dev/null && apt-get install -y golang-go >/dev/null; }
 fi
@@ -58,13 +60,19 @@ export CARGO_TARGET_DIR="$BUILD/cargo"
 # Installed into a throwaway target dir so the suite tests the installed
 # package (pyproject + setuptools, offline) rather than the source tree.
 py_install() {
-  rm -rf "$OUT/pysite"
+  # Build from a copy: setuptools writes build/ next to pyproject.toml.
+  rm -rf "$OUT/pysite" "$OUT/pysrc"
+  mkdir -p "$OUT/pysrc"
+  cp -r "$ROOT/bindings/python/pyproject.toml" "$ROOT/bindings/python/flashdec" "$OUT/pysrc/"
   "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    --target "$OUT/pysite" "$ROOT/bindings/python"
+    --target "$OUT/pysite" "$OUT/pysrc"
 }
 run "python install (pip, offline)" py_install
 export PYTHONPATH="$OUT/pysite${PYTHONPATH:+:$PYTHONPATH}"
-run "python tests" bash -c "cd '$ROOT/bindings/python' && '$PY' -m pytest -q -p no:cacheprovider --rootdir . tests"
+# Run from $OUT so `python -m pytest` (which puts the cwd on sys.path) imports
+# the installed package, not the source tree.
+run "python tests" bash -c "cd '$OUT' && '$PY' -m pytest -q -p no:cacheprovider \
+  --rootdir '$ROOT/bindings/python' -c '$ROOT/bindings/python/pyproject.toml' '$ROOT/bindings/python/tests'"
 
 # --- Rust --------------------------------------------------------------------
 run "rust tests" bash -c "cd '$ROOT/bindings/rust' && cargo test --offline -q 2>&1"
