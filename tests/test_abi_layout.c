@@ -1,9 +1,11 @@
 /* ABI layout of the public header, pinned at compile time.
  *
  * Every public struct's size, alignment and field offsets on LP64 (x86-64 and
- * AArch64 Linux), and every enum value. A change here is an ABI break: it
- * needs a new major version (docs/abi.md), not an edit of this file. The
- * runtime tests check the struct_size conventions against the library. */
+ * AArch64 Linux), and every enum value. Appending a field (minor version)
+ * changes only its struct's size here; any other difference (a moved or
+ * resized field, a changed value) is an ABI break that needs a new major
+ * version (docs/abi.md). The runtime tests check the struct_size conventions
+ * against the library. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

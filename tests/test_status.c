@@ -104,9 +104,10 @@ static void test_failure_sets_message_success_keeps_it(void **state) {
   assert_string_equal(fd_last_error_message(), copy);
 }
 
-/* Two threads step through a fixed script, handing a token back and forth:
- *   A fails          -> B (fresh) still sees "" and fails its own way
- *   A still sees its own message, not B's; B likewise.                  */
+/* Two threads step through a fixed script, handing a turn back and forth:
+ *   A fails ("count ...")  -> B (fresh) still sees "" and fails its own way
+ *   ("config ...") -> A still sees its own message, not B's; B likewise.
+ * The main thread's own failure ("params ...") is seen by neither. */
 typedef struct handoff {
   pthread_mutex_t mutex;
   pthread_cond_t cond;
@@ -148,14 +149,13 @@ static void *thread_b(void *arg) {
   handoff *h = arg;
   wait_turn(h, 1);
   snprintf(h->b_seen_before, sizeof h->b_seen_before, "%s", fd_last_error_message());
-  /* A different failure with a different message: an unknown status string
-   * is not an error, so use a NULL out-pointer of another function when one
-   * exists; the version string keeps this independent of other components. */
-  h->b_status = fd_cuda_device_count(NULL);
-  snprintf(h->b_message, sizeof h->b_message, "B:%s", fd_last_error_message());
+  /* A different failure, with a different message. */
+  fd_cache *cache = NULL;
+  h->b_status = fd_cache_create(NULL, &cache);
+  snprintf(h->b_message, sizeof h->b_message, "%s", fd_last_error_message());
   pass_turn(h, 2);
   wait_turn(h, 3);
-  snprintf(h->b_seen_after, sizeof h->b_seen_after, "B:%s", fd_last_error_message());
+  snprintf(h->b_seen_after, sizeof h->b_seen_after, "%s", fd_last_error_message());
   return NULL;
 }
 
@@ -167,7 +167,7 @@ static void test_last_error_is_thread_local(void **state) {
   pthread_cond_init(&h.cond, NULL);
 
   /* The main thread has a failure of its own, which neither thread sees. */
-  FD_ASSERT_FAILS(fd_cuda_device_count(NULL), FD_ERR_INVALID_ARGUMENT, "count");
+  FD_ASSERT_FAILS(fd_decode(NULL), FD_ERR_INVALID_ARGUMENT, "params");
   char main_message[256];
   snprintf(main_message, sizeof main_message, "%s", fd_last_error_message());
 
@@ -180,16 +180,52 @@ static void test_last_error_is_thread_local(void **state) {
   assert_int_equal(h.a_status, FD_ERR_INVALID_ARGUMENT);
   assert_int_equal(h.b_status, FD_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(h.a_message, "count"));
-  /* B started after A failed and saw nothing of it. */
+  assert_non_null(strstr(h.b_message, "config"));
+  assert_string_not_equal(h.a_message, h.b_message);
+  /* B started after A and the main thread failed, and saw neither. */
   assert_string_equal(h.b_seen_before, "");
   /* Each kept its own message across the other's failure. */
   assert_string_equal(h.a_seen_after, h.a_message);
   assert_string_equal(h.b_seen_after, h.b_message);
   /* And the main thread's is untouched by both. */
   assert_string_equal(fd_last_error_message(), main_message);
+  assert_non_null(strstr(main_message, "params"));
 
   pthread_cond_destroy(&h.cond);
   pthread_mutex_destroy(&h.mutex);
+}
+
+/* Both threads fail at the same time, over and over, each with its own
+ * message; each must always read back its own. */
+typedef struct racer {
+  int use_cache; /* 1: fd_cache_create(NULL), 0: fd_cuda_device_count(NULL) */
+  int mismatches;
+} racer;
+
+static void *race(void *arg) {
+  racer *r = arg;
+  const char *expected = r->use_cache ? "config" : "count";
+  const char *other = r->use_cache ? "count" : "config";
+  for (int i = 0; i < 20000; ++i) {
+    fd_cache *cache = NULL;
+    fd_status s = r->use_cache ? fd_cache_create(NULL, &cache) : fd_cuda_device_count(NULL);
+    const char *m = fd_last_error_message();
+    if (s != FD_ERR_INVALID_ARGUMENT || strstr(m, expected) == NULL || strstr(m, other) != NULL)
+      ++r->mismatches;
+  }
+  return NULL;
+}
+
+static void test_last_error_concurrent_failures(void **state) {
+  (void)state;
+  racer a = {0, 0}, b = {1, 0};
+  pthread_t ta, tb;
+  assert_int_equal(pthread_create(&ta, NULL, race, &a), 0);
+  assert_int_equal(pthread_create(&tb, NULL, race, &b), 0);
+  assert_int_equal(pthread_join(ta, NULL), 0);
+  assert_int_equal(pthread_join(tb, NULL), 0);
+  assert_int_equal(a.mismatches, 0);
+  assert_int_equal(b.mismatches, 0);
 }
 
 static void *fresh_thread_message(void *arg) {
@@ -241,6 +277,7 @@ int main(void) {
       cmocka_unit_test(test_version_matches_header),
       cmocka_unit_test(test_failure_sets_message_success_keeps_it),
       cmocka_unit_test(test_last_error_is_thread_local),
+      cmocka_unit_test(test_last_error_concurrent_failures),
       cmocka_unit_test(test_fresh_thread_has_empty_message),
       cmocka_unit_test(test_cuda_device_count_without_gpu),
       cmocka_unit_test(test_cuda_device_count_null),
