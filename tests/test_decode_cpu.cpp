@@ -469,9 +469,24 @@ void test_parameter_errors(void **state) {
                    "out must not overlap k_cache");
   EXPECT_BOTH_FAIL(prm->out = (void *)prm->seq_lens, FD_ERR_INVALID_ARGUMENT,
                    "out must not overlap seq_lens");
-  /* f32 is a CPU-only element type. */
-  EXPECT_BOTH_FAIL((prm->device.type = FD_DEVICE_CUDA, prm->dtype = FD_DTYPE_F32),
-                   FD_ERR_UNSUPPORTED, "dtype f32");
+}
+
+/* f32 is a CPU-only element type: refused for CUDA before the device is looked at. */
+void test_f32_on_cuda_unsupported(void **state) {
+  (void)state;
+  Case c;
+  c.dtype = FD_DTYPE_F32;
+  c.hq = 8, c.hkv = 2, c.dim = 128, c.bs = 16, c.mbps = 2, c.batch = 2;
+  c.lens = {17, 32};
+  Problem p = build(c);
+  fd_decode_params prm = params_for(p);
+  prm.device.type = FD_DEVICE_CUDA;
+  const std::vector<uint8_t> before = p.out;
+  FD_ASSERT_FAILS(fd_decode(&prm), FD_ERR_UNSUPPORTED, "dtype f32");
+  assert_memory_equal(before.data(), p.out.data(), before.size());
+  size_t bytes = 12345;
+  FD_ASSERT_FAILS(fd_decode_workspace_size(&prm, &bytes), FD_ERR_UNSUPPORTED, "dtype f32");
+  assert_int_equal(bytes, 12345);
 }
 
 void test_stride_errors(void **state) {
@@ -560,6 +575,7 @@ int main(void) {
       cmocka_unit_test(test_params_init),
       cmocka_unit_test(test_older_struct_size),
       cmocka_unit_test(test_parameter_errors),
+      cmocka_unit_test(test_f32_on_cuda_unsupported),
       cmocka_unit_test(test_stride_errors),
       cmocka_unit_test(test_index_errors),
       cmocka_unit_test(test_workspace_size_and_devices),
