@@ -148,9 +148,18 @@ template <bool kDimMajor, int D>
 __device__ __forceinline__ void copy_coords(int tid, int i, int &r, int &c, int &token) {
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
   const int q = tid + kThreads * i;
-  r = q / kChunks;
-  c = q % kChunks;
-  token = kDimMajor ? c * 8 : r;
+  if (kDimMajor) {
+    // Dims fastest: a warp copies 32 consecutive dim rows of one 8-token
+    // chunk, which are contiguous (512 bytes) in a block of 8 tokens.
+    r = q % D;
+    c = q / D;
+    token = c * 8;
+  } else {
+    // Dims fastest within a token: a warp copies whole 256-byte token rows.
+    r = q / kChunks;
+    c = q % kChunks;
+    token = r;
+  }
 }
 
 struct Params {
@@ -470,56 +479,78 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
   }
 }
 
-// Combines the split-KV partials of one (row, q head) and a 32-dim slice:
-// weights exp2(m_s - max) in shared memory, 8 split lanes summed in a fixed
-// order. Only partitions that hold tokens are read; an empty row gives zeros.
-template <class T>
+// Combines the split-KV partials: one warp per (row, q head). Lane s holds
+// the max and sum of splits s, s+32, ...; the weights exp2(m_s - max) stay in
+// registers and reach every lane by shuffle; each lane accumulates D/32 dims
+// over the splits in a fixed order. Only partitions that hold tokens are
+// read; an empty row gives zeros. Few dependent memory round trips per warp,
+// so the merge costs a few microseconds, not a wave of latency chains.
+template <class T, int D>
 __global__ void __launch_bounds__(256)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
-                        const int32_t *__restrict__ seq_lens, void *out, int num_q_heads,
-                        int head_dim, int num_splits, int split_tokens, int max_len) {
-  __shared__ float w[kDecodeMaxSplits];
-  __shared__ float lsum[kDecodeMaxSplits];
-  __shared__ float acc[8][32];
-  const int qh = blockIdx.x;
+                        const int32_t *__restrict__ seq_lens, void *out, int rows_heads,
+                        int num_q_heads, int num_splits, int split_tokens, int max_len) {
+  constexpr int kPer = D / 32;
+  static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
+  const int lane = threadIdx.x & 31;
+  const int qh = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (qh >= rows_heads) return;
   const int row = qh / num_q_heads;
-  const int x = threadIdx.x, y = threadIdx.y;
-  const int tid = y * 32 + x;
-  const int d = blockIdx.y * 32 + x;
   int len = seq_lens[row];
   len = len < 0 ? 0 : (len > max_len ? max_len : len);
   int nv = (len + split_tokens - 1) / split_tokens;
   nv = nv > num_splits ? num_splits : nv;
-  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * head_dim + d;
+  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * D + lane * kPer;
   if (nv == 0) {
-    if (y == 0) *dst = Mma<T>::from_float(0.f);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(0.f);
     return;
   }
   const float *ml = partial_ml + static_cast<int64_t>(qh) * num_splits * 2;
-  for (int s = tid; s < nv; s += 256) {
-    w[s] = ml[2 * s];
-    lsum[s] = ml[2 * s + 1];
-  }
-  __syncthreads();
+  float m[4], l[4];
   float mx = neg_inf();
-  for (int s = 0; s < nv; ++s) mx = fmaxf(mx, w[s]);
-  __syncthreads();
-  for (int s = tid; s < nv; s += 256) w[s] = exp2f(w[s] - mx);
-  __syncthreads();
-  float total = 0.f;
-  for (int s = 0; s < nv; ++s) total += w[s] * lsum[s];
-  const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * head_dim + d;
-  float a = 0.f;
-#pragma unroll 4
-  for (int s = y; s < nv; s += 8) a += w[s] * po[static_cast<int64_t>(s) * head_dim];
-  acc[y][x] = a;
-  __syncthreads();
-  if (y == 0) {
-    float sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) sum += acc[k][x];
-    *dst = Mma<T>::from_float(total > 0.f ? sum / total : 0.f);
+  for (int k = 0; k < 4; ++k) {
+    const int s = lane + 32 * k;
+    m[k] = s < nv ? ml[2 * s] : neg_inf();
+    l[k] = s < nv ? ml[2 * s + 1] : 0.f;
+    mx = fmaxf(mx, m[k]);
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    m[k] = exp2f(m[k] - mx);  // now the weight of split lane + 32k
+    total += m[k] * l[k];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * D + lane * kPer;
+  float acc[kPer];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
+#pragma unroll 4
+  for (int s = 0; s < nv; ++s) {
+    const int k = s >> 5;
+    const float src = k == 0 ? m[0] : (k == 1 ? m[1] : (k == 2 ? m[2] : m[3]));
+    const float w = __shfl_sync(0xffffffffu, src, s & 31);
+    const float *p = po + static_cast<int64_t>(s) * D;
+    if (kPer == 4) {
+      const float4 v = *reinterpret_cast<const float4 *>(p);
+      acc[0] += w * v.x;
+      acc[1] += w * v.y;
+      acc[2 % kPer] += w * v.z;
+      acc[3 % kPer] += w * v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2 *>(p);
+      acc[0] += w * v.x;
+      acc[1 % kPer] += w * v.y;
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(acc[e] * inv);
 }
 
 }  // namespace detail
@@ -564,10 +595,10 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   kernel<<<grid, detail::kThreads, Cfg::kSmemBytes, l.stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || l.num_splits == 1) return err;
-  const dim3 mgrid(static_cast<unsigned>(l.batch * l.num_kv_heads * l.group_size),
-                   static_cast<unsigned>(D / 32));
-  detail::decode_merge_kernel<T><<<mgrid, dim3(32, 8), 0, l.stream>>>(
-      l.partial_o, l.partial_ml, l.seq_lens, l.out, l.num_kv_heads * l.group_size, D,
+  const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
+  detail::decode_merge_kernel<T, D><<<static_cast<unsigned>((rows_heads + 7) / 8), 256, 0,
+                                      l.stream>>>(
+      l.partial_o, l.partial_ml, l.seq_lens, l.out, rows_heads, l.num_kv_heads * l.group_size,
       l.num_splits, l.tiles_per_split * kDecodeTileTokens, l.max_blocks_per_seq << l.block_size_log2);
   return cudaGetLastError();
 }

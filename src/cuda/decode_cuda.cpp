@@ -19,12 +19,16 @@ namespace fd {
 namespace {
 
 constexpr int kTile = cuda::kDecodeTileTokens;
-// Auto splitting aims at one full wave of resident CTAs (SMs x CTAs per SM),
-// keeps every partition at least this long (shorter ones cost more in
+// Auto splitting (choose_splits) models waves of resident CTAs, keeps every
+// partition at least this long (shorter ones cost more in
 // merge traffic and per-CTA start-up than they gain in parallelism)...
 constexpr int kMinSplitTokens = 256;
 // ...and cuts rows longer than this so ragged batches balance across SMs.
 constexpr int kMaxSplitTokens = 4096;
+// Modelled start/drain cost of one CTA and the cost of the merge launch, in
+// units of one tile's streaming time (measured on an H200, docs/kernel-design.md).
+constexpr double kCtaCostTiles = 1.5;
+constexpr double kMergeCostTiles = 2.0;
 
 void check_cuda(cudaError_t err, const char *what) {
   if (err != cudaSuccess)
@@ -124,12 +128,25 @@ SplitPlan choose_splits(const DecodeProblem &pb, bool limit_by_workspace) {
   const int tiles_total = (max_len + kTile - 1) / kTile;
   if (pb.num_splits == 1) return make_plan(tiles_total, 1);
   if (pb.num_splits > 1) return make_plan(tiles_total, pb.num_splits);
+  // Pick the count with the least modelled time: CTAs run in waves of
+  // `slots` resident CTAs, each wave lasts its CTAs' tiles plus a fixed
+  // start/drain cost; splitting adds that cost per CTA and a merge. A count
+  // that leaves a nearly empty last wave loses to one that fills it.
   const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads;
-  const int64_t target = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
-                         cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim));
-  int64_t wanted = ctas >= target ? 1 : (target + ctas - 1) / ctas;
-  const int64_t by_min_len = (max_len + kMinSplitTokens - 1) / kMinSplitTokens;
-  if (wanted > by_min_len) wanted = by_min_len;
+  const int64_t slots = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
+                        cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim));
+  int64_t limit = (max_len + kMinSplitTokens - 1) / kMinSplitTokens;
+  if (limit > cuda::kDecodeMaxSplits) limit = cuda::kDecodeMaxSplits;
+  int64_t wanted = 1;
+  double best = 0;
+  for (int64_t s = 1; s <= limit; ++s) {
+    const int64_t per_cta = (tiles_total + s - 1) / s;
+    const int64_t waves = (ctas * s + slots - 1) / slots;
+    const double cost =
+        static_cast<double>(waves) * (static_cast<double>(per_cta) + kCtaCostTiles) +
+        (s > 1 ? kMergeCostTiles : 0.0);
+    if (s == 1 || cost < best * 0.98) best = cost, wanted = s;
+  }
   const int64_t by_max_len = (max_len + kMaxSplitTokens - 1) / kMaxSplitTokens;
   if (wanted < by_max_len) wanted = by_max_len;
   SplitPlan plan = make_plan(tiles_total, static_cast<int>(wanted));
