@@ -61,10 +61,6 @@ namespace {
 
 using namespace fdmodel;
 
-/* TEMPORARY skips for open findings in /tmp/fd_findings/cache.md; each must be
- * removed once the finding is resolved. */
-constexpr bool kSkipF2WriteLayerPastEnd = true;  // F2: layer == num_layers writes out of bounds
-
 /* ------------------------------------------------------------------------ */
 /* Random numbers (splitmix64, so a seed reproduces a run exactly). */
 struct Rng {
@@ -120,12 +116,22 @@ const char *const kStatusShort[kStatusSlots] = {"OK",    "ARG",    "OOB",   "NF"
 struct Stats {
   uint64_t n[kOpKinds][kStatusSlots] = {};
   uint64_t ops = 0, episodes = 0, storage_checks = 0;
+  /* Rare paths: model events summed over caches, and handle kinds used. */
+  uint64_t multi_block_releases = 0, lru_evictions = 0, history_drops = 0;
+  uint64_t handles[7] = {};  // by HandleKind
   void add(OpKind k, fd_status s) {
     const int i = static_cast<int>(s);
     ++n[k][i >= 0 && i < kStatusSlots ? i : kStatusSlots - 1];
   }
   std::string line() const {
-    std::string out;
+    std::string out = " events{multi_block_releases:" + dec(multi_block_releases) +
+                      ",lru_evictions:" + dec(lru_evictions) +
+                      ",history_drops:" + dec(history_drops) + "} handles{";
+    static const char *const kKinds[7] = {"open",           "stale_open", "committed",   "aborted",
+                                          "stale_finished", "dropped",    "never_issued"};
+    for (int i = 0; i < 7; ++i)
+      out += std::string(i ? "," : "") + kKinds[i] + ":" + dec(handles[i]);
+    out += "}";
     for (int k = 0; k < kOpKinds; ++k) {
       out += " ";
       out += kOpNames[k];
@@ -169,7 +175,14 @@ class Episode {
  public:
   Episode(uint64_t seed, uint64_t episode, Rng &rng, Stats &stats, bool trace)
       : seed_(seed), episode_(episode), rng_(rng), stats_(stats), trace_(trace) {}
-  ~Episode() { fd_cache_destroy(cache_); }
+  ~Episode() {
+    if (model_) {
+      stats_.multi_block_releases += m().events().multi_block_releases;
+      stats_.lru_evictions += m().events().lru_evictions;
+      stats_.history_drops += m().events().history_drops;
+    }
+    fd_cache_destroy(cache_);
+  }
   Episode(const Episode &) = delete;
   Episode &operator=(const Episode &) = delete;
 
@@ -319,6 +332,8 @@ class Episode {
     return prefix_name(rng_.below(8));
   }
   fd_tx current_handle() const { return fd_tx{m().tx()->id, m().tx()->version}; }
+  /* Counts the kind of handle a transaction call uses. */
+  void note_handle(fd_tx h) { ++stats_.handles[static_cast<int>(m().classify(h))]; }
   /* A handle that does not name the open transaction in a valid way. */
   fd_tx pick_bad_handle() {
     const uint64_t next = m().next_tx_id();
@@ -529,6 +544,7 @@ class Episode {
     Buffer k = make_kv(rows, tag), v = make_kv(rows, tag + 7777);
     desc_ = "fd_tx_write_layer(" + tx_str(h) + ", layer " + dec(layer) + ", k " +
             (bad == 1 ? "NULL" : "ok") + ", v " + (bad == 2 ? "NULL" : "ok") + ")";
+    note_handle(h);
     const std::vector<Fault> f = m().faults_write(h, layer, bad != 0);
     const fd_status s = fd_tx_write_layer(cache_, h, layer, bad == 1 ? nullptr : k.data(),
                                           bad == 2 ? nullptr : v.data(), nullptr);
@@ -609,6 +625,7 @@ class Episode {
     desc_ = "fd_tx_write_layer_rope(" + tx_str(h) + ", layer " + dec(layer) + ", num_q_heads " +
             dec(hq) + ", rotary_dim " + dec(a.rotary_dim) + ", base " + std::to_string(a.base) +
             (a.in_place ? ", in place" : "") + ", args " + what + ")";
+    note_handle(h);
     const std::vector<Fault> f = m().faults_write(h, layer, bad != 0);
     const fd_status s = fd_tx_write_layer_rope(cache_, h, layer, a.null_q ? nullptr : q.data(), hq,
                                                a.null_k ? nullptr : k.data(), v.data(),
@@ -665,7 +682,6 @@ class Episode {
       case 0: {  // wrong layer
         uint32_t layer = rng_.below32(L() + 1);
         if (layer == t.next_layer && t.next_layer < L()) layer = (layer + 1) % (L() + 1);
-        if (kSkipF2WriteLayerPastEnd && layer == L()) layer = rng_.below32(L());
         return rng_.chance(0.5) || D() < 2 ? op_write(current_handle(), layer, 0)
                                            : op_write_rope(current_handle(), layer, 0);
       }
@@ -683,6 +699,7 @@ class Episode {
 
   bool op_commit(fd_tx h) {
     desc_ = "fd_tx_commit(" + tx_str(h) + ")";
+    note_handle(h);
     const std::vector<Fault> f = m().faults_commit(h);
     const Outcome o = settle(kOpCommit, fd_tx_commit(cache_, h), f);
     if (o == Outcome::kSucceeded) expect_version_ = m().apply_commit();
@@ -691,6 +708,7 @@ class Episode {
 
   bool op_abort(fd_tx h) {
     desc_ = "fd_tx_abort(" + tx_str(h) + ")";
+    note_handle(h);
     const std::vector<Fault> f = m().faults_abort(h);
     const Outcome o = settle(kOpAbort, fd_tx_abort(cache_, h), f);
     if (o == Outcome::kSucceeded) expect_version_ = m().apply_abort();
@@ -713,6 +731,7 @@ class Episode {
   bool op_view(fd_tx h) {
     const bool open = m().classify(h) == HandleKind::kOpen;
     const uint32_t batch = open ? static_cast<uint32_t>(m().tx()->ids.size()) : 4;
+    note_handle(h);
     std::vector<Fault> f = m().handle_faults(h, true, kNoEffect);
     switch (rng_.below(3)) {
       case 0: {
