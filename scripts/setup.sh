@@ -63,9 +63,9 @@ flashdec_setup() {
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
   if flashdec_have nvcc; then
-    echo "setup: nvcc found ($(command -v nvcc)): the CUDA backend will be built"
+    echo "setup: nvcc found ($(command -v nvcc))"
   else
-    echo "setup: no nvcc: CPU-only build"
+    echo "setup: no nvcc (FLASHDEC_CUDA=AUTO builds the CPU backend only)"
   fi
 }
 
