@@ -48,6 +48,6 @@ flashdec_configure() {
 flashdec_build() {  # [targets...]
   local targets=()
   for t in "$@"; do targets+=(--target "$t"); done
-  echo "== build $build_dir ${*:-(all)} with $jobs jobs"
+  echo "== build in $build_dir: ${*:-all targets} ($jobs jobs)"
   cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
 }

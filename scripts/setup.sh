@@ -21,17 +21,21 @@ flashdec_cmake_ok() {
   [ "${1:-0}" -gt 3 ] || { [ "${1:-0}" -eq 3 ] && [ "${2:-0}" -ge 25 ]; }
 }
 
+# Debian packages of the tools that are missing, one per line.
+flashdec_missing() {
+  flashdec_cmake_ok || echo cmake
+  flashdec_have ninja || echo ninja-build
+  flashdec_have g++ || echo g++
+  flashdec_have cc || echo gcc
+  flashdec_have pkg-config || echo pkg-config
+  flashdec_have doxygen || echo doxygen
+  { flashdec_have nm && flashdec_have readelf; } || echo binutils
+  [ -f /usr/include/cmocka.h ] || echo libcmocka-dev
+}
+
 flashdec_setup() {
   local missing=()
-  flashdec_cmake_ok || missing+=(cmake)
-  flashdec_have ninja || missing+=(ninja-build)
-  flashdec_have g++ || missing+=(g++)
-  flashdec_have cc || missing+=(gcc)
-  flashdec_have pkg-config || missing+=(pkg-config)
-  flashdec_have doxygen || missing+=(doxygen)
-  { flashdec_have nm && flashdec_have readelf; } || missing+=(binutils)
-  [ -f /usr/include/cmocka.h ] || missing+=(libcmocka-dev)
-
+  mapfile -t missing < <(flashdec_missing)
   if [ ${#missing[@]} -gt 0 ]; then
     local sudo=()
     if [ "$(id -u)" -ne 0 ]; then
@@ -50,6 +54,11 @@ flashdec_setup() {
     "${sudo[@]}" apt-get update -qq
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends "${missing[@]}" > /dev/null
+    mapfile -t missing < <(flashdec_missing | grep -vx cmake)
+    if [ ${#missing[@]} -gt 0 ]; then
+      echo "setup: still missing after apt-get install: ${missing[*]}" >&2
+      return 1
+    fi
   fi
   if ! flashdec_cmake_ok; then
     # An older distribution: take CMake from PyPI instead.
