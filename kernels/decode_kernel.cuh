@@ -143,19 +143,23 @@ struct TileShape {
 };
 
 // Which (row, chunk) of the staged tile the thread's i-th copy fills, and the
-// token (relative to the tile) it starts at.
+// token (relative to the tile) it starts at. Consecutive lanes take
+// consecutive 16-byte pieces of memory: whole 256/128-byte token rows
+// (token-major), or a block's [dim][block_size] slab in memory order
+// (dim-major, `cpb_log2` = log2(block_size / 8) chunks per dim row), so every
+// warp-wide copy reads 512 contiguous bytes of packed storage.
 template <bool kDimMajor, int D>
-__device__ __forceinline__ void copy_coords(int tid, int i, int &r, int &c, int &token) {
+__device__ __forceinline__ void copy_coords(int tid, int i, int cpb_log2, int &r, int &c,
+                                            int &token) {
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
   const int q = tid + kThreads * i;
   if (kDimMajor) {
-    // Dims fastest: a warp copies 32 consecutive dim rows of one 8-token
-    // chunk, which are contiguous (512 bytes) in a block of 8 tokens.
-    r = q % D;
-    c = q / D;
+    const int per_block_log2 = cpb_log2 + (D == 128 ? 7 : 6);  // chunks of one block
+    const int within = q & ((1 << per_block_log2) - 1);
+    r = within >> cpb_log2;
+    c = ((q >> per_block_log2) << cpb_log2) + (within & ((1 << cpb_log2) - 1));
     token = c * 8;
   } else {
-    // Dims fastest within a token: a warp copies whole 256-byte token rows.
     r = q / kChunks;
     c = q % kChunks;
     token = r;
@@ -196,6 +200,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
   const int row = rest / p.num_kv_heads;
   const int bs_log2 = p.block_size_log2;
   const int bs_mask = (1 << bs_log2) - 1;
+  const int cpb_log2 = bs_log2 - 3;
   const int max_len = p.max_blocks_per_seq << bs_log2;
 
   int seq_len = p.seq_lens[row];
@@ -223,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
 #pragma unroll
     for (int i = 0; i < kNch; ++i) {
       int r, c, token;
-      copy_coords<kDimMajor, D>(tid, i, r, c, token);
+      copy_coords<kDimMajor, D>(tid, i, cpb_log2, r, c, token);
       const int t = tok0 + token;
       int id = -1;
       if (t < seq_len) {
@@ -240,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
 #pragma unroll
     for (int i = 0; i < kNch; ++i) {
       int r, c, token;
-      copy_coords<kDimMajor, D>(tid, i, r, c, token);
+      copy_coords<kDimMajor, D>(tid, i, cpb_log2, r, c, token);
       const int t = tok0 + token;
       const bool valid = ids[i] >= 0;
       int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
@@ -479,75 +484,92 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
   }
 }
 
-// Combines the split-KV partials: one warp per (row, q head). Lane s holds
-// the max and sum of splits s, s+32, ...; the weights exp2(m_s - max) stay in
-// registers and reach every lane by shuffle; each lane accumulates D/32 dims
-// over the splits in a fixed order. Only partitions that hold tokens are
-// read; an empty row gives zeros. Few dependent memory round trips per warp,
-// so the merge costs a few microseconds, not a wave of latency chains.
+// Combines the split-KV partials. `wph` warps (1, 2, 4 or 8) serve one
+// (row, q head): each computes the max and the weights exp2(m_s - max) of all
+// splits from registers and shuffles, accumulates D/32 dims per lane over its
+// share of the splits (s = part, part + wph, ...), and the shares are added
+// through shared memory in a fixed order. Only partitions that hold tokens
+// are read; an empty row gives zeros. Few dependent memory round trips per
+// warp, and enough warps per head when there are many splits.
 template <class T, int D>
 __global__ void __launch_bounds__(256)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, void *out, int rows_heads,
-                        int num_q_heads, int num_splits, int split_tokens, int max_len) {
+                        int num_q_heads, int num_splits, int split_tokens, int max_len,
+                        int wph) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
+  __shared__ float share[8][D];
   const int lane = threadIdx.x & 31;
-  const int qh = blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (qh >= rows_heads) return;
-  const int row = qh / num_q_heads;
-  int len = seq_lens[row];
-  len = len < 0 ? 0 : (len > max_len ? max_len : len);
-  int nv = (len + split_tokens - 1) / split_tokens;
-  nv = nv > num_splits ? num_splits : nv;
-  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * D + lane * kPer;
-  if (nv == 0) {
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(0.f);
-    return;
+  const int warp = threadIdx.x >> 5;
+  const int part = warp % wph;
+  const int qh = blockIdx.x * (8 / wph) + warp / wph;
+  const bool active = qh < rows_heads;
+  int nv = 0;
+  if (active) {
+    int len = seq_lens[qh / num_q_heads];
+    len = len < 0 ? 0 : (len > max_len ? max_len : len);
+    nv = (len + split_tokens - 1) / split_tokens;
+    nv = nv > num_splits ? num_splits : nv;
   }
-  const float *ml = partial_ml + static_cast<int64_t>(qh) * num_splits * 2;
-  float m[4], l[4];
-  float mx = neg_inf();
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int s = lane + 32 * k;
-    m[k] = s < nv ? ml[2 * s] : neg_inf();
-    l[k] = s < nv ? ml[2 * s + 1] : 0.f;
-    mx = fmaxf(mx, m[k]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float total = 0.f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    m[k] = exp2f(m[k] - mx);  // now the weight of split lane + 32k
-    total += m[k] * l[k];
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-  const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * D + lane * kPer;
   float acc[kPer];
 #pragma unroll
   for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
+  float total = 0.f;
+  if (nv > 0) {
+    const float *ml = partial_ml + static_cast<int64_t>(qh) * num_splits * 2;
+    float m[4], l[4];
+    float mx = neg_inf();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int s = lane + 32 * k;
+      m[k] = s < nv ? ml[2 * s] : neg_inf();
+      l[k] = s < nv ? ml[2 * s + 1] : 0.f;
+      mx = fmaxf(mx, m[k]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m[k] = exp2f(m[k] - mx);  // now the weight of split lane + 32k
+      total += m[k] * l[k];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * D + lane * kPer;
 #pragma unroll 4
-  for (int s = 0; s < nv; ++s) {
-    const int k = s >> 5;
-    const float src = k == 0 ? m[0] : (k == 1 ? m[1] : (k == 2 ? m[2] : m[3]));
-    const float w = __shfl_sync(0xffffffffu, src, s & 31);
-    const float *p = po + static_cast<int64_t>(s) * D;
-    if (kPer == 4) {
-      const float4 v = *reinterpret_cast<const float4 *>(p);
-      acc[0] += w * v.x;
-      acc[1] += w * v.y;
-      acc[2 % kPer] += w * v.z;
-      acc[3 % kPer] += w * v.w;
-    } else {
-      const float2 v = *reinterpret_cast<const float2 *>(p);
-      acc[0] += w * v.x;
-      acc[1 % kPer] += w * v.y;
+    for (int s = part; s < nv; s += wph) {
+      const int k = s >> 5;
+      const float src = k == 0 ? m[0] : (k == 1 ? m[1] : (k == 2 ? m[2] : m[3]));
+      const float w = __shfl_sync(0xffffffffu, src, s & 31);
+      const float *p = po + static_cast<int64_t>(s) * D;
+      if (kPer == 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(p);
+        acc[0] += w * v.x;
+        acc[1] += w * v.y;
+        acc[2 % kPer] += w * v.z;
+        acc[3 % kPer] += w * v.w;
+      } else {
+        const float2 v = *reinterpret_cast<const float2 *>(p);
+        acc[0] += w * v.x;
+        acc[1 % kPer] += w * v.y;
+      }
     }
   }
+  if (wph > 1) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) share[warp][lane * kPer + e] = acc[e];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      float sum = 0.f;
+      for (int w = 0; w < wph; ++w) sum += share[warp + w][lane * kPer + e];
+      acc[e] = sum;
+    }
+  }
+  if (!active) return;
+  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * D + lane * kPer;
   const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(acc[e] * inv);
@@ -596,10 +618,16 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   err = cudaGetLastError();
   if (err != cudaSuccess || l.num_splits == 1) return err;
   const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
-  detail::decode_merge_kernel<T, D><<<static_cast<unsigned>((rows_heads + 7) / 8), 256, 0,
-                                      l.stream>>>(
-      l.partial_o, l.partial_ml, l.seq_lens, l.out, rows_heads, l.num_kv_heads * l.group_size,
-      l.num_splits, l.tiles_per_split * kDecodeTileTokens, l.max_blocks_per_seq << l.block_size_log2);
+  // Warps per (row, head): about 8 splits per warp, at most 8 warps.
+  int wph = 1;
+  while (wph < 8 && wph * 8 < l.num_splits) wph *= 2;
+  const int heads_per_cta = 8 / wph;
+  detail::decode_merge_kernel<T, D>
+      <<<static_cast<unsigned>((rows_heads + heads_per_cta - 1) / heads_per_cta), 256, 0,
+         l.stream>>>(l.partial_o, l.partial_ml, l.seq_lens, l.out, rows_heads,
+                     l.num_kv_heads * l.group_size, l.num_splits,
+                     l.tiles_per_split * kDecodeTileTokens,
+                     l.max_blocks_per_seq << l.block_size_log2, wph);
   return cudaGetLastError();
 }
 

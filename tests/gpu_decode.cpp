@@ -443,7 +443,7 @@ void expect_untouched(const Host &h, const Dev &d) {
 void test_errors(void **state) {
   (void)state;
   Case c;
-  c.lens = {40, 17};
+  c.lens = {400, 17}; /* long enough that 4 splits fit */
   c.group = 2;
   c.hkv = 2;
   c.dim = 64;
@@ -479,7 +479,7 @@ void test_errors(void **state) {
   expect_untouched(h, d);
 
   /* FD_DECODE_CHECK_INDICES validates device-resident indices. */
-  const int32_t bad_len[2] = {40, 100000};
+  const int32_t bad_len[2] = {400, 100000};
   CUDA_OK(cudaMemcpy(d.lens, bad_len, sizeof bad_len, cudaMemcpyHostToDevice));
   p = base, p.flags = FD_DECODE_CHECK_INDICES;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "seq_lens[1]");
