@@ -194,12 +194,16 @@ class Episode {
     static const uint32_t kDims[] = {1, 2, 3, 4, 6, 8};
     c.head_dim = kDims[rng_.below(6)];
     c.block_size = 1 + rng_.below32(8);
-    c.max_blocks = 2 + rng_.below32(15);
+    /* Mostly tiny pools, so capacity pressure is constant; sometimes a wider
+     * one with more requests and bigger batches. */
+    const bool wide = rng_.chance(0.15);
+    c.max_blocks = wide ? 17 + rng_.below32(48) : 2 + rng_.below32(15);
     c.prefix_cache_capacity_blocks = rng_.chance(0.3) ? 0 : 1 + rng_.below32(c.max_blocks);
     static const int32_t kTypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
     c.dtype = kTypes[rng_.below(3)];
     c.layout = rng_.chance(0.5) ? FD_LAYOUT_TOKEN_MAJOR : FD_LAYOUT_DIM_MAJOR;
-    max_active_ = 2 + rng_.below32(7);
+    max_active_ = wide ? 8 + rng_.below32(9) : 2 + rng_.below32(7);
+    max_batch_ = wide ? 8 : 5;
     config_desc_ = "layers " + dec(c.num_layers) + ", kv_heads " + dec(c.num_kv_heads) +
                    ", head_dim " + dec(c.head_dim) + ", block_size " + dec(c.block_size) +
                    ", max_blocks " + dec(c.max_blocks) + ", prefix_capacity " +
@@ -209,6 +213,11 @@ class Episode {
     const fd_status s = fd_cache_create(&c, &cache_);
     if (s != FD_OK)
       return mismatch("expected FD_OK, got " + status_name(s) + ": " + fd_last_error_message());
+    fd_cache_config got;
+    std::memset(&got, 0, sizeof got);
+    got.struct_size = sizeof got;
+    if (fd_cache_get_config(cache_, &got) != FD_OK || std::memcmp(&got, &c, sizeof c) != 0)
+      return mismatch("fd_cache_get_config does not return the configuration given to create");
     model_.emplace(c);
     shadow_.emplace(c);
     if (fd_cache_state_version(cache_, &version_) != FD_OK)
@@ -313,7 +322,7 @@ class Episode {
   std::vector<uint64_t> pick_active_batch() {
     std::vector<uint64_t> a = m().active_ids();
     for (size_t i = a.size(); i > 1; --i) std::swap(a[i - 1], a[rng_.below(i)]);
-    const size_t n = a.empty() ? 0 : 1 + rng_.below(std::min<size_t>(a.size(), 5));
+    const size_t n = a.empty() ? 0 : 1 + rng_.below(std::min<size_t>(a.size(), max_batch_));
     a.resize(n);
     return a;
   }
@@ -1003,15 +1012,17 @@ class Episode {
         desc_ = "fd_cache_blocks_needed(" + ids_str(ids) + ")";
         const uint64_t dummy = 0;
         uint32_t needed = 12345, freeb = 12345;
-        const Outcome o =
-            settle(kOpCacheQuery,
-                   fd_cache_blocks_needed(cache_, ids.empty() ? &dummy : ids.data(),
-                                          static_cast<uint32_t>(ids.size()), &needed, &freeb),
-                   f);
+        const bool skip_free = rng_.chance(0.3);  // free_blocks may be NULL
+        const Outcome o = settle(kOpCacheQuery,
+                                 fd_cache_blocks_needed(cache_, ids.empty() ? &dummy : ids.data(),
+                                                        static_cast<uint32_t>(ids.size()), &needed,
+                                                        skip_free ? nullptr : &freeb),
+                                 f);
         if (o == Outcome::kMismatch) return false;
         if (o == Outcome::kFailedAsExpected)
           return needed == 12345 && freeb == 12345 ? true
                                                    : mismatch("failed call wrote its outputs");
+        if (skip_free) freeb = static_cast<uint32_t>(m().free_list().size());
         if (freeb != m().free_list().size())
           return mismatch("free_blocks " + dec(freeb) + ", expected " +
                           dec(m().free_list().size()));
@@ -1214,6 +1225,14 @@ class Episode {
           lens(active.size(), -5);
       s = fd_cache_export(cache_, active.data(), static_cast<uint32_t>(active.size()), stride,
                           stride == 0 ? nullptr : tab.data(), lens.data());
+      /* Either output may be NULL: the other is still written. */
+      std::vector<int32_t> lens2(active.size(), -4);
+      const fd_status s2 =
+          fd_cache_export(cache_, active.data(), static_cast<uint32_t>(active.size()), stride,
+                          nullptr, lens2.data());
+      if (s2 != FD_OK || lens2 != lens)
+        return mismatch("fd_cache_export(block_tables NULL) = " + status_name(s2) + ", seq_lens " +
+                        vec_str(lens2) + " vs " + vec_str(lens));
       if (s != FD_OK)
         return mismatch("fd_cache_export(all active, stride " + dec(stride) +
                         ") failed: " + status_name(s) + ": " + fd_last_error_message());
@@ -1312,6 +1331,16 @@ class Episode {
                       vec_str(blk) + " offsets " + vec_str(off) + " effective " + vec_str(eff) +
                       "; expected " + ids_str(t.ids) + " " + vec_str(t.positions) + " " +
                       vec_str(t.block_ids) + " " + vec_str(t.offsets) + " " + vec_str(want_eff));
+    /* Every output may be NULL to skip it. */
+    {
+      const uint64_t mask = rng_.next();
+      std::vector<int32_t> pos2(batch, -3);
+      s = fd_tx_get_rows(cache_, h, batch, nullptr, (mask & 1) ? pos2.data() : nullptr, nullptr,
+                         nullptr, nullptr);
+      if (s != FD_OK || ((mask & 1) && pos2 != t.positions))
+        return mismatch("fd_tx_get_rows with NULL outputs: " + status_name(s) + ", positions " +
+                        vec_str(pos2));
+    }
     const uint32_t stride = width + rng_.below32(2);
     std::vector<int32_t> tab(size_t{batch} * std::max<uint32_t>(stride, 1), -9);
     s = fd_tx_block_tables(cache_, h, stride, tab.data());
@@ -1348,6 +1377,7 @@ class Episode {
   VersionChange expect_version_ = VersionChange::kSame;
   uint64_t version_ = 0, op_index_ = 0, tag_ = 0, next_request_id_ = 1000001;
   uint32_t max_active_ = 4;
+  size_t max_batch_ = 5;
   std::vector<uint64_t> terminal_;
   std::vector<fd_tx> issued_;
 };
