@@ -27,6 +27,13 @@ awk '
     for (s in failed) if (!(s in passed)) printf "  %-32s %3d passed, %d failed\n", s, 0, failed[s]
   }' "$build_dir/Testing/Temporary/LastTest.log" | sort
 
+# Why suites were skipped (GPU suites print "SKIPPED: ..." and exit 77).
+if grep -q '^SKIPPED' "$build_dir/Testing/Temporary/LastTest.log"; then
+  echo "== skipped"
+  awk '/^[0-9]+\/[0-9]+ Testing: / { suite = $3 } /^SKIPPED/ { print "  " suite ": " $0 }' \
+    "$build_dir/Testing/Temporary/LastTest.log"
+fi
+
 # A closing line with the CTest counts.
 total=$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\2/p' "$log" | tail -n 1)
 failed=$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1/p' "$log" | tail -n 1)
