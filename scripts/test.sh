@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test suite (CTest: cmocka suites, ABI and
-# packaging checks, the example). GPU suites report "Skipped" without a GPU.
+# packaging checks, the example; then the language bindings' suites). GPU
+# suites report "Skipped" without a GPU.
 #
 # usage: ./scripts/test.sh [extra ctest arguments, e.g. -L abi or -R cache]
 set -euo pipefail
@@ -34,6 +35,27 @@ if grep -q '^SKIPPED' "$build_dir/Testing/Temporary/LastTest.log"; then
     "$build_dir/Testing/Temporary/LastTest.log"
 fi
 
+# The language bindings' suites (Python, Rust, Go and the parity diff) run
+# against this build's library. They load it from another runtime, which an
+# ASan-instrumented library does not allow, and their Rust part needs cargo.
+bindings_status=0
+if [ -x bindings/run-tests.sh ] || [ -f bindings/run-tests.sh ]; then
+  if [ "$sanitize" = "ON" ]; then
+    echo "== bindings: not run in the sanitizer build"
+  elif ! command -v cargo > /dev/null 2>&1; then
+    echo "== bindings: SKIPPED (no cargo on PATH)"
+  else
+    echo "== bindings: bindings/run-tests.sh against $build_dir"
+    FLASHDEC_LIB_DIR=$build_dir FLASHDEC_BIND_BUILD=$flashdec_root/$build_dir/bindings \
+      JOBS=$jobs bash bindings/run-tests.sh > "$build_dir/bindings.log" 2>&1 || bindings_status=$?
+    grep -E '^(PASS|FAIL): ' "$build_dir/bindings.log" | sed 's/^/  /'
+    if [ "$bindings_status" -ne 0 ]; then
+      tail -n 40 "$build_dir/bindings.log"
+      echo "FAIL: binding suites (full log: $build_dir/bindings.log)" >&2
+    fi
+  fi
+fi
+
 # A closing line with the CTest counts.
 total=$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\2/p' "$log" | tail -n 1)
 failed=$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1/p' "$log" | tail -n 1)
@@ -41,4 +63,5 @@ skipped=$(grep -c '(Skipped)' "$log" || true)
 if [ -n "$total" ]; then
   echo "ctest: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
 fi
+[ "$status" -ne 0 ] || status=$bindings_status
 exit "$status"
