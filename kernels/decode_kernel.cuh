@@ -98,7 +98,9 @@ struct Mma<__half> {
   }
 };
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float neg_inf() {
+  return __int_as_float(0xff800000u);
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -107,8 +109,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
 // 16-byte async copy; a false `valid` writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
   const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -182,8 +183,7 @@ struct Params {
 };
 
 template <class T, int D, bool kDimMajor>
-__global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
-    decode_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
   using Cfg = Config<D>;
   using M = Mma<T>;
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = neg_inf(), m1 = neg_inf();  // running max (base 2) of heads g, g+8
-  float l0 = 0.f, l1 = 0.f;          // this thread's part of the running sums
+  float l0 = 0.f, l1 = 0.f;              // this thread's part of the running sums
   const float scale = p.scale_log2;
   const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
   const int rr = lane & 7;   // ... and which of its rows
@@ -434,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm)
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][D]
-  float *red_m = red_o + kWarps * 16 * D;           // [warp][16]
-  float *red_l = red_m + kWarps * 16;               // [warp][16]
+  float *red_m = red_o + kWarps * 16 * D;          // [warp][16]
+  float *red_l = red_m + kWarps * 16;              // [warp][16]
   {
     float *wo = red_o + warp * 16 * D;
 #pragma unroll
@@ -495,8 +495,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(256)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, void *out, int rows_heads,
-                        int num_q_heads, int num_splits, int split_tokens, int max_len,
-                        int wph) {
+                        int num_q_heads, int num_splits, int split_tokens, int max_len, int wph) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
   __shared__ float share[8][D];
@@ -586,8 +585,8 @@ template <class T, int D, bool kDimMajor>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   using Cfg = detail::Config<D>;
   auto kernel = detail::decode_kernel<T, D, kDimMajor>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   detail::Params p;
   p.q = l.q;
@@ -611,9 +610,8 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.scale_log2 = l.scale_log2;
   p.partial_o = l.partial_o;
   p.partial_ml = l.partial_ml;
-  const unsigned grid =
-      static_cast<unsigned>(l.batch) * static_cast<unsigned>(l.num_kv_heads) *
-      static_cast<unsigned>(l.num_splits);
+  const unsigned grid = static_cast<unsigned>(l.batch) * static_cast<unsigned>(l.num_kv_heads) *
+                        static_cast<unsigned>(l.num_splits);
   kernel<<<grid, detail::kThreads, Cfg::kSmemBytes, l.stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || l.num_splits == 1) return err;
