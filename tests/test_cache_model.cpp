@@ -981,9 +981,9 @@ class Episode {
         std::vector<Fault> f;
         for (uint64_t id : ids) {
           if (m().find(id) == nullptr)
-            f.push_back({FD_ERR_NOT_FOUND, "", dec(id), kNoEffect});
+            f.push_back({FD_ERR_NOT_FOUND, dec(id), dec(id), kNoEffect});
           else if (!m().is_active(id))
-            f.push_back({FD_ERR_INVALID_STATE, "", dec(id), kNoEffect});
+            f.push_back({FD_ERR_INVALID_STATE, dec(id), dec(id), kNoEffect});
         }
         return query_export(ids, 64, f);
       }
@@ -1001,9 +1001,9 @@ class Episode {
         if (rng_.chance(0.5)) {
           const uint64_t bad = rng_.chance(0.3) && !ids.empty() ? ids.front() : pick_bad_id();
           if (m().find(bad) == nullptr)
-            f.push_back({FD_ERR_NOT_FOUND, "", dec(bad), kNoEffect});
+            f.push_back({FD_ERR_NOT_FOUND, dec(bad), dec(bad), kNoEffect});
           else if (!m().is_active(bad))
-            f.push_back({FD_ERR_INVALID_STATE, "", dec(bad), kNoEffect});
+            f.push_back({FD_ERR_INVALID_STATE, dec(bad), dec(bad), kNoEffect});
           else
             f.push_back({FD_ERR_INVALID_ARGUMENT, "", "", kNoEffect});  // duplicate
           ids.push_back(bad);
@@ -1074,9 +1074,9 @@ class Episode {
         ids.push_back(bad);
         std::vector<Fault> f;
         if (m().find(bad) == nullptr)
-          f.push_back({FD_ERR_NOT_FOUND, "", dec(bad), kNoEffect});
+          f.push_back({FD_ERR_NOT_FOUND, dec(bad), dec(bad), kNoEffect});
         else
-          f.push_back({FD_ERR_INVALID_STATE, "", dec(bad), kNoEffect});
+          f.push_back({FD_ERR_INVALID_STATE, dec(bad), dec(bad), kNoEffect});
         desc_ = "fd_cache_max_blocks_per_seq(" + ids_str(ids) + ")";
         uint32_t w = 4242;
         const Outcome o = settle(

@@ -266,7 +266,7 @@ class CacheModel {
     if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
     const Request *r = find(id);
     if (r != nullptr && r->state != FD_REQUEST_ACTIVE)
-      f.push_back({FD_ERR_INVALID_STATE, "", dec(id), kNoEffect});
+      f.push_back({FD_ERR_INVALID_STATE, dec(id), dec(id), kNoEffect});
     return f;
   }
   VersionChange apply_add(uint64_t id) {
@@ -280,9 +280,9 @@ class CacheModel {
     if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
     const Request *r = find(id);
     if (r == nullptr)
-      f.push_back({FD_ERR_NOT_FOUND, "", dec(id), kNoEffect});
+      f.push_back({FD_ERR_NOT_FOUND, dec(id), dec(id), kNoEffect});
     else if (r->state != FD_REQUEST_ACTIVE)
-      f.push_back({FD_ERR_INVALID_STATE, "", dec(id), kNoEffect});
+      f.push_back({FD_ERR_INVALID_STATE, dec(id), dec(id), kNoEffect});
     return f;
   }
   VersionChange apply_close(uint64_t id, bool finished) {
@@ -314,15 +314,16 @@ class CacheModel {
     if (ids.empty()) f.push_back({FD_ERR_INVALID_ARGUMENT, "", "", fx});
     std::vector<uint64_t> sorted = ids;
     std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-      f.push_back({FD_ERR_INVALID_ARGUMENT, "", "", fx});
+    for (size_t i = 1; i < sorted.size(); ++i)  // the message names the duplicate id
+      if (sorted[i] == sorted[i - 1])
+        f.push_back({FD_ERR_INVALID_ARGUMENT, dec(sorted[i]), dec(sorted[i]), fx});
     if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", fx});
     for (uint64_t id : ids) {
       const Request *r = find(id);
       if (r == nullptr)
-        f.push_back({FD_ERR_NOT_FOUND, "", dec(id), fx});
+        f.push_back({FD_ERR_NOT_FOUND, dec(id), dec(id), fx});
       else if (r->state != FD_REQUEST_ACTIVE)
-        f.push_back({FD_ERR_INVALID_STATE, "", dec(id), fx});
+        f.push_back({FD_ERR_INVALID_STATE, dec(id), dec(id), fx});
     }
     if (f.empty() && blocks_needed(ids) > free_.size())
       f.push_back({FD_ERR_OUT_OF_BLOCKS, "", "", kCapacityFailure | kTxFailure});
@@ -452,7 +453,7 @@ class CacheModel {
     if (id.empty() || n == 0 || null_data)
       f.push_back({FD_ERR_INVALID_ARGUMENT, "", "", kNoEffect});
     if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
-    if (prefixes_.count(id) != 0) f.push_back({FD_ERR_ALREADY_EXISTS, "", "", kNoEffect});
+    if (prefixes_.count(id) != 0) f.push_back({FD_ERR_ALREADY_EXISTS, id, id, kNoEffect});
     if (!f.empty()) return f;
     if (n > cap) {
       f.push_back({FD_ERR_OUT_OF_BLOCKS, "", "",
@@ -493,14 +494,14 @@ class CacheModel {
     if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
     const Request *r = find(req);
     if (r == nullptr) {
-      f.push_back({FD_ERR_NOT_FOUND, "", dec(req), kNoEffect});
+      f.push_back({FD_ERR_NOT_FOUND, dec(req), dec(req), kNoEffect});
     } else if (r->state != FD_REQUEST_ACTIVE) {
-      f.push_back({FD_ERR_INVALID_STATE, "", dec(req), kNoEffect});
+      f.push_back({FD_ERR_INVALID_STATE, dec(req), dec(req), kNoEffect});
     } else if (r->seq_len != 0 || !r->blocks.empty() || !r->prefix.empty()) {
       f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
     }
     if (!pid.empty() && prefixes_.count(pid) == 0)
-      f.push_back({FD_ERR_NOT_FOUND, "", pid, kPrefixMiss});
+      f.push_back({FD_ERR_NOT_FOUND, pid, pid, kPrefixMiss});
     return f;
   }
   VersionChange apply_attach(uint64_t req, const std::string &pid) {
@@ -522,9 +523,9 @@ class CacheModel {
     if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
     auto it = prefixes_.find(pid);
     if (!pid.empty() && it == prefixes_.end())
-      f.push_back({FD_ERR_NOT_FOUND, "", "", kNoEffect});
+      f.push_back({FD_ERR_NOT_FOUND, pid, pid, kNoEffect});
     else if (it != prefixes_.end() && it->second.refs > 0)
-      f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
+      f.push_back({FD_ERR_INVALID_STATE, pid, pid, kNoEffect});
     return f;
   }
   VersionChange apply_evict(const std::string &pid) {
