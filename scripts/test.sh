@@ -42,8 +42,8 @@ bindings_status=0
 if [ -x bindings/run-tests.sh ] || [ -f bindings/run-tests.sh ]; then
   if [ "$sanitize" = "ON" ]; then
     echo "== bindings: not run in the sanitizer build"
-  elif ! command -v cargo > /dev/null 2>&1; then
-    echo "== bindings: SKIPPED (no cargo on PATH)"
+  elif ! command -v cargo > /dev/null 2>&1 || ! command -v python3 > /dev/null 2>&1; then
+    echo "== bindings: SKIPPED (they need cargo and python3 on PATH)"
   else
     echo "== bindings: bindings/run-tests.sh against $build_dir"
     FLASHDEC_LIB_DIR=$build_dir FLASHDEC_BIND_BUILD=$flashdec_root/$build_dir/bindings \
