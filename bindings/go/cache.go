@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -53,9 +54,15 @@ func (cfg CacheConfig) toC() C.fd_cache_config {
 
 // Cache is a paged KV cache (fd_cache). Externally synchronised: use it from
 // one goroutine at a time. Close it when done.
+//
+// Engines built on the cache borrow it: its calls and theirs are serialised
+// by mu (so an engine finalizer cannot race a cache call), and Close destroys
+// them before the cache.
 type Cache struct {
-	h   *C.fd_cache
-	cfg CacheConfig
+	mu      sync.Mutex
+	h       *C.fd_cache
+	cfg     CacheConfig
+	engines []*engineHandle // not *Engine: no cycle, so Engine finalizers run
 }
 
 // NewCache creates a cache with zero-initialised storage.
@@ -77,12 +84,18 @@ func NewCache(cfg CacheConfig) (*Cache, error) {
 	return cache, nil
 }
 
-// Close destroys the cache; idempotent.
+// Close destroys the engines built on the cache, then the cache; idempotent.
 func (c *Cache) Close() {
+	c.mu.Lock()
+	for _, e := range c.engines {
+		e.destroy()
+	}
+	c.engines = nil
 	if c.h != nil {
 		C.fd_cache_destroy(c.h)
 		c.h = nil
 	}
+	c.mu.Unlock()
 	runtime.SetFinalizer(c, nil)
 }
 
@@ -95,6 +108,8 @@ func (c *Cache) handle() (*C.fd_cache, error) {
 
 // do runs one C call on the cache's handle and keeps the cache alive past it.
 func (c *Cache) do(f func(h *C.fd_cache) C.fd_status) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	h, err := c.handle()
 	if err != nil {
 		return err
@@ -312,9 +327,9 @@ func RegisterPrefix[T Elem](c *Cache, id string, kBlocks, vBlocks []T) error {
 	if err := checkElem[T](c.cfg.DType, "k_blocks"); err != nil {
 		return err
 	}
-	per := int(c.cfg.NumLayers * c.cfg.NumKVHeads * c.cfg.BlockSize * c.cfg.HeadDim)
-	if per == 0 || len(kBlocks) == 0 || len(kBlocks)%per != 0 || len(vBlocks) != len(kBlocks) {
-		return invalid("k_blocks/v_blocks: need equal positive multiples of %d elements, got %d and %d", per, len(kBlocks), len(vBlocks))
+	n, err := c.prefixBlockCount(len(kBlocks), len(vBlocks))
+	if err != nil {
+		return err
 	}
 	cid, err := prefixCString(id)
 	if err != nil {
@@ -322,11 +337,21 @@ func RegisterPrefix[T Elem](c *Cache, id string, kBlocks, vBlocks []T) error {
 	}
 	defer C.free(unsafe.Pointer(cid))
 	err = c.do(func(h *C.fd_cache) C.fd_status {
-		return C.fd_prefix_register(h, cid, dataPtr(kBlocks), dataPtr(vBlocks), C.uint32_t(len(kBlocks)/per), nil)
+		return C.fd_prefix_register(h, cid, dataPtr(kBlocks), dataPtr(vBlocks), C.uint32_t(n), nil)
 	})
 	runtime.KeepAlive(kBlocks)
 	runtime.KeepAlive(vBlocks)
 	return err
+}
+
+// prefixBlockCount infers n from prefix data of kLen/vLen elements
+// ([num_layers, n, num_kv_heads, block_size, head_dim] each).
+func (c *Cache) prefixBlockCount(kLen, vLen int) (int, error) {
+	per := int(c.cfg.NumLayers * c.cfg.NumKVHeads * c.cfg.BlockSize * c.cfg.HeadDim)
+	if per == 0 || kLen == 0 || kLen%per != 0 || vLen != kLen {
+		return 0, invalid("k_blocks/v_blocks: need equal positive multiples of %d elements, got %d and %d", per, kLen, vLen)
+	}
+	return kLen / per, nil
 }
 
 func (c *Cache) AttachPrefix(requestID uint64, prefixID string) error {

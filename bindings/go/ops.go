@@ -108,6 +108,8 @@ func DecodeLayer[T Elem](c *Cache, layer uint32, q []T, numQHeads uint32, tables
 	if c.cfg.DeviceType != 0 {
 		return invalid("DecodeLayer needs a CPU cache")
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	h, err := c.handle()
 	if err != nil {
 		return err
