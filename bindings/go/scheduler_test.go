@@ -1,7 +1,9 @@
 package flashdec
 
 import (
+	"fmt"
 	"reflect"
+	"sync"
 	"testing"
 )
 
@@ -209,4 +211,42 @@ func TestSchedulerErrors(t *testing.T) {
 	asError(t, err, InvalidState, "scheduler is closed")
 	snap.Close()
 	asError(t, snap.AddWaiting(RequestSpec{ID: 9, MaxNewTokens: 1, SubmissionOrder: 9}, 0, 0), InvalidState, "snapshot is closed")
+}
+
+// A scheduler and a built snapshot are read-only: many goroutines may plan
+// from them at once and get the same decision.
+func TestSchedulerPlansConcurrently(t *testing.T) {
+	s := newScheduler(t, 2, 2)
+	defer s.Close()
+	snap := newSnap(t, 4, 8, 8)
+	defer snap.Close()
+	for i := uint64(0); i < 3; i++ {
+		must(t, snap.AddWaiting(RequestSpec{ID: 10 + i, MaxNewTokens: 4, SubmissionOrder: i}, 0, 0))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				d, err := s.Plan(snap)
+				if err != nil {
+					errs <- err
+					return
+				}
+				admit, err := d.Admit()
+				d.Close()
+				if err != nil || !reflect.DeepEqual(admit, []uint64{10, 11}) {
+					errs <- fmt.Errorf("admit %v, %v", admit, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }
