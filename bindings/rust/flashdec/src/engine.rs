@@ -470,6 +470,39 @@ pub fn workload_cases(kind: i32) -> Result<Vec<String>> {
 
 /// Runs a workload case; one (report, trace) per policy run.
 pub fn run_workload(kind: i32, case_name: &str, seed: u64, cpu_threads: u32) -> Result<Vec<(WorkloadReport, Vec<TracePoint>)>> {
+    run_workload_with_progress(kind, case_name, seed, cpu_threads, None)
+}
+
+/// What the progress trampoline reaches through `progress_user_data`.
+struct ProgressState<'a> {
+    callback: &'a mut dyn FnMut(u64, u64),
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+unsafe extern "C" fn progress_trampoline(user_data: *mut std::os::raw::c_void, done: u64, total: u64) {
+    // SAFETY: user_data is the &mut ProgressState that run_workload_with_progress
+    // lends for the duration of fd_workload_run, which calls back on its thread.
+    let state = unsafe { &mut *(user_data as *mut ProgressState) };
+    if state.panic.is_some() {
+        return;
+    }
+    // A panic must not unwind into the library: keep it, re-raise after the run.
+    let callback = &mut state.callback;
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(done, total))) {
+        state.panic = Some(p);
+    }
+}
+
+/// [`run_workload`] with a progress callback: `progress(done, total)` is
+/// called now and then on the calling thread. A panic in it is re-raised
+/// after the run has returned (the result is freed first).
+pub fn run_workload_with_progress(
+    kind: i32,
+    case_name: &str,
+    seed: u64,
+    cpu_threads: u32,
+    progress: Option<&mut dyn FnMut(u64, u64)>,
+) -> Result<Vec<(WorkloadReport, Vec<TracePoint>)>> {
     let mut o: sys::fd_workload_options = zeroed();
     unsafe { sys::fd_workload_options_init(&mut o) };
     let name = CString::new(case_name).map_err(|_| Error::invalid("case_name must not contain NUL"))?;
@@ -477,15 +510,25 @@ pub fn run_workload(kind: i32, case_name: &str, seed: u64, cpu_threads: u32) -> 
     o.case_name = name.as_ptr();
     o.seed = seed;
     o.cpu_threads = cpu_threads;
+    let mut state = progress.map(|callback| ProgressState { callback, panic: None });
+    if let Some(state) = state.as_mut() {
+        o.progress = Some(progress_trampoline);
+        o.progress_user_data = state as *mut ProgressState as *mut std::os::raw::c_void;
+    }
     let mut out = ptr::null_mut();
-    check(unsafe { sys::fd_workload_run(&o, &mut out) })?;
+    let status = unsafe { sys::fd_workload_run(&o, &mut out) };
     struct Guard(*mut sys::fd_workload_result);
     impl Drop for Guard {
         fn drop(&mut self) {
             unsafe { sys::fd_workload_result_destroy(self.0) }
         }
     }
-    let result = Guard(out);
+    let result = Guard(if status == sys::FD_OK { out } else { ptr::null_mut() });
+    if let Some(p) = state.and_then(|s| s.panic) {
+        drop(result);
+        std::panic::resume_unwind(p);
+    }
+    check(status)?;
     let mut count = 0u32;
     check(unsafe { sys::fd_workload_result_count(result.0, &mut count) })?;
     let mut runs = Vec::new();

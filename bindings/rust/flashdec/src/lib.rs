@@ -28,7 +28,7 @@ mod types;
 
 pub use cache::{Cache, CacheConfig, CacheMetrics, Export, PrefixInfo, RequestState, Transaction, TxInfo, TxRows};
 pub use engine::{
-    engine_config_default, run_workload, scheduler_config_default, snapshot_info_default, workload_cases, Decision,
+    engine_config_default, run_workload, run_workload_with_progress, scheduler_config_default, snapshot_info_default, workload_cases, Decision,
     DecisionList, DecisionSummary, Engine, EngineConfig, EngineMetrics, EngineRequestState, Fairness, RequestSpec,
     Scheduler, SchedulerConfig, Snapshot, SnapshotInfo, Step, StepOutcome, TracePoint, WorkloadReport,
 };

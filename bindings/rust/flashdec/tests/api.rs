@@ -219,3 +219,30 @@ fn workloads_boundary_deadlock() {
     let e = run_workload(sys::FD_WORKLOAD_SCHEDULER, "no_such_case", 0, 1).unwrap_err();
     assert_eq!(e.status, Status::NotFound);
 }
+
+#[test]
+fn workload_progress_callback() {
+    let (mut calls, mut last, mut total) = (0u64, 0u64, 0u64);
+    let mut monotone = true;
+    let mut progress = |done: u64, t: u64| {
+        calls += 1;
+        monotone &= done >= last && done <= t;
+        last = done;
+        total = t;
+    };
+    let runs = run_workload_with_progress(sys::FD_WORKLOAD_SCHEDULER, "boundary_deadlock", 0, 1, Some(&mut progress)).unwrap();
+    assert_eq!(runs.len(), 3);
+    assert!(calls > 0 && monotone && last == total, "{calls} calls, last {last} of {total}");
+    // A panic in the callback is re-raised after the run, not unwound through C.
+    let mut seen = 0;
+    let mut panicking = |_: u64, _: u64| {
+        seen += 1;
+        panic!("stop here");
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_workload_with_progress(sys::FD_WORKLOAD_SCHEDULER, "boundary_deadlock", 0, 1, Some(&mut panicking))
+    }));
+    let p = r.unwrap_err();
+    assert_eq!(p.downcast_ref::<&str>(), Some(&"stop here"));
+    assert_eq!(seen, 1);
+}
