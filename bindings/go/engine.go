@@ -56,6 +56,9 @@ func NewEngine(cache *Cache, cfg EngineConfig) (*Engine, error) {
 	C.fd_engine_config_init(&c)
 	c.num_q_heads, c.rotary_dim = C.uint32_t(cfg.NumQHeads), C.uint32_t(cfg.RotaryDim)
 	c.rope_base, c.sm_scale, c.cpu_threads = C.float(cfg.RopeBase), C.float(cfg.SmScale), C.uint32_t(cfg.CPUThreads)
+	if cache == nil {
+		return nil, invalid("cache must not be nil")
+	}
 	cache.mu.Lock()
 	defer cache.mu.Unlock()
 	ch, err := cache.handle()

@@ -215,6 +215,9 @@ func TestEngineLifecycleErrors(t *testing.T) {
 	_, err = NewEngine(c, bad)
 	asError(t, err, InvalidArgument, "rope_base")
 
+	_, err = NewEngine(nil, DefaultEngineConfig())
+	asError(t, err, InvalidArgument, "cache")
+
 	e := newEngine(t, c)
 	asError(t, e.Admit(5), NotFound, "5")
 	must(t, e.AddRequest(5))

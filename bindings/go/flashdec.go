@@ -5,6 +5,12 @@
 // the goroutine locked to its OS thread until the thread-local error message
 // has been read, and runtime.KeepAlive keeps Go memory alive across calls.
 //
+// An Engine borrows its Cache: their calls are serialised by the cache's lock
+// and Cache.Close closes the cache's engines first. Scheduler, Decision and a
+// built Snapshot are immutable and may be shared between goroutines.
+// Generic functions (StepLayer, Prefill, WriteLayer, ...) take float32 slices
+// for F32 caches and uint16 bit patterns for F16/BF16.
+//
 // Build: CGO_CFLAGS=-I<repo>/include CGO_LDFLAGS=-L<libdir> go build
 // (the include path below covers in-repo builds).
 package flashdec
