@@ -203,6 +203,26 @@ typedef struct fd_cache_config {
   int32_t dtype;                 /**< ::fd_dtype of stored K/V. Default ::FD_DTYPE_F16. */
   int32_t layout;                /**< ::fd_kv_layout of storage. Default ::FD_LAYOUT_TOKEN_MAJOR. */
   fd_device device;              /**< Where K/V live. Default CPU. */
+  /* Appended in 0.1: external K/V storage. An engine that already owns its
+   * KV memory lets the cache manage blocks inside it. All NULL / 0 (the
+   * default): the cache allocates and zeroes its own storage. */
+  uint32_t reserved0;            /**< Must be 0 (keeps the pointers below 8-byte aligned). */
+  void *k_storage;               /**< External K storage or NULL (default: owned). Caller-owned; must
+                                      stay valid until ::fd_cache_destroy and hold every element the
+                                      strides below address for num_layers layers and max_blocks
+                                      blocks; in @p device's memory (CUDA: device memory of that
+                                      ordinal). Not cleared by the cache. Set together with v_storage. */
+  void *v_storage;               /**< External V storage, same strides as K; NULL with k_storage. */
+  int64_t stride_layer;          /**< Elements between layers of external storage; 0: max_blocks *
+                                      stride_block. Must be 0 without external storage. */
+  int64_t stride_block;          /**< Elements between blocks. These four are all 0 (packed storage
+                                      of @p layout) or all > 0, with the layout's contiguous axis at
+                                      stride 1 (dim for token-major, token for dim-major), as in
+                                      ::fd_decode_params; e.g. NHD pages [blocks, block_size, heads,
+                                      head_dim] are token-major {block_size*H*D, D, H*D, 1}. */
+  int64_t stride_head;           /**< Elements between KV heads (see stride_block). */
+  int64_t stride_token;          /**< Elements between tokens of a block (see stride_block). */
+  int64_t stride_dim;            /**< Elements between dims (see stride_block). */
 } fd_cache_config;
 
 /**
@@ -430,6 +450,44 @@ FD_API fd_status fd_cache_metrics_get(const fd_cache *cache, fd_cache_metrics *m
  */
 FD_API fd_status fd_cache_validate(const fd_cache *cache);
 
+/**
+ * @brief As ::fd_cache_export, but the destinations are device memory and the
+ * copy is enqueued on @p stream with no host synchronisation (appended in 0.1).
+ *
+ * The tables are computed on the host into pinned staging memory owned by the
+ * cache and copied with one asynchronous copy per array; the staging slot is
+ * reused only after a CUDA event recorded behind the copy has completed, so
+ * the caller may call again at once. Usable inside stream capture (the
+ * captured copy reads a staging slot that the cache then never reuses; a
+ * cache keeps at most 64 slots and, past that, recycles the oldest captured
+ * one). The first call, or one larger than any before, allocates staging
+ * memory: make it outside capture.
+ * On a CPU cache the destinations are host memory, written before return, and
+ * @p stream is ignored.
+ * @param[out] block_tables Device memory (CUDA cache), [count, table_stride]
+ *   int32, written asynchronously on @p stream; may be NULL.
+ * @param[out] seq_lens Device memory (CUDA cache), [count] int32; may be NULL.
+ * @return As ::fd_cache_export (nothing is enqueued on failure);
+ *   ::FD_ERR_DEVICE (a CUDA call failed); ::FD_ERR_OUT_OF_MEMORY (staging).
+ */
+FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *request_ids,
+                                       uint32_t count, uint32_t table_stride,
+                                       int32_t *block_tables, int32_t *seq_lens,
+                                       fd_stream stream);
+
+/**
+ * @brief Reports an asynchronous device fault of work the cache enqueued
+ * (c-abi rule 17; appended in 0.1).
+ *
+ * Never blocks: it queries the CUDA events the cache recorded behind its own
+ * work and the CUDA runtime's pending error. The first fault seen is kept and
+ * reported by every later call. A CPU cache always reports ::FD_OK.
+ * @return ::FD_OK when no fault has been observed; ::FD_ERR_DEVICE with the
+ *   CUDA error's name in ::fd_last_error_message; ::FD_ERR_INVALID_ARGUMENT
+ *   (NULL cache).
+ */
+FD_API fd_status fd_cache_async_error(const fd_cache *cache);
+
 /** @} */
 
 /* ------------------------------------------------------------------------ */
@@ -561,6 +619,37 @@ FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capaci
  */
 FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t table_stride,
                                     int32_t *block_tables);
+
+/**
+ * @brief Device view of an open transaction (appended in 0.1): its block
+ * tables (new blocks included, padded with -1) and effective_seq_lens
+ * (seq_len + 1), ready for ::fd_decode, copied into caller device buffers on
+ * @p stream with no host synchronisation.
+ *
+ * Same staging rules as ::fd_cache_export_async. On a CPU cache the
+ * destinations are host memory written before return.
+ * @param[out] block_tables Device memory (CUDA cache), [batch, table_stride]
+ *   int32; may be NULL.
+ * @param[out] effective_seq_lens Device memory (CUDA cache), [batch] int32;
+ *   may be NULL.
+ * @return As ::fd_tx_block_tables; ::FD_ERR_DEVICE; ::FD_ERR_OUT_OF_MEMORY.
+ *
+ * CUDA caches and layer writes: ::fd_tx_write_layer and
+ * ::fd_tx_write_layer_rope run the append kernels with the rows' block ids,
+ * offsets and positions that the cache computed at ::fd_tx_begin. Those are
+ * uploaded to the device once per transaction, by the transaction's first
+ * layer write, on that write's stream (from cache-owned pinned staging; no
+ * host synchronisation). Later writes of the transaction must run on the same
+ * stream or one the caller orders after it. Each write returns after
+ * enqueueing; its inputs must stay valid until @p stream reaches it. The
+ * first transaction, or one with more rows than any before, allocates
+ * staging memory: begin it outside stream capture. K, V, Q and q_out are
+ * device memory; q_out may equal q but must not otherwise overlap q, k or v
+ * (::FD_ERR_INVALID_ARGUMENT).
+ */
+FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx,
+                                          uint32_t table_stride, int32_t *block_tables,
+                                          int32_t *effective_seq_lens, fd_stream stream);
 
 /** @} */
 
@@ -749,6 +838,83 @@ FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch,
                                               const void *q, const void *k, const void *v,
                                               const int32_t *seq_lens, float sm_scale,
                                               void *out);
+
+/**
+ * @brief Parameters of ::fd_kv_append and ::fd_rope_kv_append (appended in
+ * 0.1). Initialise with ::fd_kv_append_params_init.
+ *
+ * Token i (of num_tokens) goes to offset offsets[i] of physical block
+ * block_ids[i]; its K/V element (head h, dim d) is stored at
+ * `cache + block*stride_block + h*stride_head + offset*stride_token +
+ * d*stride_dim` (strides in elements, all 0: packed storage of @p layout, as
+ * in ::fd_decode_params). The primitives own no allocator or request state.
+ */
+typedef struct fd_kv_append_params {
+  uint32_t struct_size;    /**< sizeof(fd_kv_append_params) as compiled by the caller. */
+  int32_t dtype;           /**< ::fd_dtype of q, k, v, q_out and the caches (f32: CPU only). */
+  int32_t layout;          /**< ::fd_kv_layout of the caches. */
+  uint32_t num_tokens;     /**< Tokens to append (>= 1). */
+  uint32_t num_q_heads;    /**< Query heads (::fd_rope_kv_append only): a positive multiple of
+                                num_kv_heads. */
+  uint32_t num_kv_heads;   /**< KV heads (>= 1). */
+  uint32_t head_dim;       /**< Elements per head (>= 1; CUDA: <= 1024). */
+  uint32_t block_size;     /**< Tokens per block (>= 1). */
+  uint32_t num_blocks;     /**< Physical blocks addressable through k_cache / v_cache. */
+  uint32_t rotary_dim;     /**< ::fd_rope_kv_append: even, 0 < rotary_dim <= head_dim. */
+  float rope_base;         /**< ::fd_rope_kv_append: finite, > 0 (e.g. 10000). */
+  uint32_t reserved0;      /**< Must be 0. */
+  const void *q;           /**< ::fd_rope_kv_append: [num_tokens, num_q_heads, head_dim]. */
+  void *q_out;             /**< ::fd_rope_kv_append: rotated Q, same shape; may equal q, must not
+                                otherwise overlap q, k or v. */
+  const void *k;           /**< [num_tokens, num_kv_heads, head_dim]. */
+  const void *v;           /**< [num_tokens, num_kv_heads, head_dim]. */
+  void *k_cache;           /**< K storage of one layer (see strides). */
+  void *v_cache;           /**< V storage of one layer, same strides. */
+  int64_t stride_block;    /**< Elements between blocks (0: packed). */
+  int64_t stride_head;     /**< Elements between KV heads (0: packed). */
+  int64_t stride_token;    /**< Elements between tokens (0: packed). */
+  int64_t stride_dim;      /**< Elements between dims (0: packed). */
+  const int32_t *block_ids;/**< [num_tokens] destination blocks, each in [0, num_blocks). */
+  const int32_t *offsets;  /**< [num_tokens] offsets, each in [0, block_size). */
+  const int32_t *positions;/**< ::fd_rope_kv_append: [num_tokens] RoPE positions, each >= 0. */
+  fd_device device;        /**< Where every pointer above lives and where the work runs. */
+  fd_stream stream;        /**< CUDA stream the work is enqueued on (ignored on CPU). */
+} fd_kv_append_params;
+
+/** @brief Fills @p params with defaults (CPU device, token-major, bf16, packed
+ *  strides, rope_base 10000) and sets struct_size. NULL is ignored. */
+FD_API void fd_kv_append_params_init(fd_kv_append_params *params);
+
+/**
+ * @brief Checked KV append (S3.2): writes raw K and V of each token into
+ * (block_ids[i], offsets[i]).
+ *
+ * Every value is checked before anything is written: shapes, strides, ids in
+ * [0, num_blocks), offsets in [0, block_size). CPU device: runs synchronously.
+ * CUDA device: every pointer is device memory of device.ordinal; the index
+ * arrays are copied to the host and @p stream is synchronised to check them
+ * (so this call is not usable inside stream capture), then the kernel is
+ * enqueued on @p stream and the call returns; results are ready when the
+ * stream reaches it. No duplicate (block, offset) pairs: their order is
+ * unspecified.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (the message names the parameter
+ *   and, for index arrays, the first bad entry; nothing is written);
+ *   ::FD_ERR_UNSUPPORTED (f32 on CUDA, head_dim > 1024 on CUDA);
+ *   ::FD_ERR_NO_DEVICE; ::FD_ERR_DEVICE.
+ */
+FD_API fd_status fd_kv_append(const fd_kv_append_params *params);
+
+/**
+ * @brief Checked fused RoPE + append (S3.1, S3.2): rotates Q and K of token i
+ * at positions[i] in one pass, writes rotated K and raw V into
+ * (block_ids[i], offsets[i]) and rotated Q into q_out.
+ *
+ * FP32 math with inv_freq[j] = powf(rope_base, -2j / rotary_dim), as
+ * ::fd_rope_apply, so CPU and CUDA results agree within one rounding of
+ * @p dtype. Checks and synchronisation as ::fd_kv_append, plus positions >= 0.
+ * @return As ::fd_kv_append.
+ */
+FD_API fd_status fd_rope_kv_append(const fd_kv_append_params *params);
 
 /** @} */
 

@@ -33,7 +33,7 @@ FD_STRUCT(fd_device, 8, 4);
 FD_FIELD(fd_device, type, 0, 4);
 FD_FIELD(fd_device, ordinal, 4, 4);
 
-FD_STRUCT(fd_cache_config, 44, 4);
+FD_STRUCT(fd_cache_config, 104, 8);
 FD_FIELD(fd_cache_config, struct_size, 0, 4);
 FD_FIELD(fd_cache_config, num_layers, 4, 4);
 FD_FIELD(fd_cache_config, num_kv_heads, 8, 4);
@@ -44,6 +44,14 @@ FD_FIELD(fd_cache_config, prefix_cache_capacity_blocks, 24, 4);
 FD_FIELD(fd_cache_config, dtype, 28, 4);
 FD_FIELD(fd_cache_config, layout, 32, 4);
 FD_FIELD(fd_cache_config, device, 36, 8);
+FD_FIELD(fd_cache_config, reserved0, 44, 4);
+FD_FIELD(fd_cache_config, k_storage, 48, 8);
+FD_FIELD(fd_cache_config, v_storage, 56, 8);
+FD_FIELD(fd_cache_config, stride_layer, 64, 8);
+FD_FIELD(fd_cache_config, stride_block, 72, 8);
+FD_FIELD(fd_cache_config, stride_head, 80, 8);
+FD_FIELD(fd_cache_config, stride_token, 88, 8);
+FD_FIELD(fd_cache_config, stride_dim, 96, 8);
 
 FD_STRUCT(fd_cache_metrics, 376, 8);
 FD_FIELD(fd_cache_metrics, struct_size, 0, 4);
@@ -115,6 +123,35 @@ FD_FIELD(fd_prefix_info, reserved0, 12, 4);
 FD_FIELD(fd_prefix_info, last_use, 16, 8);
 FD_FIELD(fd_prefix_info, first_block, 24, 4);
 FD_FIELD(fd_prefix_info, reserved1, 28, 4);
+
+FD_STRUCT(fd_kv_append_params, 168, 8);
+FD_FIELD(fd_kv_append_params, struct_size, 0, 4);
+FD_FIELD(fd_kv_append_params, dtype, 4, 4);
+FD_FIELD(fd_kv_append_params, layout, 8, 4);
+FD_FIELD(fd_kv_append_params, num_tokens, 12, 4);
+FD_FIELD(fd_kv_append_params, num_q_heads, 16, 4);
+FD_FIELD(fd_kv_append_params, num_kv_heads, 20, 4);
+FD_FIELD(fd_kv_append_params, head_dim, 24, 4);
+FD_FIELD(fd_kv_append_params, block_size, 28, 4);
+FD_FIELD(fd_kv_append_params, num_blocks, 32, 4);
+FD_FIELD(fd_kv_append_params, rotary_dim, 36, 4);
+FD_FIELD(fd_kv_append_params, rope_base, 40, 4);
+FD_FIELD(fd_kv_append_params, reserved0, 44, 4);
+FD_FIELD(fd_kv_append_params, q, 48, 8);
+FD_FIELD(fd_kv_append_params, q_out, 56, 8);
+FD_FIELD(fd_kv_append_params, k, 64, 8);
+FD_FIELD(fd_kv_append_params, v, 72, 8);
+FD_FIELD(fd_kv_append_params, k_cache, 80, 8);
+FD_FIELD(fd_kv_append_params, v_cache, 88, 8);
+FD_FIELD(fd_kv_append_params, stride_block, 96, 8);
+FD_FIELD(fd_kv_append_params, stride_head, 104, 8);
+FD_FIELD(fd_kv_append_params, stride_token, 112, 8);
+FD_FIELD(fd_kv_append_params, stride_dim, 120, 8);
+FD_FIELD(fd_kv_append_params, block_ids, 128, 8);
+FD_FIELD(fd_kv_append_params, offsets, 136, 8);
+FD_FIELD(fd_kv_append_params, positions, 144, 8);
+FD_FIELD(fd_kv_append_params, device, 152, 8);
+FD_FIELD(fd_kv_append_params, stream, 160, 8);
 
 FD_STRUCT(fd_decode_params, 176, 8);
 FD_FIELD(fd_decode_params, struct_size, 0, 4);
@@ -405,6 +442,7 @@ static void test_init_functions_set_struct_size(void **state) {
   } while (0)
   FD_CHECK_INIT(fd_cache_config, fd_cache_config_init);
   FD_CHECK_INIT(fd_decode_params, fd_decode_params_init);
+  FD_CHECK_INIT(fd_kv_append_params, fd_kv_append_params_init);
   FD_CHECK_INIT(fd_scheduler_config, fd_scheduler_config_init);
   FD_CHECK_INIT(fd_request_spec, fd_request_spec_init);
   FD_CHECK_INIT(fd_snapshot_info, fd_snapshot_info_init);

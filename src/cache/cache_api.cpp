@@ -86,8 +86,10 @@ FD_API fd_status fd_cache_get_config(const fd_cache *cache, fd_cache_config *con
     require_non_null(config, "config");
     constexpr size_t kMin = offsetof(fd_cache_config, max_blocks) + sizeof(uint32_t);
     require_struct_size(config->struct_size, kMin, "config");
-    constexpr UniformEnds<sizeof(fd_cache_config)> ends(4, 4);
-    copy_fitting(config, c.config(), config->struct_size, ends.ends);
+    // Whole fields only (the config's tail has pointer and int64 fields).
+    const size_t bytes = fd::cache_config_fitting_bytes(config->struct_size);
+    const size_t ends[] = {bytes};
+    copy_fitting(config, c.config(), config->struct_size, ends);
     return FD_OK;
   });
 }

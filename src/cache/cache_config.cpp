@@ -34,11 +34,42 @@ namespace {
 // struct omits it.
 constexpr size_t kMinConfigSize = offsetof(fd_cache_config, max_blocks) + sizeof(uint32_t);
 
+// End offsets of fd_cache_config's fields, in order.
+constexpr size_t kConfigFieldEnds[] = {
+    offsetof(fd_cache_config, struct_size) + 4,
+    offsetof(fd_cache_config, num_layers) + 4,
+    offsetof(fd_cache_config, num_kv_heads) + 4,
+    offsetof(fd_cache_config, head_dim) + 4,
+    offsetof(fd_cache_config, block_size) + 4,
+    offsetof(fd_cache_config, max_blocks) + 4,
+    offsetof(fd_cache_config, prefix_cache_capacity_blocks) + 4,
+    offsetof(fd_cache_config, dtype) + 4,
+    offsetof(fd_cache_config, layout) + 4,
+    offsetof(fd_cache_config, device) + sizeof(fd_device),
+    offsetof(fd_cache_config, reserved0) + 4,
+    offsetof(fd_cache_config, k_storage) + sizeof(void *),
+    offsetof(fd_cache_config, v_storage) + sizeof(void *),
+    offsetof(fd_cache_config, stride_layer) + 8,
+    offsetof(fd_cache_config, stride_block) + 8,
+    offsetof(fd_cache_config, stride_head) + 8,
+    offsetof(fd_cache_config, stride_token) + 8,
+    offsetof(fd_cache_config, stride_dim) + 8,
+};
+static_assert(offsetof(fd_cache_config, stride_dim) + 8 == sizeof(fd_cache_config),
+              "kConfigFieldEnds must list every field of fd_cache_config");
+
 void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "config.%s must be > 0", name);
 }
 
 }  // namespace
+
+size_t cache_config_fitting_bytes(uint32_t struct_size) {
+  size_t bytes = 0;
+  for (size_t end : kConfigFieldEnds)
+    if (end <= struct_size) bytes = end;
+  return bytes;
+}
 
 fd_cache_config resolve_cache_config(const fd_cache_config *config) {
   require_non_null(config, "config");
@@ -52,9 +83,8 @@ fd_cache_config resolve_cache_config(const fd_cache_config *config) {
          "caller was built against a newer header",
          config->struct_size, sizeof(fd_cache_config));
   fd_cache_config c = default_cache_config();
-  // Copy whole fields only (every field is 4 bytes wide).
-  const size_t bytes = config->struct_size / 4 * 4;
-  std::memcpy(&c, config, bytes);
+  // Copy whole fields only: up to the last field that fits entirely.
+  std::memcpy(&c, config, cache_config_fitting_bytes(config->struct_size));
   c.struct_size = sizeof c;
 
   require_positive(c.num_layers, "num_layers");
@@ -87,8 +117,10 @@ fd_cache_config resolve_cache_config(const fd_cache_config *config) {
   } else {
     fail(FD_ERR_INVALID_ARGUMENT, "config.device.type %d is not an fd_device_type", c.device.type);
   }
-  check_geometry_size(KvGeometry{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
-                                 c.block_size, c.dtype, c.layout});
+  KvGeometry g{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
+               c.block_size, c.dtype,      c.layout};
+  check_geometry_size(g);
+  resolve_external_storage(c, g);
   return c;
 }
 

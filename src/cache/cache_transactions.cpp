@@ -31,10 +31,14 @@ fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
          s_.allocator.free_blocks());
   }
 
-  // Build the whole transaction before touching the allocator.
+  // Build the whole transaction (and reserve device staging) before touching
+  // the allocator.
   auto t = std::make_unique<OpenTransaction>();
   t->rows.resize(count);
   t->new_blocks.reserve(needed);
+  t->locations.resize(count);
+  t->positions.resize(count);
+  storage_->reserve_rows(count);
   for (uint32_t i = 0; i < count; ++i) {
     const Request &r = *s_.requests.find(ids[i]);
     TxRow &row = t->rows[i];
@@ -53,6 +57,11 @@ fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
     }
     s_.requests.find(row.request_id)->in_transaction = true;
   }
+  for (uint32_t i = 0; i < count; ++i) {
+    t->locations[i] = RowLocation{t->rows[i].block, t->rows[i].offset};
+    t->positions[i] = t->rows[i].position;
+  }
+  storage_->stage_rows(t->locations.data(), t->positions.data(), count);
   ++s_.state_version;
   t->id = s_.next_tx_id++;
   t->cache_version = s_.state_version;
@@ -112,17 +121,11 @@ void PagedCache::write_rows(OpenTransaction &t, uint32_t layer, const void *q, u
                             const void *k, const void *v, uint32_t rotary_dim, float rope_base,
                             void *q_out, fd_stream stream) {
   // Locations and positions come from the cache's own copy made at begin.
-  std::vector<RowLocation> locations(t.rows.size());
-  std::vector<int32_t> positions(t.rows.size());
-  for (size_t i = 0; i < t.rows.size(); ++i) {
-    locations[i] = RowLocation{t.rows[i].block, t.rows[i].offset};
-    positions[i] = t.rows[i].position;
-  }
   if (q == nullptr)
-    storage_->write_layer(layer, locations.data(), locations.size(), k, v, stream);
+    storage_->write_layer(layer, t.locations.data(), t.locations.size(), k, v, stream);
   else
-    storage_->write_layer_rope(layer, locations.data(), positions.data(), locations.size(), q,
-                               num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
+    storage_->write_layer_rope(layer, t.locations.data(), t.positions.data(), t.locations.size(),
+                               q, num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
   ++t.next_layer;
   ++s_.tx_counters.layer_write_count;
 }
@@ -131,6 +134,12 @@ void PagedCache::write_layer(fd_tx tx, uint32_t layer, const void *k, const void
                              fd_stream stream) {
   OpenTransaction &t = mutable_transaction(tx);
   check_layer_write(t, layer, k, v);
+  try {
+    storage_->check_write(t.rows.size(), nullptr, 0, k, v, nullptr);
+  } catch (const Error &) {
+    ++s_.tx_counters.failure_count;
+    throw;
+  }
   write_rows(t, layer, nullptr, 0, k, v, 0, 0.f, nullptr, stream);
 }
 
@@ -148,6 +157,7 @@ void PagedCache::write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint3
            "num_q_heads %u must be a positive multiple of the cache's num_kv_heads %u", num_q_heads,
            kv_heads);
     check_rope_args(s_.config.head_dim, rotary_dim, rope_base);
+    storage_->check_write(t.rows.size(), q, num_q_heads, k, v, q_out);
   } catch (const Error &) {
     ++s_.tx_counters.failure_count;
     throw;

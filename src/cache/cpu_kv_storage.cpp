@@ -27,18 +27,27 @@ HostBuffer allocate_zeroed(size_t bytes, const char *what) {
 
 class CpuKvStorage final : public KvStorage {
  public:
-  explicit CpuKvStorage(const KvGeometry &g)
-      : g_(g),
-        elem_(g.element_size()),
-        k_(allocate_zeroed(g.total_elements() * g.element_size(), "K")),
-        v_(allocate_zeroed(g.total_elements() * g.element_size(), "V")) {
-    g_.strides(strides_);
+  explicit CpuKvStorage(const KvGeometry &g) : g_(g), elem_(g.element_size()) {
+    if (g.external()) {
+      // The caller's memory, with the caller's strides; not cleared.
+      k_base_ = static_cast<unsigned char *>(g.ext_k);
+      v_base_ = static_cast<unsigned char *>(g.ext_v);
+      layer_stride_ = static_cast<size_t>(g.ext_strides[0]);
+      for (int i = 0; i < 4; ++i) strides_[i] = g.ext_strides[i + 1];
+    } else {
+      k_ = allocate_zeroed(g.total_elements() * g.element_size(), "K");
+      v_ = allocate_zeroed(g.total_elements() * g.element_size(), "V");
+      k_base_ = k_.get();
+      v_base_ = v_.get();
+      layer_stride_ = g.layer_elements();
+      g_.strides(strides_);
+    }
   }
 
   void write_layer(uint32_t layer, const RowLocation *rows, size_t num_rows, const void *k,
                    const void *v, fd_stream) override {
-    scatter(k_.get(), layer, rows, num_rows, static_cast<const unsigned char *>(k));
-    scatter(v_.get(), layer, rows, num_rows, static_cast<const unsigned char *>(v));
+    scatter(k_base_, layer, rows, num_rows, static_cast<const unsigned char *>(k));
+    scatter(v_base_, layer, rows, num_rows, static_cast<const unsigned char *>(v));
   }
 
   void write_layer_rope(uint32_t layer, const RowLocation *rows, const int32_t *positions,
@@ -50,23 +59,23 @@ class CpuKvStorage final : public KvStorage {
     std::vector<unsigned char> k_rot(num_rows * g_.num_kv_heads * g_.head_dim * elem_);
     rope_rotate(g_.dtype, k, k_rot.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
                 rotary_dim, rope_base);
-    scatter(k_.get(), layer, rows, num_rows, k_rot.data());
-    scatter(v_.get(), layer, rows, num_rows, static_cast<const unsigned char *>(v));
+    scatter(k_base_, layer, rows, num_rows, k_rot.data());
+    scatter(v_base_, layer, rows, num_rows, static_cast<const unsigned char *>(v));
     rope_rotate(g_.dtype, q, q_out, num_rows, num_q_heads, g_.head_dim, positions, rotary_dim,
                 rope_base);
   }
 
   void copy_blocks_in(const int32_t *blocks, size_t num_blocks, const void *k_blocks,
                       const void *v_blocks, fd_stream) override {
-    copy_in(k_.get(), blocks, num_blocks, static_cast<const unsigned char *>(k_blocks));
-    copy_in(v_.get(), blocks, num_blocks, static_cast<const unsigned char *>(v_blocks));
+    copy_in(k_base_, blocks, num_blocks, static_cast<const unsigned char *>(k_blocks));
+    copy_in(v_base_, blocks, num_blocks, static_cast<const unsigned char *>(v_blocks));
   }
 
   LayerStorage layer(uint32_t layer) override {
     LayerStorage s;
-    const size_t offset = static_cast<size_t>(layer) * g_.layer_elements() * elem_;
-    s.k = k_.get() + offset;
-    s.v = v_.get() + offset;
+    const size_t offset = static_cast<size_t>(layer) * layer_stride_ * elem_;
+    s.k = k_base_ + offset;
+    s.v = v_base_ + offset;
     for (int i = 0; i < 4; ++i) s.strides[i] = strides_[i];
     return s;
   }
@@ -76,7 +85,7 @@ class CpuKvStorage final : public KvStorage {
   // rows[r].offset of block rows[r].block, head h, dim d.
   void scatter(unsigned char *base, uint32_t layer, const RowLocation *rows, size_t num_rows,
                const unsigned char *src) const {
-    unsigned char *layer_base = base + static_cast<size_t>(layer) * g_.layer_elements() * elem_;
+    unsigned char *layer_base = base + static_cast<size_t>(layer) * layer_stride_ * elem_;
     const size_t d = g_.head_dim;
     for (size_t r = 0; r < num_rows; ++r) {
       for (size_t h = 0; h < g_.num_kv_heads; ++h) {
@@ -93,20 +102,40 @@ class CpuKvStorage final : public KvStorage {
     }
   }
 
-  // src: [num_layers, num_blocks, block] with blocks in storage order.
+  // src: [num_layers, num_blocks, block] with blocks packed in the layout's
+  // order ([heads, block_size, head_dim] or [heads, head_dim, block_size]).
   void copy_in(unsigned char *base, const int32_t *blocks, size_t num_blocks,
                const unsigned char *src) const {
     const size_t block_bytes = g_.block_elements() * elem_;
+    const bool dim_major = g_.layout == FD_LAYOUT_DIM_MAJOR;
+    // Packed source rows: head_dim elements per token (token-major) or
+    // block_size per dim (dim-major); the destination's row pitch is the
+    // other axis' stride (its contiguous axis has stride 1).
+    const size_t rows = dim_major ? g_.head_dim : g_.block_size;
+    const size_t row_elems = dim_major ? g_.block_size : g_.head_dim;
+    const size_t pitch = size_t(dim_major ? strides_[3] : strides_[2]);
     for (size_t l = 0; l < g_.num_layers; ++l)
-      for (size_t i = 0; i < num_blocks; ++i)
-        std::memcpy(base + (l * g_.max_blocks + size_t(blocks[i])) * block_bytes,
-                    src + (l * num_blocks + i) * block_bytes, block_bytes);
+      for (size_t i = 0; i < num_blocks; ++i) {
+        const unsigned char *from = src + (l * num_blocks + i) * block_bytes;
+        unsigned char *to = base + (l * layer_stride_ + size_t(blocks[i]) * size_t(strides_[0])) * elem_;
+        if (!g_.external()) {
+          std::memcpy(to, from, block_bytes);
+          continue;
+        }
+        for (size_t h = 0; h < g_.num_kv_heads; ++h)
+          for (size_t r = 0; r < rows; ++r)
+            std::memcpy(to + (h * size_t(strides_[1]) + r * pitch) * elem_,
+                        from + (h * rows + r) * row_elems * elem_, row_elems * elem_);
+      }
   }
 
   KvGeometry g_;
   size_t elem_;
-  HostBuffer k_;
+  HostBuffer k_;  // owned storage (null for external storage)
   HostBuffer v_;
+  unsigned char *k_base_ = nullptr;
+  unsigned char *v_base_ = nullptr;
+  size_t layer_stride_ = 0;  // elements
   int64_t strides_[4];
 };
 

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "flashdec.h"
 
@@ -23,7 +25,14 @@ struct KvGeometry {
   uint32_t block_size = 0;
   int32_t dtype = FD_DTYPE_F16;
   int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
+  // External storage (fd_cache_config.k_storage ...): null k means owned.
+  // When set, `ext_strides` are the resolved element strides of (layer,
+  // block, head, token, dim).
+  void *ext_k = nullptr;
+  void *ext_v = nullptr;
+  int64_t ext_strides[5] = {0, 0, 0, 0, 0};
 
+  bool external() const { return ext_k != nullptr; }
   size_t element_size() const;
   // Elements of one block of one layer (all heads), of one layer, of all of K.
   size_t block_elements() const;
@@ -73,11 +82,44 @@ class KvStorage {
 
   // Base pointers and element strides of one layer.
   virtual LayerStorage layer(uint32_t layer) = 0;
+
+  // --- Transaction staging (device storages; the CPU storage ignores it) ---
+  // begin calls reserve_rows(n) before it mutates anything (it may throw,
+  // e.g. when staging memory cannot be allocated) and stage_rows() once the
+  // rows are final. A device storage keeps them and uploads them once, at
+  // the transaction's first layer write; write_layer* then ignore `rows` and
+  // `positions` in favour of the staged copy.
+  virtual void reserve_rows(size_t /*num_rows*/) {}
+  virtual void stage_rows(const RowLocation * /*rows*/, const int32_t * /*positions*/,
+                          size_t /*num_rows*/) noexcept {}
+
+  // Checks what only this storage limits about a layer write's buffers
+  // (e.g. forbidden overlaps on a device); throws FD_ERR_INVALID_ARGUMENT.
+  virtual void check_write(size_t /*num_rows*/, const void * /*q*/, uint32_t /*num_q_heads*/,
+                           const void * /*k*/, const void * /*v*/,
+                           const void * /*q_out*/) const {}
+
+  // Metadata export: `fill` writes `table_ints` block-table entries and
+  // `len_ints` lengths into the host arrays it is given (and may throw
+  // before writing anything); the storage then delivers them to `tables` /
+  // `lens` (host memory for the CPU storage, device memory enqueued on
+  // `stream` for a device storage). Null destinations are skipped.
+  virtual void export_tables(size_t table_ints, size_t len_ints, int32_t *tables, int32_t *lens,
+                             fd_stream stream,
+                             const std::function<void(int32_t *, int32_t *)> &fill);
+
+  // First asynchronous device fault seen in this storage's work (FD_OK when
+  // none); never blocks.
+  virtual fd_status async_error(std::string * /*message*/) const { return FD_OK; }
 };
 
-// Zero-initialised host storage. Throws FD_ERR_OUT_OF_MEMORY when it cannot
-// be allocated.
+// Zero-initialised host storage (or the caller's external host storage).
+// Throws FD_ERR_OUT_OF_MEMORY when it cannot be allocated.
 std::unique_ptr<KvStorage> make_cpu_kv_storage(const KvGeometry &geometry);
+
+// Resolves and checks the external-storage fields of a config (reserved0,
+// pointers, strides) into `g`. Throws FD_ERR_INVALID_ARGUMENT naming the field.
+void resolve_external_storage(const fd_cache_config &c, KvGeometry &g);
 
 // Device storage on CUDA device `ordinal`. Defined by the CUDA backend; until
 // that exists it fails with FD_ERR_NO_DEVICE / FD_ERR_UNSUPPORTED.

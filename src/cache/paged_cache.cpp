@@ -14,8 +14,10 @@ namespace fd {
 namespace {
 
 KvGeometry geometry_of(const fd_cache_config &c) {
-  return KvGeometry{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
-                    c.block_size, c.dtype,      c.layout};
+  KvGeometry g{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
+               c.block_size, c.dtype,      c.layout};
+  resolve_external_storage(c, g);  // already checked by resolve_cache_config
+  return g;
 }
 
 unsigned long long ull(uint64_t v) {

@@ -53,6 +53,9 @@ fd_cache_config default_cache_config();
 // Checks and resolves a caller's config (struct_size, defaults, ranges).
 fd_cache_config resolve_cache_config(const fd_cache_config *config);
 
+// Bytes of fd_cache_config covered by whole fields that fit in `struct_size`.
+size_t cache_config_fitting_bytes(uint32_t struct_size);
+
 class PagedCache {
  public:
   explicit PagedCache(const fd_cache_config &resolved);
@@ -101,6 +104,9 @@ class PagedCache {
 
   // Internal test hook (see cache/cache_test_hook.hpp).
   CacheState &state_for_test() { return s_; }
+
+  // The K/V storage (device-side exports and fault queries use it).
+  KvStorage &storage() const { return *storage_; }
 
  private:
   void close_request(uint64_t id, int32_t terminal_state);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache/kv_storage.hpp"
 #include "flashdec.h"
 
 namespace fd {
@@ -27,6 +28,10 @@ struct OpenTransaction {
   std::vector<TxRow> rows;          // in begin's order
   std::vector<int32_t> new_blocks;  // in allocation order
   uint32_t next_layer = 0;
+  // The rows' destinations and positions in the form the storage takes,
+  // built once at begin (not per layer write).
+  std::vector<RowLocation> locations;
+  std::vector<int32_t> positions;
 };
 
 struct TerminalTransaction {

@@ -1,0 +1,52 @@
+// Host-visible interface of the KV append kernels (kernels/append_*.cu): raw
+// append and fused RoPE + append. Plain C++ (runtime API header only), so
+// src/cuda can call it from ordinary .cpp files. Every value here is already
+// validated by the caller; the kernels trust it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fd {
+namespace cuda {
+
+// Largest head_dim the kernels serve (the cos/sin table of one token lives in
+// shared memory).
+constexpr int kAppendMaxHeadDim = 1024;
+
+struct AppendLaunch {
+  int32_t dtype = 0;  // FD_DTYPE_F16 or FD_DTYPE_BF16
+  int32_t num_tokens = 0;
+  int32_t num_q_heads = 0;  // heads of q / q_out (0: no Q)
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t rotary_dim = 0;  // 0: no rotation (raw append)
+  float rope_base = 0.f;
+  const void *q = nullptr;  // [tokens, num_q_heads, head_dim]; rotated into q_out
+  void *q_out = nullptr;    // may equal q
+  const void *k = nullptr;  // [tokens, num_kv_heads, head_dim]
+  const void *v = nullptr;  // same shape; null: no V
+  // Destinations. With block_ids set, element (token i, head h, dim d) goes
+  // to k_dst + block_ids[i]*stride_block + h*stride_head +
+  // offsets[i]*stride_token + d*stride_dim (same for v_dst). With block_ids
+  // null, k_dst / v_dst are contiguous [tokens, num_kv_heads, head_dim] (the
+  // rotation-only pass the benchmark compares the fused kernel with).
+  void *k_dst = nullptr;
+  void *v_dst = nullptr;
+  int64_t stride_block = 0;  // elements
+  int64_t stride_head = 0;
+  int64_t stride_token = 0;
+  int64_t stride_dim = 0;
+  const int32_t *block_ids = nullptr;  // device memory, [tokens]
+  const int32_t *offsets = nullptr;    // device memory, [tokens]
+  const int32_t *positions = nullptr;  // device memory, [tokens]; needed when rotating
+  cudaStream_t stream = nullptr;
+};
+
+// Enqueues one kernel on launch.stream (one CTA per token). Returns the
+// launch error, if any.
+cudaError_t launch_append(const AppendLaunch &launch);
+
+}  // namespace cuda
+}  // namespace fd

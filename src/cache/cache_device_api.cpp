@@ -1,0 +1,65 @@
+// Device-side views of the cache (appended in 0.1): block tables and lengths
+// delivered into caller device buffers on a stream, and the query for
+// asynchronous device faults. The cache computes everything on the host; the
+// storage (cache/kv_storage.hpp) decides how it reaches the destination.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cache/cache_handle.hpp"
+#include "core/error.hpp"
+
+extern "C" {
+
+FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *request_ids,
+                                       uint32_t count, uint32_t table_stride,
+                                       int32_t *block_tables, int32_t *seq_lens,
+                                       fd_stream stream) {
+  return fd::guard([&] {
+    fd::require_non_null(cache, "cache");
+    const fd::PagedCache &c = cache->cache;
+    c.max_blocks_per_seq(request_ids, count);  // checks the ids before any staging
+    const size_t table_ints = block_tables ? size_t{count} * table_stride : 0;
+    const size_t len_ints = seq_lens ? count : 0;
+    c.storage().export_tables(table_ints, len_ints, block_tables, seq_lens, stream,
+                              [&](int32_t *tables, int32_t *lens) {
+                                c.export_tables(request_ids, count, table_stride,
+                                                block_tables ? tables : nullptr,
+                                                seq_lens ? lens : nullptr);
+                              });
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx,
+                                          uint32_t table_stride, int32_t *block_tables,
+                                          int32_t *effective_seq_lens, fd_stream stream) {
+  return fd::guard([&] {
+    fd::require_non_null(cache, "cache");
+    const fd::PagedCache &c = cache->cache;
+    const fd::OpenTransaction &t = c.open_transaction(tx);
+    const size_t rows = t.rows.size();
+    const size_t table_ints = block_tables ? rows * table_stride : 0;
+    const size_t len_ints = effective_seq_lens ? rows : 0;
+    c.storage().export_tables(table_ints, len_ints, block_tables, effective_seq_lens, stream,
+                              [&](int32_t *tables, int32_t *lens) {
+                                if (block_tables) c.tx_block_tables(t, table_stride, tables);
+                                if (effective_seq_lens)
+                                  for (size_t i = 0; i < rows; ++i)
+                                    lens[i] = t.rows[i].position + 1;
+                              });
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_cache_async_error(const fd_cache *cache) {
+  return fd::guard([&] {
+    fd::require_non_null(cache, "cache");
+    std::string message;
+    const fd_status s = cache->cache.storage().async_error(&message);
+    if (s != FD_OK) fd::fail(s, "%s", message.c_str());
+    return FD_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,96 @@
+// CUDA backend of the checked append primitives fd_kv_append /
+// fd_rope_kv_append. The index arrays are device memory the caller can still
+// change, so they are copied to the host and checked after a stream
+// synchronisation (documented in the header), and the kernel is launched only
+// when every entry is valid.
+#include <cstring>
+#include <vector>
+
+#include "append_launch.hpp"
+#include "core/device.hpp"
+#include "core/error.hpp"
+#include "cuda/kv_storage_cuda.hpp"
+#include "ops/kv_append.hpp"
+
+namespace fd {
+namespace {
+
+void require_device_pointer(const void *p, int32_t ordinal, const char *what) {
+  cudaPointerAttributes attr;
+  std::memset(&attr, 0, sizeof attr);
+  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  const bool device = e == cudaSuccess && (attr.type == cudaMemoryTypeDevice ||
+                                           attr.type == cudaMemoryTypeManaged);
+  if (!device || attr.device != ordinal)
+    fail(FD_ERR_INVALID_ARGUMENT, "params->%s is not device memory of CUDA device %d", what,
+         ordinal);
+}
+
+std::vector<int32_t> to_host(const int32_t *src, size_t n, cudaStream_t s, const char *what) {
+  std::vector<int32_t> h(n);
+  cuda_check(cudaMemcpyAsync(h.data(), src, n * sizeof(int32_t), cudaMemcpyDeviceToHost, s), what);
+  return h;
+}
+
+}  // namespace
+
+void kv_append_cuda(const AppendProblem &p) {
+  require_cuda_device(p.device_ordinal);
+  if (p.dtype == FD_DTYPE_F32)
+    fail(FD_ERR_UNSUPPORTED, "dtype f32 is not supported on CUDA (use f16 or bf16)");
+  if (p.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
+    fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (at most %d)", p.head_dim,
+         cuda::kAppendMaxHeadDim);
+  if (p.num_tokens > 0x7fffffffu)
+    fail(FD_ERR_UNSUPPORTED, "num_tokens %u is too large for one CUDA launch", p.num_tokens);
+  CudaDeviceScope scope(p.device_ordinal);
+  const struct {
+    const void *ptr;
+    const char *name;
+  } pointers[] = {{p.k, "k"},
+                  {p.v, "v"},
+                  {p.k_cache, "k_cache"},
+                  {p.v_cache, "v_cache"},
+                  {p.block_ids, "block_ids"},
+                  {p.offsets, "offsets"},
+                  {p.q, "q"},
+                  {p.q_out, "q_out"},
+                  {p.positions, "positions"}};
+  for (const auto &x : pointers)
+    if (x.ptr != nullptr) require_device_pointer(x.ptr, p.device_ordinal, x.name);
+
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(p.stream);
+  const std::vector<int32_t> ids = to_host(p.block_ids, p.num_tokens, s, "copying block_ids");
+  const std::vector<int32_t> offs = to_host(p.offsets, p.num_tokens, s, "copying offsets");
+  std::vector<int32_t> pos;
+  if (p.positions != nullptr) pos = to_host(p.positions, p.num_tokens, s, "copying positions");
+  cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize (checking indices)");
+  check_append_indices(p, ids.data(), offs.data(), p.positions ? pos.data() : nullptr);
+
+  cuda::AppendLaunch a;
+  a.dtype = p.dtype;
+  a.num_tokens = static_cast<int32_t>(p.num_tokens);
+  a.num_q_heads = static_cast<int32_t>(p.num_q_heads);
+  a.num_kv_heads = static_cast<int32_t>(p.num_kv_heads);
+  a.head_dim = static_cast<int32_t>(p.head_dim);
+  a.rotary_dim = static_cast<int32_t>(p.rotary_dim);
+  a.rope_base = p.rope_base;
+  a.q = p.q;
+  a.q_out = p.q_out;
+  a.k = p.k;
+  a.v = p.v;
+  a.k_dst = p.k_cache;
+  a.v_dst = p.v_cache;
+  a.stride_block = p.strides[0];
+  a.stride_head = p.strides[1];
+  a.stride_token = p.strides[2];
+  a.stride_dim = p.strides[3];
+  a.block_ids = p.block_ids;
+  a.offsets = p.offsets;
+  a.positions = p.positions;
+  a.stream = s;
+  cuda_check(cuda::launch_append(a), "launching the KV append kernel");
+}
+
+}  // namespace fd

@@ -1,0 +1,77 @@
+// CUDA backend of the cache's K/V storage (make_cuda_kv_storage, declared in
+// cache/kv_storage.hpp) and the helpers it shares with the append
+// primitives. This header's presence switches off
+// src/cache/kv_storage_cuda_stub.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace fd {
+
+// Throws FD_ERR_DEVICE naming `what` and the CUDA error unless err is
+// cudaSuccess (FD_ERR_OUT_OF_MEMORY for cudaErrorMemoryAllocation, whose
+// non-sticky last-error state is cleared).
+void cuda_check(cudaError_t err, const char *what);
+
+// Makes `ordinal` the calling thread's current device for the scope and
+// restores the previous one afterwards.
+class CudaDeviceScope {
+ public:
+  explicit CudaDeviceScope(int32_t ordinal);
+  ~CudaDeviceScope();
+  CudaDeviceScope(const CudaDeviceScope &) = delete;
+  CudaDeviceScope &operator=(const CudaDeviceScope &) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Pinned host staging (and optionally a device twin) reused in stream order.
+// A slot is handed out again only when the CUDA event recorded behind its
+// last use has completed; a slot used inside stream capture is retired (a
+// graph may read it at every replay) and recycled, least recently used first,
+// only once the ring has kMaxSlots slots. Acquiring never synchronises the
+// host unless every slot is busy and the ring is full.
+class StagingRing {
+ public:
+  static constexpr size_t kMaxSlots = 64;
+
+  struct Slot {
+    void *host = nullptr;    // pinned
+    void *device = nullptr;  // device twin (device_bytes > 0 only)
+    size_t capacity = 0;     // bytes of each
+    cudaEvent_t event = nullptr;
+    bool recorded = false;
+    bool retired = false;
+    uint64_t last_use = 0;
+  };
+
+  explicit StagingRing(bool with_device) : with_device_(with_device) {}
+  ~StagingRing();
+  StagingRing(const StagingRing &) = delete;
+  StagingRing &operator=(const StagingRing &) = delete;
+
+  // A slot of at least `bytes` that no pending work reads. May allocate
+  // (not capture-safe); throws FD_ERR_OUT_OF_MEMORY / FD_ERR_DEVICE.
+  Slot &acquire(size_t bytes);
+  // Marks the slot as read by work just enqueued on `stream`.
+  void used_on(Slot &slot, cudaStream_t stream);
+  // First error (other than not-ready) reported by a recorded event, or
+  // cudaSuccess. Never blocks.
+  cudaError_t query_errors() const;
+
+ private:
+  bool idle(Slot &slot);
+  void resize(Slot &slot, size_t bytes);
+
+  bool with_device_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace fd

@@ -1,0 +1,212 @@
+// fd_kv_append / fd_rope_kv_append: reads the caller's (possibly older)
+// parameter struct, checks every host-known value, resolves defaults into an
+// AppendProblem and dispatches to the CPU or the CUDA backend. Nothing is
+// written before every check has passed.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "ops/kv_append.hpp"
+#include "ops/rope.hpp"
+
+namespace fd {
+namespace {
+
+// Every field up to and including `positions` is required; device and
+// stream default to the CPU and the NULL stream.
+constexpr size_t kMinParamsSize = offsetof(fd_kv_append_params, positions) + sizeof(void *);
+
+fd_kv_append_params default_params() {
+  fd_kv_append_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.dtype = FD_DTYPE_BF16;
+  p.layout = FD_LAYOUT_TOKEN_MAJOR;
+  p.rope_base = 10000.f;
+  p.device.type = FD_DEVICE_CPU;
+  return p;
+}
+
+fd_kv_append_params read_params(const fd_kv_append_params *src) {
+  require_non_null(src, "params");
+  const size_t size = src->struct_size;
+  if (size < kMinParamsSize)
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "params->struct_size %zu is too small: at least %zu bytes (every field up to "
+         "positions); initialise params with fd_kv_append_params_init",
+         size, kMinParamsSize);
+  if (size > sizeof(fd_kv_append_params))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "params->struct_size %zu is larger than this library's fd_kv_append_params (%zu "
+         "bytes): the header is newer than the runtime library",
+         size, sizeof(fd_kv_append_params));
+  fd_kv_append_params p = default_params();
+  std::memcpy(&p, src, kMinParamsSize);
+  if (offsetof(fd_kv_append_params, device) + sizeof(fd_device) <= size) p.device = src->device;
+  if (offsetof(fd_kv_append_params, stream) + sizeof(fd_stream) <= size) p.stream = src->stream;
+  p.struct_size = sizeof p;
+  return p;
+}
+
+void require_positive(uint32_t value, const char *name) {
+  if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be > 0", name);
+}
+
+bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
+  const fd_kv_append_params p = read_params(params);
+  AppendProblem pb;
+  if (p.reserved0 != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "params->reserved0 must be 0, got %u", p.reserved0);
+  if (!dtype_valid(p.dtype))
+    fail(FD_ERR_INVALID_ARGUMENT, "params->dtype %d is not an fd_dtype", p.dtype);
+  if (p.layout != FD_LAYOUT_TOKEN_MAJOR && p.layout != FD_LAYOUT_DIM_MAJOR)
+    fail(FD_ERR_INVALID_ARGUMENT, "params->layout %d is not an fd_kv_layout", p.layout);
+  require_positive(p.num_tokens, "num_tokens");
+  require_positive(p.num_kv_heads, "num_kv_heads");
+  require_positive(p.head_dim, "head_dim");
+  require_positive(p.block_size, "block_size");
+  require_positive(p.num_blocks, "num_blocks");
+  if (p.num_blocks > static_cast<uint32_t>(INT32_MAX) ||
+      p.block_size > static_cast<uint32_t>(INT32_MAX))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "params->num_blocks %u and block_size %u must not exceed INT32_MAX", p.num_blocks,
+         p.block_size);
+  require_non_null(p.k, "params->k");
+  require_non_null(p.v, "params->v");
+  require_non_null(p.k_cache, "params->k_cache");
+  require_non_null(p.v_cache, "params->v_cache");
+  require_non_null(p.block_ids, "params->block_ids");
+  require_non_null(p.offsets, "params->offsets");
+  if (rope) {
+    require_non_null(p.q, "params->q");
+    require_non_null(p.q_out, "params->q_out");
+    require_non_null(p.positions, "params->positions");
+    if (p.num_q_heads == 0 || p.num_q_heads % p.num_kv_heads != 0)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "params->num_q_heads %u must be a positive multiple of num_kv_heads %u",
+           p.num_q_heads, p.num_kv_heads);
+    check_rope_args(p.head_dim, p.rotary_dim, p.rope_base);
+  }
+  const int64_t given[4] = {p.stride_block, p.stride_head, p.stride_token, p.stride_dim};
+  const char *names[4] = {"stride_block", "stride_head", "stride_token", "stride_dim"};
+  const bool dim_major = p.layout == FD_LAYOUT_DIM_MAJOR;
+  if (given[0] == 0 && given[1] == 0 && given[2] == 0 && given[3] == 0) {
+    const int64_t B = p.block_size, D = p.head_dim, H = p.num_kv_heads;
+    pb.strides[0] = H * B * D;
+    pb.strides[1] = B * D;
+    pb.strides[2] = dim_major ? 1 : D;
+    pb.strides[3] = dim_major ? B : 1;
+  } else {
+    for (int i = 0; i < 4; ++i) {
+      if (given[i] <= 0)
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "params->%s must be > 0 when any stride is set (all 0: packed), got %lld", names[i],
+             static_cast<long long>(given[i]));
+      pb.strides[i] = given[i];
+    }
+    const int contiguous = dim_major ? 2 : 3;
+    if (given[contiguous] != 1)
+      fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be 1 for the %s layout, got %lld",
+           names[contiguous], dim_major ? "dim-major" : "token-major",
+           static_cast<long long>(given[contiguous]));
+  }
+  if (p.device.type == FD_DEVICE_CPU) {
+    if (p.device.ordinal != 0)
+      fail(FD_ERR_INVALID_ARGUMENT, "params->device.ordinal must be 0 for a CPU device, got %d",
+           p.device.ordinal);
+  } else if (p.device.type == FD_DEVICE_CUDA) {
+    if (p.device.ordinal < 0)
+      fail(FD_ERR_INVALID_ARGUMENT, "params->device.ordinal must be >= 0, got %d",
+           p.device.ordinal);
+  } else {
+    fail(FD_ERR_INVALID_ARGUMENT, "params->device.type %d is not an fd_device_type",
+         p.device.type);
+  }
+  const size_t e = dtype_size(p.dtype);
+  if (rope) {
+    const size_t q_bytes = size_t{p.num_tokens} * p.num_q_heads * p.head_dim * e;
+    const size_t kv_bytes = size_t{p.num_tokens} * p.num_kv_heads * p.head_dim * e;
+    if (p.q_out != p.q && overlap(p.q_out, q_bytes, p.q, q_bytes))
+      fail(FD_ERR_INVALID_ARGUMENT, "params->q_out must equal q or not overlap it");
+    if (overlap(p.q_out, q_bytes, p.k, kv_bytes) || overlap(p.q_out, q_bytes, p.v, kv_bytes))
+      fail(FD_ERR_INVALID_ARGUMENT, "params->q_out must not overlap k or v");
+  }
+
+  pb.dtype = p.dtype;
+  pb.layout = p.layout;
+  pb.num_tokens = p.num_tokens;
+  pb.num_q_heads = rope ? p.num_q_heads : 0;
+  pb.num_kv_heads = p.num_kv_heads;
+  pb.head_dim = p.head_dim;
+  pb.block_size = p.block_size;
+  pb.num_blocks = p.num_blocks;
+  pb.rotary_dim = rope ? p.rotary_dim : 0;
+  pb.rope_base = p.rope_base;
+  pb.q = rope ? p.q : nullptr;
+  pb.q_out = rope ? p.q_out : nullptr;
+  pb.k = p.k;
+  pb.v = p.v;
+  pb.k_cache = p.k_cache;
+  pb.v_cache = p.v_cache;
+  pb.block_ids = p.block_ids;
+  pb.offsets = p.offsets;
+  pb.positions = rope ? p.positions : nullptr;
+  pb.device_type = p.device.type;
+  pb.device_ordinal = p.device.ordinal;
+  pb.stream = p.stream;
+  return pb;
+}
+
+fd_status run(const fd_kv_append_params *params, bool rope) {
+  return guard([&] {
+    const AppendProblem pb = resolve(params, rope);
+    if (pb.device_type == FD_DEVICE_CUDA) {
+      kv_append_cuda(pb);
+    } else {
+      check_append_indices(pb, pb.block_ids, pb.offsets, pb.positions);
+      kv_append_cpu(pb);
+    }
+    return FD_OK;
+  });
+}
+
+}  // namespace
+
+void check_append_indices(const AppendProblem &p, const int32_t *block_ids, const int32_t *offsets,
+                          const int32_t *positions) {
+  for (uint32_t i = 0; i < p.num_tokens; ++i) {
+    if (block_ids[i] < 0 || static_cast<uint32_t>(block_ids[i]) >= p.num_blocks)
+      fail(FD_ERR_INVALID_ARGUMENT, "block_ids[%u] = %d is out of range [0, %u) (num_blocks)", i,
+           block_ids[i], p.num_blocks);
+    if (offsets[i] < 0 || static_cast<uint32_t>(offsets[i]) >= p.block_size)
+      fail(FD_ERR_INVALID_ARGUMENT, "offsets[%u] = %d is out of range [0, %u) (block_size)", i,
+           offsets[i], p.block_size);
+    if (positions != nullptr && positions[i] < 0)
+      fail(FD_ERR_INVALID_ARGUMENT, "positions[%u] = %d must be >= 0", i, positions[i]);
+  }
+}
+
+}  // namespace fd
+
+extern "C" {
+
+FD_API void fd_kv_append_params_init(fd_kv_append_params *params) {
+  if (params != nullptr) *params = fd::default_params();
+}
+
+FD_API fd_status fd_kv_append(const fd_kv_append_params *params) {
+  return fd::run(params, false);
+}
+
+FD_API fd_status fd_rope_kv_append(const fd_kv_append_params *params) {
+  return fd::run(params, true);
+}
+
+}  // extern "C"
