@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "core/error.hpp"
-#include "engine/abi_util.hpp"
+#include "core/versioned.hpp"
 #include "engine/engine.hpp"
 #include "engine/scheduler_handles.hpp"
 
@@ -38,7 +38,7 @@ FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *confi
     fd_engine_config c;
     fd_engine_config_init(&c);
     if (config != nullptr) {
-      c = fd::read_versioned(config, c, "config", offsetof(fd_engine_config, rotary_dim));
+      c = fd::read_versioned<offsetof(fd_engine_config, rotary_dim)>(config, c, "config");
     }
     auto e = std::make_unique<fd_engine>();
     e->impl = std::make_unique<fd::Engine>(cache, c);
@@ -94,13 +94,15 @@ FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request
   return guard([&] {
     fd::Engine &e = impl(engine);
     fd::require_non_null(step, "step");
-    if (step->struct_size < sizeof(fd_engine_step)) {
-      // The transaction handle must fit, or an opened step would be lost.
-      fd::fail(FD_ERR_INVALID_ARGUMENT, "step->struct_size %u is too small (%zu)",
-               step->struct_size, sizeof(fd_engine_step));
+    // The whole struct is required (so fd_tx is never cut): checked before the
+    // step opens, or an opened step would be lost.
+    constexpr size_t kMinStepSize = sizeof(fd_engine_step);
+    if (step->struct_size < kMinStepSize) {
+      fd::fail(FD_ERR_INVALID_ARGUMENT, "step->struct_size %u is too small (at least %zu bytes)",
+               step->struct_size, kMinStepSize);
     }
     const fd_engine_step result = e.begin_step(request_ids, count);
-    fd::write_versioned(step, result, "step", sizeof(fd_engine_step));
+    fd::write_versioned<kMinStepSize>(step, result, "step");
     return FD_OK;
   });
 }
@@ -186,7 +188,8 @@ FD_API fd_status fd_engine_apply_decision(fd_engine *engine, const fd_scheduler 
 FD_API fd_status fd_engine_metrics_get(const fd_engine *engine, fd_engine_metrics *metrics) {
   return guard([&] {
     const fd::Engine &e = impl(engine);
-    fd::write_versioned(metrics, e.metrics(), "metrics", 8);
+    fd::write_versioned<offsetof(fd_engine_metrics, waiting_request_count)>(metrics, e.metrics(),
+                                                                            "metrics");
     return FD_OK;
   });
 }

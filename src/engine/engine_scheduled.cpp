@@ -25,11 +25,9 @@ uint64_t Engine::prefix_blocks_of(const std::string &prefix_id) const {
 
 void Engine::submit(const fd_request_spec *in) {
   require_no_step("submit_request");
-  require_non_null(in, "spec");
-  if (in->struct_size < sizeof(fd_request_spec)) {
-    fail(FD_ERR_INVALID_ARGUMENT, "spec->struct_size %u is too small (%zu)", in->struct_size,
-         sizeof(fd_request_spec));
-  }
+  // Filled below with prefix_blocks from the registered prefix, before the
+  // spec checks.
+  fd_request_spec filled = read_request_spec(in);
   if (!scheduler_managed_) {
     if (has_unscheduled_) {
       fail(FD_ERR_INVALID_STATE,
@@ -45,21 +43,19 @@ void Engine::submit(const fd_request_spec *in) {
     }
   }
   check_cache_version();
-  // Fill prefix_blocks from the registered prefix before the spec checks.
-  fd_request_spec filled = *in;
-  if (in->prefix_id != nullptr && in->prefix_id[0] != '\0') {
-    auto it = prefixes_.find(in->prefix_id);
+  if (filled.prefix_id != nullptr && filled.prefix_id[0] != '\0') {
+    auto it = prefixes_.find(filled.prefix_id);
     if (it == prefixes_.end()) {
       fail(FD_ERR_NOT_FOUND,
            "submit_request: request %llu names prefix '%s', which was not registered through "
            "this engine",
-           ull(in->id), in->prefix_id);
+           ull(filled.id), filled.prefix_id);
     }
     if (filled.prefix_blocks == 0) filled.prefix_blocks = it->second.num_blocks;
     if (filled.prefix_blocks != it->second.num_blocks) {
       fail(FD_ERR_INVALID_ARGUMENT,
            "submit_request: request %llu gives prefix_blocks %u but prefix '%s' has %u blocks",
-           ull(in->id), filled.prefix_blocks, in->prefix_id, it->second.num_blocks);
+           ull(filled.id), filled.prefix_blocks, filled.prefix_id, it->second.num_blocks);
     }
   }
   const RequestSpec spec = spec_from_public(&filled, cache_config_.block_size);

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 
 namespace fd {
 
@@ -51,19 +52,21 @@ void validate_spec(const RequestSpec &s, uint32_t block_size) {
   }
 }
 
-RequestSpec spec_from_public(const fd_request_spec *in, uint32_t block_size) {
-  require_non_null(in, "spec");
-  if (in->struct_size < sizeof(fd_request_spec)) {
-    fail(FD_ERR_INVALID_ARGUMENT, "spec->struct_size %u is too small (%zu)", in->struct_size,
-         sizeof(fd_request_spec));
-  }
+fd_request_spec read_request_spec(const fd_request_spec *spec) {
+  fd_request_spec defaults;
+  fd_request_spec_init(&defaults);
+  return read_versioned<sizeof(fd_request_spec)>(spec, defaults, "spec");
+}
+
+RequestSpec spec_from_public(const fd_request_spec *spec, uint32_t block_size) {
+  const fd_request_spec in = read_request_spec(spec);
   RequestSpec s;
-  s.id = in->id;
-  s.submission_order = in->submission_order;
-  s.initial_context_tokens = in->initial_context_tokens;
-  s.max_new_tokens = in->max_new_tokens;
-  s.prefix_blocks = in->prefix_blocks;
-  if (in->prefix_id != nullptr) s.prefix_id = in->prefix_id;
+  s.id = in.id;
+  s.submission_order = in.submission_order;
+  s.initial_context_tokens = in.initial_context_tokens;
+  s.max_new_tokens = in.max_new_tokens;
+  s.prefix_blocks = in.prefix_blocks;
+  if (in.prefix_id != nullptr) s.prefix_id = in.prefix_id;
   validate_spec(s, block_size);
   return s;
 }

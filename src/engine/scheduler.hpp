@@ -43,6 +43,10 @@ struct RequestSpec {
   }
 };
 
+// Reads a caller's fd_request_spec (struct_size policy of core/versioned.hpp;
+// every field is required). Throws FD_ERR_INVALID_ARGUMENT.
+fd_request_spec read_request_spec(const fd_request_spec *spec);
+
 // Converts and checks a public spec (block_size decides the prefix rule).
 // Throws FD_ERR_INVALID_ARGUMENT naming the field.
 RequestSpec spec_from_public(const fd_request_spec *spec, uint32_t block_size);

@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "core/error.hpp"
-#include "engine/abi_util.hpp"
+#include "core/versioned.hpp"
 #include "engine/scheduler_handles.hpp"
 
 using fd::guard;
@@ -20,6 +20,7 @@ fd_scheduler_config public_config(const fd::SchedulerConfig &c) {
   return out;
 }
 
+// Through max_active_requests, for reading and for writing.
 constexpr size_t kMinConfigSize = offsetof(fd_scheduler_config, max_batch_requests);
 
 }  // namespace
@@ -42,7 +43,7 @@ FD_API fd_status fd_scheduler_create(const fd_scheduler_config *config, fd_sched
     fd::require_non_null(out, "out");
     fd_scheduler_config defaults;
     fd_scheduler_config_init(&defaults);
-    const fd_scheduler_config c = fd::read_versioned(config, defaults, "config", kMinConfigSize);
+    const fd_scheduler_config c = fd::read_versioned<kMinConfigSize>(config, defaults, "config");
     fd::SchedulerConfig sc;
     sc.max_active_requests = c.max_active_requests;
     sc.max_batch_requests = c.max_batch_requests;
@@ -62,7 +63,7 @@ FD_API fd_status fd_scheduler_get_config(const fd_scheduler *scheduler,
                                          fd_scheduler_config *config) {
   return guard([&] {
     fd::require_non_null(scheduler, "scheduler");
-    fd::write_versioned(config, public_config(scheduler->config), "config", 8);
+    fd::write_versioned<kMinConfigSize>(config, public_config(scheduler->config), "config");
     return FD_OK;
   });
 }
@@ -89,7 +90,7 @@ FD_API fd_status fd_snapshot_create(const fd_snapshot_info *info, fd_snapshot **
     fd_snapshot_info defaults;
     fd_snapshot_info_init(&defaults);
     const fd_snapshot_info in =
-        fd::read_versioned(info, defaults, "info", sizeof(fd_snapshot_info));
+        fd::read_versioned<sizeof(fd_snapshot_info)>(info, defaults, "info");
     if (in.block_size == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "info->block_size must be > 0");
     if (in.max_blocks == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "info->max_blocks must be > 0");
     if (in.free_blocks > in.max_blocks) {
@@ -130,7 +131,7 @@ FD_API fd_status fd_snapshot_get_info(const fd_snapshot *snapshot, fd_snapshot_i
     v.resident_prefix_blocks = s.resident_prefix_blocks;
     v.step = s.step;
     v.version = s.version;
-    fd::write_versioned(info, v, "info", 8);
+    fd::write_versioned<offsetof(fd_snapshot_info, max_blocks)>(info, v, "info");
     return FD_OK;
   });
 }
@@ -222,7 +223,7 @@ FD_API fd_status fd_decision_get_summary(const fd_decision *decision,
     s.free_blocks_before = d.free_before;
     s.schedulable_blocks = d.schedulable;
     s.reason_count = static_cast<uint32_t>(d.reasons.size());
-    fd::write_versioned(summary, s, "summary", 8);
+    fd::write_versioned<offsetof(fd_decision_summary, step)>(summary, s, "summary");
     return FD_OK;
   });
 }
@@ -249,7 +250,7 @@ FD_API fd_status fd_decision_reasons(const fd_decision *decision, int32_t *reaso
 FD_API fd_status fd_decision_get_config(const fd_decision *decision, fd_scheduler_config *config) {
   return guard([&] {
     fd::require_non_null(decision, "decision");
-    fd::write_versioned(config, public_config(decision->value.config), "config", 8);
+    fd::write_versioned<kMinConfigSize>(config, public_config(decision->value.config), "config");
     return FD_OK;
   });
 }

@@ -3,12 +3,20 @@
 #include <memory>
 
 #include "core/error.hpp"
-#include "engine/abi_util.hpp"
+#include "core/versioned.hpp"
 #include "engine/workloads.hpp"
 
 using fd::guard;
 
 namespace {
+
+// A report is useful only with its case name, and the 32-byte name must not
+// be cut by the helper's rounding: the minimum runs through case_name.
+constexpr size_t kMinReportSize = offsetof(fd_workload_report, seed);
+static_assert(offsetof(fd_workload_report, case_name) + sizeof(fd_workload_report::case_name) ==
+                  kMinReportSize,
+              "case_name ends where the minimum report ends");
+
 const fd::WorkloadRun &run_at(const fd_workload_result *result, uint32_t index) {
   fd::require_non_null(result, "result");
   if (index >= result->runs.size()) {
@@ -48,7 +56,7 @@ FD_API fd_status fd_workload_run(const fd_workload_options *options, fd_workload
     fd_workload_options defaults;
     fd_workload_options_init(&defaults);
     const fd_workload_options o =
-        fd::read_versioned(options, defaults, "options", offsetof(fd_workload_options, seed));
+        fd::read_versioned<offsetof(fd_workload_options, seed)>(options, defaults, "options");
     fd::require_non_null(o.case_name, "options->case_name");
     if (o.reserved0 != 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "options->reserved0 must be 0");
     const fd::WorkloadCase c = fd::make_workload_case(o.kind, o.case_name, o.seed);
@@ -83,7 +91,7 @@ FD_API fd_status fd_workload_result_report(const fd_workload_result *result, uin
                                            fd_workload_report *report) {
   return guard([&] {
     const fd::WorkloadRun &r = run_at(result, index);
-    fd::write_versioned(report, r.report, "report", 16);
+    fd::write_versioned<kMinReportSize>(report, r.report, "report");
     return FD_OK;
   });
 }

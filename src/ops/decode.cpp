@@ -9,6 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 #include "ops/decode_cpu_indices.hpp"
 #include "ops/decode_problem.hpp"
 
@@ -32,58 +33,11 @@ fd_decode_params default_params() {
   return p;
 }
 
-// Copies a field only when it lies entirely inside the caller's struct;
-// otherwise the default stays.
-#define FD_TAKE_FIELD(field) \
-  if (offsetof(fd_decode_params, field) + sizeof(src->field) <= size) p.field = src->field
-
+// struct_size policy of core/versioned.hpp: older, smaller structs get the
+// defaults for their missing tail; newer, larger ones are refused.
 fd_decode_params read_params(const fd_decode_params *src) {
-  require_non_null(src, "params");
-  const size_t size = src->struct_size;
-  if (size < kMinParamsSize)
-    fail(FD_ERR_INVALID_ARGUMENT,
-         "params->struct_size %zu is too small: at least %zu bytes (every field up to out) are "
-         "required; initialise params with fd_decode_params_init",
-         size, kMinParamsSize);
-  if (size > sizeof(fd_decode_params))
-    fail(FD_ERR_INVALID_ARGUMENT,
-         "params->struct_size %zu is larger than this library's fd_decode_params (%zu bytes): "
-         "the header is newer than the runtime library",
-         size, sizeof(fd_decode_params));
-  fd_decode_params p = default_params();
-  FD_TAKE_FIELD(dtype);
-  FD_TAKE_FIELD(layout);
-  FD_TAKE_FIELD(batch);
-  FD_TAKE_FIELD(num_q_heads);
-  FD_TAKE_FIELD(num_kv_heads);
-  FD_TAKE_FIELD(head_dim);
-  FD_TAKE_FIELD(block_size);
-  FD_TAKE_FIELD(num_blocks);
-  FD_TAKE_FIELD(max_blocks_per_seq);
-  FD_TAKE_FIELD(sm_scale);
-  FD_TAKE_FIELD(flags);
-  FD_TAKE_FIELD(q);
-  FD_TAKE_FIELD(k_cache);
-  FD_TAKE_FIELD(v_cache);
-  FD_TAKE_FIELD(stride_block);
-  FD_TAKE_FIELD(stride_head);
-  FD_TAKE_FIELD(stride_token);
-  FD_TAKE_FIELD(stride_dim);
-  FD_TAKE_FIELD(block_tables);
-  FD_TAKE_FIELD(seq_lens);
-  FD_TAKE_FIELD(out);
-  FD_TAKE_FIELD(max_seq_len_hint);
-  FD_TAKE_FIELD(num_splits);
-  FD_TAKE_FIELD(workspace);
-  FD_TAKE_FIELD(workspace_size);
-  FD_TAKE_FIELD(device);
-  FD_TAKE_FIELD(stream);
-  FD_TAKE_FIELD(cpu_threads);
-  FD_TAKE_FIELD(reserved0);
-  return p;
+  return read_versioned<kMinParamsSize>(src, default_params(), "params");
 }
-
-#undef FD_TAKE_FIELD
 
 void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "%s must be > 0", name);
