@@ -17,7 +17,10 @@
  *   through an out-pointer only on success. Destroy functions accept NULL.
  * - Configuration and result structs begin with `struct_size`; callers fill it
  *   with `sizeof(the struct)` (the init functions do). The library accepts any
- *   older, smaller size and uses defaults for (or leaves unwritten) the tail.
+ *   older, smaller size (down to each call's minimum) and uses defaults for
+ *   (or leaves unwritten) the tail. A larger size (a newer header) is refused
+ *   for inputs and fine for results (the extra bytes are left alone). Fields
+ *   are read and written whole; struct_size itself is never written.
  * - Pointer parameters are borrowed for the duration of the call unless their
  *   documentation says otherwise.
  * - Element counts and ids are fixed-width integers; request ids are
@@ -91,7 +94,9 @@ typedef enum fd_status {
 
 /**
  * @brief Static, human-readable name of a status ("FD_ERR_NOT_FOUND: not found").
- * @return Never NULL; unknown values map to a generic string. Thread-safe.
+ * @param status Any value, known or not.
+ * @return A static string owned by the library, never NULL; unknown values map
+ *   to a generic string. Thread-safe.
  */
 FD_API const char *fd_status_string(fd_status status);
 
@@ -101,7 +106,9 @@ FD_API const char *fd_status_string(fd_status status);
  * The text is thread-local and stays until the next failing call on the same
  * thread (successful calls leave it unchanged); only the returned status
  * decides success. The pointer stays valid until the next FlashDec call on this
- * thread. Never NULL (empty string when no call has failed on this thread).
+ * thread.
+ * @return Owned by the library (thread-local; do not free); never NULL (empty
+ *   string when no call has failed on this thread).
  */
 FD_API const char *fd_last_error_message(void);
 
@@ -111,9 +118,11 @@ FD_API const char *fd_last_error_message(void);
 /** @name Version queries
  *  @{ */
 
-/** @brief Runtime version as "MAJOR.MINOR.PATCH"; static string. Thread-safe. */
+/** @brief Runtime version as a string. Thread-safe.
+ *  @return "MAJOR.MINOR.PATCH"; a static string owned by the library, never NULL. */
 FD_API const char *fd_version_string(void);
-/** @brief Runtime version as major * 10000 + minor * 100 + patch. Thread-safe. */
+/** @brief Runtime version as a number. Thread-safe.
+ *  @return major * 10000 + minor * 100 + patch (compare with ::FD_VERSION_NUMBER). */
 FD_API uint32_t fd_version_number(void);
 
 /** @} */
@@ -227,7 +236,7 @@ typedef struct fd_cache_config {
 
 /**
  * @brief Fills @p config with defaults and sets struct_size.
- * @param[out] config Borrowed; must not be NULL (NULL is ignored).
+ * @param[out] config Borrowed for the call; may be NULL (ignored).
  */
 FD_API void fd_cache_config_init(fd_cache_config *config);
 
@@ -236,27 +245,32 @@ FD_API void fd_cache_config_init(fd_cache_config *config);
  *
  * Storage holds, for each of K and V, [num_layers, max_blocks, num_kv_heads,
  * block_size, head_dim] elements (or the dim-major equivalent).
- * @param[in] config Borrowed for the call.
- * @param[out] out Receives the new handle on success only; owned by the caller,
- *   release with ::fd_cache_destroy.
+ * @param[in] config Borrowed for the call; not NULL. External storage it
+ *   names stays the caller's (see fd_cache_config.k_storage).
+ * @param[out] out Not NULL; receives the new handle on success only; owned by
+ *   the caller, release with ::fd_cache_destroy.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT for a NULL pointer, a zero size, a
- *   too-small struct_size, an unknown dtype/layout/device or
- *   prefix capacity > max_blocks; ::FD_ERR_NO_DEVICE when a CUDA device is asked
- *   for and none is usable; ::FD_ERR_UNSUPPORTED for a combination the backend
- *   does not serve; ::FD_ERR_OUT_OF_MEMORY when storage cannot be allocated.
+ *   struct_size too small or larger than this library's struct, an unknown
+ *   dtype/layout/device or prefix capacity > max_blocks; ::FD_ERR_NO_DEVICE
+ *   when a CUDA device is asked for and none is usable; ::FD_ERR_UNSUPPORTED
+ *   for a combination the backend does not serve; ::FD_ERR_OUT_OF_MEMORY when
+ *   storage cannot be allocated.
  */
 FD_API fd_status fd_cache_create(const fd_cache_config *config, fd_cache **out);
 
 /**
  * @brief Destroys a cache and frees its storage. NULL is a no-op.
  * Any open transaction is discarded. The handle is invalid afterwards.
+ * @param cache Owned by the caller, released here; may be NULL.
  */
 FD_API void fd_cache_destroy(fd_cache *cache);
 
 /**
  * @brief Copies the cache's configuration (with defaults resolved).
- * @param[out] config Caller sets struct_size; the library fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in,out] config Borrowed for the call; not NULL. Caller sets
+ *   struct_size (at least through max_blocks); the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_cache_get_config(const fd_cache *cache, fd_cache_config *config);
 
@@ -271,28 +285,39 @@ typedef enum fd_request_state {
 
 /**
  * @brief Adds an empty active request.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param request_id Caller-chosen id.
  * @return ::FD_OK (also when @p request_id is already active: no-op);
  *   ::FD_ERR_INVALID_STATE when the id is finished or cancelled, or while a
- *   transaction is open.
+ *   transaction is open; ::FD_ERR_INVALID_ARGUMENT (NULL cache);
+ *   ::FD_ERR_OUT_OF_MEMORY.
  */
 FD_API fd_status fd_cache_add_request(fd_cache *cache, uint64_t request_id);
 
 /**
  * @brief Finishes an active request: releases its private blocks to the front
  * of the free list (contents are not cleared) and drops its prefix reference.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param request_id An active request.
  * @return ::FD_OK; ::FD_ERR_NOT_FOUND for an unknown id;
- *   ::FD_ERR_INVALID_STATE for a terminal id or while a transaction is open.
+ *   ::FD_ERR_INVALID_STATE for a terminal id or while a transaction is open;
+ *   ::FD_ERR_INVALID_ARGUMENT (NULL cache).
  */
 FD_API fd_status fd_cache_finish_request(fd_cache *cache, uint64_t request_id);
 
-/** @brief As ::fd_cache_finish_request, but the terminal state is cancelled. */
+/** @brief As ::fd_cache_finish_request, but the terminal state is cancelled.
+ *  @param[in,out] cache Borrowed for the call; not NULL.
+ *  @param request_id An active request.
+ *  @return As ::fd_cache_finish_request. */
 FD_API fd_status fd_cache_cancel_request(fd_cache *cache, uint64_t request_id);
 
 /**
  * @brief Reports the lifecycle state of a request id.
- * @param[out] state Receives an ::fd_request_state value (unknown ids give
- *   ::FD_REQUEST_UNKNOWN, which is not an error).
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param request_id Any id.
+ * @param[out] state Not NULL; receives an ::fd_request_state value (unknown
+ *   ids give ::FD_REQUEST_UNKNOWN, which is not an error).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL).
  */
 FD_API fd_status fd_cache_request_state(const fd_cache *cache, uint64_t request_id,
                                         int32_t *state);
@@ -301,9 +326,12 @@ FD_API fd_status fd_cache_request_state(const fd_cache *cache, uint64_t request_
  * @brief Number of new blocks growing every listed request by one token needs.
  *
  * A row needs a block exactly when seq_len % block_size == 0.
- * @param[in] request_ids Borrowed; @p count active, unique ids.
- * @param[out] needed Receives the block count. @param[out] free_blocks
- *   Receives the current free block count (may be NULL).
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; @p count active,
+ *   unique ids.
+ * @param count Entries of @p request_ids, >= 1.
+ * @param[out] needed Not NULL; receives the block count.
+ * @param[out] free_blocks Receives the current free block count; may be NULL.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates);
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (a terminal id).
  */
@@ -314,8 +342,12 @@ FD_API fd_status fd_cache_blocks_needed(const fd_cache *cache, const uint64_t *r
 /**
  * @brief Largest number of blocks owned by any of the listed requests: the
  * smallest valid @p table_stride for ::fd_cache_export.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_NOT_FOUND;
- *   ::FD_ERR_INVALID_STATE (a terminal id).
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; @p count ids.
+ * @param count Entries of @p request_ids, >= 1.
+ * @param[out] max_blocks_per_seq Not NULL; receives the largest block count.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0);
+ *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (a terminal id).
  */
 FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache,
                                              const uint64_t *request_ids, uint32_t count,
@@ -328,6 +360,11 @@ FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache,
  * Row r of @p block_tables holds the physical block ids of request_ids[r],
  * padded with -1 to @p table_stride entries. An open transaction's new blocks
  * are not included (use ::fd_tx_block_tables).
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; @p count ids.
+ * @param count Entries of @p request_ids (rows), >= 1.
+ * @param table_stride Entries per row of @p block_tables, at least the
+ *   longest row (::fd_cache_max_blocks_per_seq).
  * @param[out] block_tables Host memory, [count, table_stride] int32; may be
  *   NULL to export only seq_lens.
  * @param[out] seq_lens Host memory, [count] int32; may be NULL.
@@ -341,7 +378,9 @@ FD_API fd_status fd_cache_export(const fd_cache *cache, const uint64_t *request_
 
 /**
  * @brief Current state version: grows on every ownership or seq_len change.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[out] version Not NULL; receives the version.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL).
  */
 FD_API fd_status fd_cache_state_version(const fd_cache *cache, uint64_t *version);
 
@@ -351,8 +390,11 @@ FD_API fd_status fd_cache_state_version(const fd_cache *cache, uint64_t *version
  * The pointers are owned by the cache until ::fd_cache_destroy, in the cache's
  * device memory. Strides are in elements for (block, head, token, dim), as in
  * ::fd_decode_params.
- * @param[out] k Receives the K base of @p layer. @param[out] v Likewise for V.
- * @param[out] strides Receives 4 strides: block, head, token, dim.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param layer Layer index, < num_layers.
+ * @param[out] k Not NULL; receives the K base of @p layer.
+ * @param[out] v Not NULL; receives the V base of @p layer.
+ * @param[out] strides Not NULL; receives 4 strides: block, head, token, dim.
  * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (layer out of range, NULL).
  */
 FD_API fd_status fd_cache_layer_storage(fd_cache *cache, uint32_t layer, void **k, void **v,
@@ -365,8 +407,14 @@ FD_API fd_status fd_cache_layer_storage(fd_cache *cache, uint32_t layer, void **
  * ::fd_tx_begin + ::fd_tx_write_layer (layer 0) + ::fd_tx_commit, with the
  * same failure rules: every check (ids, states, capacity) happens before any
  * mutation.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; @p count active,
+ *   unique ids.
+ * @param count Entries of @p request_ids, >= 1.
  * @param[in] k,v [count, num_kv_heads, head_dim] in the cache's dtype, in the
  *   cache's device memory; borrowed for the call (CUDA: read on @p stream).
+ * @param stream CUDA stream the copy is enqueued on (NULL: default stream);
+ *   ignored by CPU caches.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_NOT_FOUND;
  *   ::FD_ERR_INVALID_STATE; ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count
  *   and transaction_failure_count + 1, nothing else changes).
@@ -437,14 +485,17 @@ typedef struct fd_cache_metrics {
 
 /**
  * @brief Reads the cache metrics.
- * @param[in,out] metrics Caller sets struct_size (at least up to and including
- *   max_blocks); the library fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in,out] metrics Borrowed for the call; not NULL. Caller sets
+ *   struct_size (at least up to and including max_blocks); the library fills
+ *   what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_cache_metrics_get(const fd_cache *cache, fd_cache_metrics *metrics);
 
 /**
  * @brief Checks every invariant of semantics.md S7.
+ * @param[in] cache Borrowed for the call; not NULL.
  * @return ::FD_OK when all hold; ::FD_ERR_INVARIANT with the first violation,
  *   in words, in ::fd_last_error_message; ::FD_ERR_INVALID_ARGUMENT for NULL.
  */
@@ -464,9 +515,15 @@ FD_API fd_status fd_cache_validate(const fd_cache *cache);
  * memory: make it outside capture.
  * On a CPU cache the destinations are host memory, written before return, and
  * @p stream is ignored.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; as
+ *   ::fd_cache_export.
+ * @param count Rows, >= 1.
+ * @param table_stride Entries per row, as ::fd_cache_export.
  * @param[out] block_tables Device memory (CUDA cache), [count, table_stride]
  *   int32, written asynchronously on @p stream; may be NULL.
  * @param[out] seq_lens Device memory (CUDA cache), [count] int32; may be NULL.
+ * @param stream CUDA stream the copies are enqueued on (NULL: default stream).
  * @return As ::fd_cache_export (nothing is enqueued on failure);
  *   ::FD_ERR_DEVICE (a CUDA call failed); ::FD_ERR_OUT_OF_MEMORY (staging).
  */
@@ -482,6 +539,7 @@ FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *re
  * Never blocks: it queries the CUDA events the cache recorded behind its own
  * work and the CUDA runtime's pending error. The first fault seen is kept and
  * reported by every later call. A CPU cache always reports ::FD_OK.
+ * @param[in] cache Borrowed for the call; not NULL.
  * @return ::FD_OK when no fault has been observed; ::FD_ERR_DEVICE with the
  *   CUDA error's name in ::fd_last_error_message; ::FD_ERR_INVALID_ARGUMENT
  *   (NULL cache).
@@ -521,8 +579,11 @@ typedef enum fd_tx_state {
  * Ids must be non-empty, unique and active, and no transaction may be open.
  * Capacity is checked for the whole batch first. Row r gets position =
  * seq_len, offset = position % block_size, and a new block where offset == 0.
- * @param[in] request_ids Borrowed; copied.
- * @param[out] tx Receives the handle on success only.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; copied.
+ * @param count Entries of @p request_ids (the batch), >= 1.
+ * @param[out] tx Not NULL; receives the handle on success only (a value:
+ *   nothing to release).
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates);
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a transaction
  *   already open); ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count and
@@ -538,8 +599,13 @@ FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint3
  * @p layer must equal the transaction's next layer. On success next_layer + 1
  * and transaction_layer_write_count + 1; on failure
  * transaction_failure_count + 1 and the transaction stays open and unchanged.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
+ * @param layer The transaction's next layer.
  * @param[in] k,v [batch, num_kv_heads, head_dim] in the cache's dtype and
  *   device memory; borrowed for the call (CUDA: read on @p stream).
+ * @param stream CUDA stream the append is enqueued on (NULL: default
+ *   stream); ignored by CPU caches.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL data, wrong layer: "transaction
  *   requires layer 2, got layer 3"); ::FD_ERR_STALE_HANDLE; ::FD_ERR_NOT_FOUND
  *   (unknown transaction); ::FD_ERR_INVALID_STATE (already committed/aborted).
@@ -551,11 +617,18 @@ FD_API fd_status fd_tx_write_layer(fd_cache *cache, fd_tx tx, uint32_t layer, co
  * @brief As ::fd_tx_write_layer, but first rotates Q and K with RoPE (S3.1) at
  * each row's position; writes rotated K and raw V; returns rotated Q.
  *
- * @param[in] q [batch, num_q_heads, head_dim]; num_q_heads must be a positive
- *   multiple of the cache's num_kv_heads.
- * @param[out] q_out [batch, num_q_heads, head_dim]; may equal @p q (in place).
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
+ * @param layer The transaction's next layer.
+ * @param[in] q [batch, num_q_heads, head_dim] in the cache's dtype and
+ *   device memory; borrowed for the call (CUDA: until @p stream reaches it).
+ * @param num_q_heads A positive multiple of the cache's num_kv_heads.
+ * @param[in] k,v As ::fd_tx_write_layer.
  * @param rotary_dim Even, 0 < rotary_dim <= head_dim.
  * @param rope_base Finite, > 0 (e.g. 10000).
+ * @param[out] q_out [batch, num_q_heads, head_dim], same memory kind as @p q;
+ *   borrowed; may equal @p q (in place).
+ * @param stream As ::fd_tx_write_layer.
  * @return As ::fd_tx_write_layer.
  */
 FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t layer,
@@ -565,6 +638,8 @@ FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t laye
 
 /**
  * @brief Publishes the token: every row's seq_len grows by exactly one.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE when not every layer was written
  *   (the transaction stays open) or when already committed/aborted;
  *   ::FD_ERR_STALE_HANDLE; ::FD_ERR_NOT_FOUND.
@@ -574,6 +649,8 @@ FD_API fd_status fd_tx_commit(fd_cache *cache, fd_tx tx);
 /**
  * @brief Rolls the token back: new blocks return to the front of the free list
  * in their previous order; seq_lens unchanged.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE (already committed/aborted);
  *   ::FD_ERR_STALE_HANDLE; ::FD_ERR_NOT_FOUND.
  */
@@ -591,19 +668,28 @@ typedef struct fd_tx_info {
 
 /**
  * @brief Describes an open transaction.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_STALE_HANDLE;
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
+ * @param[in,out] info Borrowed for the call; not NULL. Caller sets struct_size
+ *   (at least through batch); the library fills what fits.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size);
+ *   ::FD_ERR_STALE_HANDLE;
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (committed/aborted).
  */
 FD_API fd_status fd_tx_get_info(const fd_cache *cache, fd_tx tx, fd_tx_info *info);
 
 /**
  * @brief Per-row view of an open transaction, in begin's row order. Every
- * output is host memory of `batch` entries and may be NULL to skip it.
- * @param[out] request_ids Row ids. @param[out] positions Token positions
- *   (= committed seq_len). @param[out] block_ids Physical block of the new
- *   token. @param[out] offsets Offset inside that block.
- *   @param[out] effective_seq_lens seq_len + 1.
+ * output is host memory of `batch` entries, borrowed for the call, and may be
+ * NULL to skip it.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
  * @param capacity Entries available in each non-NULL array; must be >= batch.
+ * @param[out] request_ids Row ids.
+ * @param[out] positions Token positions (= committed seq_len).
+ * @param[out] block_ids Physical block of the new token.
+ * @param[out] offsets Offset inside that block.
+ * @param[out] effective_seq_lens seq_len + 1.
  * @return As ::fd_tx_get_info; ::FD_ERR_INVALID_ARGUMENT when capacity < batch.
  */
 FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capacity,
@@ -613,7 +699,12 @@ FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capaci
 /**
  * @brief Block tables of an open transaction's rows, new blocks included,
  * padded with -1 to @p table_stride.
- * @param[out] block_tables Host memory, [batch, table_stride] int32.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
+ * @param table_stride Entries per row, at least the longest row
+ *   (fd_tx_info.max_blocks_per_seq).
+ * @param[out] block_tables Host memory, [batch, table_stride] int32; borrowed
+ *   for the call; not NULL.
  * @return As ::fd_tx_get_info; ::FD_ERR_INVALID_ARGUMENT when a row has more
  *   blocks than @p table_stride (nothing written).
  */
@@ -628,10 +719,14 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
  *
  * Same staging rules as ::fd_cache_export_async. On a CPU cache the
  * destinations are host memory written before return.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin on this cache.
+ * @param table_stride As ::fd_tx_block_tables.
  * @param[out] block_tables Device memory (CUDA cache), [batch, table_stride]
  *   int32; may be NULL.
  * @param[out] effective_seq_lens Device memory (CUDA cache), [batch] int32;
  *   may be NULL.
+ * @param stream CUDA stream the copies are enqueued on (NULL: default stream).
  * @return As ::fd_tx_block_tables; ::FD_ERR_DEVICE; ::FD_ERR_OUT_OF_MEMORY.
  *
  * CUDA caches and layer writes: ::fd_tx_write_layer and
@@ -665,11 +760,16 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx,
  * Inactive prefixes (no references) are evicted in least-recently-used order
  * to make room; if that cannot cover the need, nothing is evicted and the call
  * fails.
- * @param[in] prefix_id NUL-terminated, non-empty; copied.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param[in] prefix_id NUL-terminated, non-empty; borrowed for the call and
+ *   copied.
  * @param[in] k_blocks,v_blocks [num_layers, num_blocks, num_kv_heads,
  *   block_size, head_dim] (dim-major caches: [.., head_dim, block_size]) in
  *   the cache's dtype; host or (CUDA caches) device memory; borrowed for the
  *   call.
+ * @param num_blocks Blocks of the prefix, >= 1.
+ * @param stream CUDA stream the copies are enqueued on (NULL: default
+ *   stream); ignored by CPU caches.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, empty id, num_blocks 0);
  *   ::FD_ERR_ALREADY_EXISTS (duplicate id); ::FD_ERR_OUT_OF_BLOCKS
  *   (num_blocks > capacity, or "insufficient evictable prefix capacity");
@@ -683,6 +783,9 @@ FD_API fd_status fd_prefix_register(fd_cache *cache, const char *prefix_id,
 /**
  * @brief Attaches a registered prefix to an active, empty request with no
  * prefix: its first blocks become the prefix's, seq_len = n * block_size.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param request_id An active, empty request.
+ * @param[in] prefix_id NUL-terminated; borrowed for the call.
  * @return ::FD_OK; ::FD_ERR_NOT_FOUND (unknown prefix: prefix_miss_count + 1;
  *   or unknown request); ::FD_ERR_INVALID_STATE (request not active, not empty
  *   or already attached; a transaction is open); ::FD_ERR_INVALID_ARGUMENT.
@@ -691,6 +794,8 @@ FD_API fd_status fd_prefix_attach(fd_cache *cache, uint64_t request_id, const ch
 
 /**
  * @brief Evicts an unreferenced prefix and frees its blocks.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param[in] prefix_id NUL-terminated; borrowed for the call.
  * @return ::FD_OK; ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (references
  *   remain, or a transaction is open); ::FD_ERR_INVALID_ARGUMENT.
  */
@@ -709,7 +814,12 @@ typedef struct fd_prefix_info {
 
 /**
  * @brief Reports a resident prefix's state.
- * @return ::FD_OK; ::FD_ERR_NOT_FOUND (not resident); ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in] prefix_id NUL-terminated; borrowed for the call.
+ * @param[in,out] info Borrowed for the call; not NULL. Caller sets struct_size
+ *   (at least through num_blocks); the library fills what fits.
+ * @return ::FD_OK; ::FD_ERR_NOT_FOUND (not resident); ::FD_ERR_INVALID_ARGUMENT
+ *   (NULL, too-small struct_size).
  */
 FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id,
                                     fd_prefix_info *info);
@@ -776,12 +886,16 @@ typedef struct fd_decode_params {
 } fd_decode_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16,
- *  automatic splits, packed strides) and sets struct_size. NULL is ignored. */
+ *  automatic splits, packed strides) and sets struct_size. NULL is ignored.
+ *  @param[out] params Borrowed for the call; may be NULL. */
 FD_API void fd_decode_params_init(fd_decode_params *params);
 
 /**
  * @brief Workspace bytes ::fd_decode needs for @p params (with num_splits 0,
  * for the split count it would choose given max_seq_len_hint).
+ * @param[in] params Borrowed for the call; not NULL. Its pointers are not
+ *   dereferenced.
+ * @param[out] bytes Not NULL; receives the byte count (0: no workspace needed).
  * @return ::FD_OK; as ::fd_decode for invalid or unsupported parameters.
  */
 FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t *bytes);
@@ -799,8 +913,12 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
  * With num_splits 0, the split count is chosen from host-known values and the
  * workspace available (no workspace: no split). An explicit num_splits > 1
  * needs ::fd_decode_workspace_size bytes of workspace.
+ * @param[in] params Borrowed for the call; not NULL. The buffers it names are
+ *   the caller's, in @p params->device memory: read (and @p out written)
+ *   before return on the CPU, on @p params->stream for CUDA.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (checked before anything runs:
- *   NULL pointers, zero sizes, heads not a multiple, a seq_len or used block id
+ *   struct_size too small or larger than this library's struct, NULL
+ *   pointers, zero sizes, heads not a multiple, a seq_len or used block id
  *   out of range where checked, workspace too small); ::FD_ERR_UNSUPPORTED (a
  *   valid combination this backend does not serve: the message names the
  *   parameter); ::FD_ERR_NO_DEVICE; ::FD_ERR_DEVICE (a launch failed).
@@ -812,6 +930,16 @@ FD_API fd_status fd_decode(const fd_decode_params *params);
  * [num_tokens, num_heads, head_dim], token i rotated at positions[i].
  *
  * Runs on the CPU. FP32 math; results are rounded back to @p dtype.
+ * @param dtype ::fd_dtype of @p x.
+ * @param[in,out] x Host memory, [num_tokens, num_heads, head_dim]; borrowed
+ *   for the call; not NULL.
+ * @param num_tokens Tokens, >= 1.
+ * @param num_heads Heads per token, >= 1.
+ * @param head_dim Elements per head, >= 1.
+ * @param[in] positions Host memory, [num_tokens] positions, each >= 0;
+ *   borrowed for the call; not NULL.
+ * @param rotary_dim Rotated dims per head: even, 0 < rotary_dim <= head_dim.
+ * @param rope_base Finite, > 0 (e.g. 10000).
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, zero sizes, odd or out of
  *   range rotary_dim, base not finite or <= 0, a negative position: nothing is
  *   written).
@@ -825,11 +953,19 @@ FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens, uint
  * each row contiguous, [batch, num_kv_heads, max_seq_len, head_dim].
  *
  * FP32 math, output in @p dtype. Meant for tests and for checking other
- * backends; single-threaded.
- * @param[in] q [batch, num_q_heads, head_dim]. @param[in] k,v as above.
+ * backends; single-threaded. Every pointer is host memory, borrowed for the
+ * call, not NULL.
+ * @param dtype ::fd_dtype of q, k, v and out.
+ * @param batch Rows, >= 1.
+ * @param num_q_heads A positive multiple of @p num_kv_heads.
+ * @param num_kv_heads KV heads, >= 1.
+ * @param head_dim Elements per head, >= 1.
+ * @param max_seq_len Tokens per row in @p k and @p v, >= 1.
+ * @param[in] q [batch, num_q_heads, head_dim].
+ * @param[in] k,v [batch, num_kv_heads, max_seq_len, head_dim].
  * @param[in] seq_lens [batch], each in [0, max_seq_len].
- * @param[out] out [batch, num_q_heads, head_dim].
  * @param sm_scale 0 means 1/sqrt(head_dim).
+ * @param[out] out [batch, num_q_heads, head_dim].
  * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
  */
 FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch,
@@ -882,7 +1018,8 @@ typedef struct fd_kv_append_params {
 } fd_kv_append_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16, packed
- *  strides, rope_base 10000) and sets struct_size. NULL is ignored. */
+ *  strides, rope_base 10000) and sets struct_size. NULL is ignored.
+ *  @param[out] params Borrowed for the call; may be NULL. */
 FD_API void fd_kv_append_params_init(fd_kv_append_params *params);
 
 /**
@@ -897,6 +1034,8 @@ FD_API void fd_kv_append_params_init(fd_kv_append_params *params);
  * enqueued on @p stream and the call returns; results are ready when the
  * stream reaches it. No duplicate (block, offset) pairs: their order is
  * unspecified.
+ * @param[in] params Borrowed for the call; not NULL. The buffers it names are
+ *   the caller's, in @p params->device memory; k_cache and v_cache are written.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (the message names the parameter
  *   and, for index arrays, the first bad entry; nothing is written);
  *   ::FD_ERR_UNSUPPORTED (f32 on CUDA, head_dim > 1024 on CUDA);
@@ -912,6 +1051,8 @@ FD_API fd_status fd_kv_append(const fd_kv_append_params *params);
  * FP32 math with inv_freq[j] = powf(rope_base, -2j / rotary_dim), as
  * ::fd_rope_apply, so CPU and CUDA results agree within one rounding of
  * @p dtype. Checks and synchronisation as ::fd_kv_append, plus positions >= 0.
+ * @param[in] params Borrowed for the call; not NULL. As ::fd_kv_append;
+ *   q_out is written too.
  * @return As ::fd_kv_append.
  */
 FD_API fd_status fd_rope_kv_append(const fd_kv_append_params *params);
@@ -953,28 +1094,33 @@ typedef struct fd_scheduler_config {
 
 /**
  * @brief Fills @p config with defaults and sets struct_size.
- * @param[out] config Borrowed; NULL is ignored.
+ * @param[out] config Borrowed for the call; may be NULL (ignored).
  */
 FD_API void fd_scheduler_config_init(fd_scheduler_config *config);
 
 /**
  * @brief Creates a scheduler.
- * @param[in] config Borrowed for the call.
- * @param[out] out Receives the handle on success only; owned by the caller,
- *   release with ::fd_scheduler_destroy.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size,
+ * @param[in] config Borrowed for the call; not NULL.
+ * @param[out] out Not NULL; receives the handle on success only; owned by the
+ *   caller, release with ::fd_scheduler_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, struct_size too small or
+ *   larger than this library's struct,
  *   max_active_requests 0, max_batch_requests 0 or > max_active_requests,
  *   aging_threshold_steps 0); ::FD_ERR_OUT_OF_MEMORY.
  */
 FD_API fd_status fd_scheduler_create(const fd_scheduler_config *config, fd_scheduler **out);
 
-/** @brief Destroys a scheduler. NULL is a no-op. Decisions it made stay valid. */
+/** @brief Destroys a scheduler. NULL is a no-op. Decisions it made stay valid.
+ *  @param scheduler Owned by the caller, released here; may be NULL. */
 FD_API void fd_scheduler_destroy(fd_scheduler *scheduler);
 
 /**
  * @brief Copies the scheduler's configuration.
- * @param[out] config Caller sets struct_size; the library fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] scheduler Borrowed for the call; not NULL.
+ * @param[in,out] config Borrowed for the call; not NULL. Caller sets
+ *   struct_size (at least through max_active_requests); the library fills what
+ *   fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_scheduler_get_config(const fd_scheduler *scheduler,
                                          fd_scheduler_config *config);
@@ -1000,7 +1146,8 @@ typedef struct fd_request_spec {
                                         call and copied. */
 } fd_request_spec;
 
-/** @brief Zeroes @p spec and sets struct_size and max_new_tokens = 1. NULL is ignored. */
+/** @brief Zeroes @p spec and sets struct_size and max_new_tokens = 1. NULL is ignored.
+ *  @param[out] spec Borrowed for the call; may be NULL. */
 FD_API void fd_request_spec_init(fd_request_spec *spec);
 
 /** @brief Pool-wide part of an ::fd_snapshot. Initialise with ::fd_snapshot_info_init. */
@@ -1016,27 +1163,33 @@ typedef struct fd_snapshot_info {
                                         engine's state_version); compared when a decision is applied. */
 } fd_snapshot_info;
 
-/** @brief Fills @p info with defaults and sets struct_size. NULL is ignored. */
+/** @brief Fills @p info with defaults and sets struct_size. NULL is ignored.
+ *  @param[out] info Borrowed for the call; may be NULL. */
 FD_API void fd_snapshot_info_init(fd_snapshot_info *info);
 
 /**
  * @brief Starts an empty snapshot.
- * @param[in] info Borrowed for the call.
- * @param[out] out Receives the handle on success only; owned by the caller,
- *   release with ::fd_snapshot_destroy.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, block_size or max_blocks 0,
+ * @param[in] info Borrowed for the call; not NULL; every field is required
+ *   (struct_size is the whole struct).
+ * @param[out] out Not NULL; receives the handle on success only; owned by the
+ *   caller, release with ::fd_snapshot_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, struct_size other than
+ *   this library's, block_size or max_blocks 0,
  *   free_blocks > max_blocks, resident_prefix_blocks > max_blocks - free_blocks,
  *   reserved0 != 0); ::FD_ERR_OUT_OF_MEMORY.
  */
 FD_API fd_status fd_snapshot_create(const fd_snapshot_info *info, fd_snapshot **out);
 
-/** @brief Destroys a snapshot. NULL is a no-op. */
+/** @brief Destroys a snapshot. NULL is a no-op.
+ *  @param snapshot Owned by the caller, released here; may be NULL. */
 FD_API void fd_snapshot_destroy(fd_snapshot *snapshot);
 
 /**
  * @brief Copies the pool-wide part of a snapshot.
- * @param[out] info Caller sets struct_size; the library fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] snapshot Borrowed for the call; not NULL.
+ * @param[in,out] info Borrowed for the call; not NULL. Caller sets struct_size
+ *   (at least through block_size); the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_snapshot_get_info(const fd_snapshot *snapshot, fd_snapshot_info *info);
 
@@ -1045,10 +1198,14 @@ FD_API fd_status fd_snapshot_get_info(const fd_snapshot *snapshot, fd_snapshot_i
  *
  * Entries keep their insertion order (::fd_engine_snapshot inserts in
  * submission order); planning sorts by submission_order itself.
- * @param[in] spec Borrowed for the call; the prefix id is copied.
+ * @param[in,out] snapshot Borrowed for the call; not NULL.
+ * @param[in] spec Borrowed for the call; not NULL; the prefix id is copied.
+ *   struct_size must be this library's (every field is required).
  * @param wait_steps Decisions this request has waited through (caller's
- *   fairness counter). @param skip_count Times a later request went first.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, max_new_tokens 0, context +
+ *   fairness counter).
+ * @param skip_count Times a later request went first.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, struct_size other than
+ *   this library's, max_new_tokens 0, context +
  *   new > INT32_MAX, prefix_blocks without a prefix id or the reverse, context
  *   != prefix_blocks * block_size for a prefixed request);
  *   ::FD_ERR_ALREADY_EXISTS (id or submission_order already in the snapshot).
@@ -1059,7 +1216,8 @@ FD_API fd_status fd_snapshot_add_waiting(fd_snapshot *snapshot, const fd_request
 
 /**
  * @brief Appends an active request (holding blocks).
- * @param[in] spec Borrowed for the call; the prefix id is copied.
+ * @param[in,out] snapshot Borrowed for the call; not NULL.
+ * @param[in] spec As ::fd_snapshot_add_waiting.
  * @param seq_len Committed tokens, in [0, context + new) (a request that generated
  *   every token is no longer active).
  * @param physical_blocks Must equal ceil(seq_len / block_size).
@@ -1094,8 +1252,11 @@ typedef enum fd_schedule_reason {
  *
  * Pure: reads only @p scheduler and @p snapshot (which is copied into the
  * decision). Deterministic. Thread-safe.
- * @param[out] out Receives the decision on success only; owned by the caller,
- *   release with ::fd_decision_destroy.
+ * @param[in] scheduler Borrowed for the call; not NULL.
+ * @param[in] snapshot Borrowed for the call; not NULL. The decision keeps its
+ *   own copy, so the snapshot may be destroyed or changed afterwards.
+ * @param[out] out Not NULL; receives the decision on success only; owned by
+ *   the caller, release with ::fd_decision_destroy.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, a snapshot that violates
  *   resident + sum(physical - shared) == max_blocks - free_blocks, reserve_blocks
  *   >= max_blocks, resident prefix blocks or committed blocks above
@@ -1106,7 +1267,8 @@ typedef enum fd_schedule_reason {
 FD_API fd_status fd_scheduler_plan(const fd_scheduler *scheduler, const fd_snapshot *snapshot,
                                    fd_decision **out);
 
-/** @brief Destroys a decision. NULL is a no-op. */
+/** @brief Destroys a decision. NULL is a no-op.
+ *  @param decision Owned by the caller, released here; may be NULL. */
 FD_API void fd_decision_destroy(fd_decision *decision);
 
 /** @brief Id lists of a decision (::fd_decision_ids). Values pinned. */
@@ -1121,10 +1283,12 @@ typedef enum fd_decision_list {
 
 /**
  * @brief Copies one id list of a decision.
+ * @param[in] decision Borrowed for the call; not NULL.
  * @param list An ::fd_decision_list value.
- * @param[out] ids Host memory of @p capacity entries; may be NULL when
- *   @p capacity is 0 (to ask for the count).
- * @param[out] count Receives the list's length (always, on success).
+ * @param[out] ids Host memory of @p capacity entries, borrowed for the call;
+ *   may be NULL when @p capacity is 0 (to ask for the count).
+ * @param capacity Entries at @p ids: 0, or at least the list's length.
+ * @param[out] count Not NULL; receives the list's length (always, on success).
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL decision or count, unknown
  *   list, capacity below the length: nothing written).
  */
@@ -1148,8 +1312,10 @@ typedef struct fd_decision_summary {
 
 /**
  * @brief Reads a decision's numbers.
- * @param[out] summary Caller sets struct_size; the library fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] decision Borrowed for the call; not NULL.
+ * @param[in,out] summary Borrowed for the call; not NULL. Caller sets
+ *   struct_size (at least through has_drain); the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_decision_get_summary(const fd_decision *decision,
                                          fd_decision_summary *summary);
@@ -1157,8 +1323,11 @@ FD_API fd_status fd_decision_get_summary(const fd_decision *decision,
 /**
  * @brief Copies a decision's reasons (::fd_schedule_reason values, each at
  * most once, in the fixed order).
- * @param[out] reasons Host memory of @p capacity entries (7 always suffice).
- * @param[out] count Receives the number of reasons.
+ * @param[in] decision Borrowed for the call; not NULL.
+ * @param[out] reasons Host memory of @p capacity entries (7 always suffice),
+ *   borrowed for the call; NULL only when the decision has no reasons.
+ * @param capacity Entries at @p reasons, at least the reason count.
+ * @param[out] count Not NULL; receives the number of reasons.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, capacity too small:
  *   nothing written).
  */
@@ -1167,16 +1336,18 @@ FD_API fd_status fd_decision_reasons(const fd_decision *decision, int32_t *reaso
 
 /**
  * @brief Copies the configuration a decision was planned with.
- * @param[out] config Caller sets struct_size; the library fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] decision Borrowed for the call; not NULL.
+ * @param[in,out] config As ::fd_scheduler_get_config.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_decision_get_config(const fd_decision *decision,
                                         fd_scheduler_config *config);
 
 /**
  * @brief Copies the snapshot a decision was planned from.
- * @param[out] out Receives a new snapshot on success only; owned by the
- *   caller, release with ::fd_snapshot_destroy.
+ * @param[in] decision Borrowed for the call; not NULL.
+ * @param[out] out Not NULL; receives a new snapshot on success only; owned by
+ *   the caller, release with ::fd_snapshot_destroy.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT; ::FD_ERR_OUT_OF_MEMORY.
  */
 FD_API fd_status fd_decision_copy_snapshot(const fd_decision *decision, fd_snapshot **out);
@@ -1223,16 +1394,19 @@ typedef struct fd_engine_config {
   uint32_t cpu_threads; /**< Decode worker threads; 0 (default) = all hardware threads. */
 } fd_engine_config;
 
-/** @brief Fills @p config with defaults and sets struct_size. NULL is ignored. */
+/** @brief Fills @p config with defaults and sets struct_size. NULL is ignored.
+ *  @param[out] config Borrowed for the call; may be NULL. */
 FD_API void fd_engine_config_init(fd_engine_config *config);
 
 /**
  * @brief Creates an engine on @p cache.
  * @param cache Borrowed until ::fd_engine_destroy: it must outlive the engine.
- *   It may already hold requests (usable in unscheduled mode only).
+ *   It may already hold requests (usable in unscheduled mode only). Not NULL.
  * @param[in] config Borrowed for the call; NULL means defaults.
- * @param[out] out Receives the handle on success only; owned by the caller.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL cache or out, bad struct_size,
+ * @param[out] out Not NULL; receives the handle on success only; owned by the
+ *   caller, release with ::fd_engine_destroy (before the cache).
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL cache or out, struct_size
+ *   too small or larger than this library's struct,
  *   num_q_heads not a multiple, odd or too large rotary_dim, bad rope_base,
  *   negative or non-finite sm_scale); ::FD_ERR_UNSUPPORTED (a CUDA cache);
  *   ::FD_ERR_INVALID_STATE (a cache transaction is open);
@@ -1244,6 +1418,7 @@ FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *confi
 /**
  * @brief Destroys an engine. NULL is a no-op. An open step is aborted (its
  * cache transaction rolled back); the cache and its requests stay as they are.
+ * @param engine Owned by the caller, released here; may be NULL.
  */
 FD_API void fd_engine_destroy(fd_engine *engine);
 
@@ -1260,6 +1435,8 @@ typedef enum fd_engine_request_state {
 
 /**
  * @brief Unscheduled mode: adds a waiting request.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param request_id Caller-chosen id.
  * @return ::FD_OK (also when the id is already waiting or active: no-op);
  *   ::FD_ERR_INVALID_STATE (terminal id, scheduler-managed engine, a step is
  *   open).
@@ -1269,6 +1446,8 @@ FD_API fd_status fd_engine_add_request(fd_engine *engine, uint64_t request_id);
 /**
  * @brief Unscheduled mode: makes a waiting request active in the cache
  * (an empty request there).
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param request_id A waiting request.
  * @return ::FD_OK (also when already active: no-op); ::FD_ERR_NOT_FOUND
  *   (unknown id); ::FD_ERR_INVALID_STATE (terminal id, scheduler-managed
  *   engine, a step is open, the cache refused the id).
@@ -1279,19 +1458,27 @@ FD_API fd_status fd_engine_admit(fd_engine *engine, uint64_t request_id);
  * @brief Finishes a waiting or active request. Active requests release their
  * private blocks in the cache. Allowed in both modes (scheduler-managed
  * requests also finish by themselves when their last new token commits).
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param request_id A waiting or active request.
  * @return ::FD_OK; ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a
- *   step is open, the cache was changed behind a scheduler-managed engine).
+ *   step is open, the cache was changed behind a scheduler-managed engine);
+ *   ::FD_ERR_INVALID_ARGUMENT (NULL engine).
  */
 FD_API fd_status fd_engine_finish(fd_engine *engine, uint64_t request_id);
 
-/** @brief As ::fd_engine_finish, but the terminal state is cancelled. */
+/** @brief As ::fd_engine_finish, but the terminal state is cancelled.
+ *  @param[in,out] engine Borrowed for the call; not NULL.
+ *  @param request_id A waiting or active request.
+ *  @return As ::fd_engine_finish. */
 FD_API fd_status fd_engine_cancel(fd_engine *engine, uint64_t request_id);
 
 /**
  * @brief Reports a request's state.
- * @param[out] state Receives an ::fd_engine_request_state (unknown ids give
- *   ::FD_ENGINE_REQUEST_UNKNOWN, not an error).
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] engine Borrowed for the call; not NULL.
+ * @param request_id Any id.
+ * @param[out] state Not NULL; receives an ::fd_engine_request_state (unknown
+ *   ids give ::FD_ENGINE_REQUEST_UNKNOWN, not an error).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL).
  */
 FD_API fd_status fd_engine_get_request_state(const fd_engine *engine, uint64_t request_id,
                                              int32_t *state);
@@ -1324,8 +1511,12 @@ typedef struct fd_engine_step {
  * not have been used by an earlier step, and every admitted request must have
  * its whole initial context (see ::fd_engine_prefill_request_layers); a
  * shortage of blocks is an invariant violation.
- * @param[in] request_ids Borrowed; copied.
- * @param[out] step Caller sets struct_size; written on success only.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; copied.
+ * @param count Entries of @p request_ids (rows), >= 1.
+ * @param[in,out] step Borrowed for the call; not NULL. Caller sets struct_size
+ *   to at least sizeof(fd_engine_step) (checked before the step opens);
+ *   written on success only.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates,
  *   ids other than the decision's runnable ids); ::FD_ERR_NOT_FOUND;
  *   ::FD_ERR_INVALID_STATE (a step is open, an id not active, no unused
@@ -1343,7 +1534,9 @@ FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request
  * Layers go 0..num_layers-1 in order. Any failure (wrong layer, a refused
  * write, a decode error) aborts the whole step: its cache transaction is
  * rolled back, seq_lens are unchanged and transaction_abort_count + 1.
+ * @param[in,out] engine Borrowed for the call; not NULL.
  * @param tx The handle from ::fd_engine_begin_step.
+ * @param layer The next layer of the step.
  * @param[in] q [batch, num_q_heads, head_dim]; not modified.
  * @param[in] k,v [batch, num_kv_heads, head_dim]. All in the cache's dtype,
  *   host memory, borrowed for the call.
@@ -1362,6 +1555,8 @@ FD_API fd_status fd_engine_step_layer(fd_engine *engine, fd_tx tx, uint32_t laye
  * @brief Publishes the step: every row's seq_len grows by one. In
  * scheduler-managed mode a request that reached initial_context_tokens +
  * max_new_tokens is finished.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param tx The handle from ::fd_engine_begin_step.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE (no open step, not every layer run:
  *   the step stays open); ::FD_ERR_STALE_HANDLE (@p tx is not the open step).
  */
@@ -1369,6 +1564,8 @@ FD_API fd_status fd_engine_commit_step(fd_engine *engine, fd_tx tx);
 
 /**
  * @brief Rolls the open step back (seq_lens unchanged, new blocks freed).
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param tx The handle from ::fd_engine_begin_step.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE (no open step);
  *   ::FD_ERR_STALE_HANDLE (@p tx is not the open step).
  */
@@ -1381,6 +1578,8 @@ FD_API fd_status fd_engine_abort_step(fd_engine *engine, fd_tx tx);
  * K is rotated with the engine's RoPE at the token's position, like
  * ::fd_engine_step_layer. In scheduler-managed mode only a request whose
  * seq_len is below its initial_context_tokens may be prefilled.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param request_id An active request.
  * @param[in] k,v [num_layers, num_kv_heads, head_dim], cache dtype, host
  *   memory, borrowed for the call.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL); ::FD_ERR_NOT_FOUND;
@@ -1394,8 +1593,10 @@ FD_API fd_status fd_engine_prefill_request_layers(fd_engine *engine, uint64_t re
 /**
  * @brief Scheduler-managed mode: queues a request (state waiting). The first
  * call switches the engine to scheduler-managed mode.
- * @param[in] spec Borrowed; copied. A prefix id must name a prefix registered
- *   through ::fd_engine_register_prefix; prefix_blocks 0 is filled from it.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param[in] spec Borrowed for the call; not NULL; copied. struct_size must be
+ *   this library's. A prefix id must name a prefix registered through
+ *   ::fd_engine_register_prefix; prefix_blocks 0 is filled from it.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (as ::fd_snapshot_add_waiting);
  *   ::FD_ERR_ALREADY_EXISTS (id or submission_order already used);
  *   ::FD_ERR_NOT_FOUND (unknown prefix); ::FD_ERR_INVALID_STATE (first call on
@@ -1407,6 +1608,12 @@ FD_API fd_status fd_engine_submit_request(fd_engine *engine, const fd_request_sp
 /**
  * @brief Registers a shared prefix in the cache (see ::fd_prefix_register).
  * Only before the first submission.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param[in] prefix_id As ::fd_prefix_register.
+ * @param[in] k_blocks,v_blocks As ::fd_prefix_register (host memory: the
+ *   engine serves CPU caches).
+ * @param num_blocks Blocks of the prefix, >= 1.
+ * @param stream Ignored by CPU caches.
  * @return As ::fd_prefix_register; ::FD_ERR_INVALID_STATE after a submission
  *   or while a step is open.
  */
@@ -1417,6 +1624,8 @@ FD_API fd_status fd_engine_register_prefix(fd_engine *engine, const char *prefix
 /**
  * @brief Evicts a prefix (see ::fd_prefix_evict). Only when no request is
  * waiting or active.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param[in] prefix_id NUL-terminated; borrowed for the call.
  * @return As ::fd_prefix_evict; ::FD_ERR_INVALID_STATE while requests are
  *   waiting or active, or a step is open.
  */
@@ -1436,9 +1645,13 @@ typedef struct fd_request_fairness {
  * waiting and active requests in submission order, with the caller's fairness
  * counters (requests not listed get zeros; entries for terminal requests are
  * ignored) and version = the engine's state_version.
+ * @param[in] engine Borrowed for the call; not NULL.
  * @param step Copied into the snapshot.
- * @param[in] fairness Borrowed; @p count entries with unique ids (NULL when 0).
- * @param[out] out Receives a new snapshot on success only; owned by the caller.
+ * @param[in] fairness Host memory, borrowed for the call; @p count entries
+ *   with unique ids; may be NULL when @p count is 0.
+ * @param count Entries of @p fairness.
+ * @param[out] out Not NULL; receives a new snapshot on success only; owned by
+ *   the caller, release with ::fd_snapshot_destroy.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, duplicate ids, reserved0
  *   != 0); ::FD_ERR_NOT_FOUND (an id the engine never saw);
  *   ::FD_ERR_INVALID_STATE (not scheduler-managed, a step is open, cache
@@ -1459,6 +1672,10 @@ FD_API fd_status fd_engine_snapshot(const fd_engine *engine, uint64_t step,
  * decision. Any refusal: stale_decision_count + 1 and nothing else changes.
  * On success the decision's runnable ids become the only ids the next step
  * may use. Admitted requests with a context must be prefilled before it.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param[in] scheduler Borrowed for the call; not NULL.
+ * @param[in] decision Borrowed for the call; not NULL; the engine keeps no
+ *   reference to it.
  * @return ::FD_OK; ::FD_ERR_STALE_HANDLE (snapshot version or contents differ
  *   from the engine's, other config, different re-plan; the message says
  *   which); ::FD_ERR_INVALID_ARGUMENT (NULL); ::FD_ERR_INVALID_STATE (not
@@ -1495,9 +1712,10 @@ typedef struct fd_engine_metrics {
 
 /**
  * @brief Reads the engine metrics.
- * @param[in,out] metrics Caller sets struct_size (at least 8); the library
- *   fills what fits.
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] engine Borrowed for the call; not NULL.
+ * @param[in,out] metrics Borrowed for the call; not NULL. Caller sets
+ *   struct_size (at least 8); the library fills what fits.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
 FD_API fd_status fd_engine_metrics_get(const fd_engine *engine, fd_engine_metrics *metrics);
 
@@ -1505,6 +1723,7 @@ FD_API fd_status fd_engine_metrics_get(const fd_engine *engine, fd_engine_metric
  * @brief Checks that the engine and its cache agree: the cache's own
  * invariants (::fd_cache_validate), request states, ownership of blocks, and
  * in scheduler-managed mode every lifetime commitment.
+ * @param[in] engine Borrowed for the call; not NULL.
  * @return ::FD_OK; ::FD_ERR_INVARIANT with the first violation in words;
  *   ::FD_ERR_INVALID_ARGUMENT for NULL.
  */
@@ -1552,13 +1771,16 @@ typedef struct fd_workload_options {
   uint32_t reserved0;              /**< Must be 0. */
 } fd_workload_options;
 
-/** @brief Fills @p options with defaults and sets struct_size. NULL is ignored. */
+/** @brief Fills @p options with defaults and sets struct_size. NULL is ignored.
+ *  @param[out] options Borrowed for the call; may be NULL. */
 FD_API void fd_workload_options_init(fd_workload_options *options);
 
 /**
  * @brief Names the cases of a workload kind.
- * @param index 0-based; names are static strings.
- * @param[out] name Receives the case name.
+ * @param kind An ::fd_workload_kind.
+ * @param index 0-based.
+ * @param[out] name Not NULL; receives the case name, a static string owned by
+ *   the library.
  * @return ::FD_OK; ::FD_ERR_NOT_FOUND (index past the last case);
  *   ::FD_ERR_INVALID_ARGUMENT (unknown kind, NULL).
  */
@@ -1569,21 +1791,25 @@ typedef struct fd_workload_result fd_workload_result;
 
 /**
  * @brief Runs a workload case to completion.
- * @param[in] options Borrowed for the call.
- * @param[out] out Receives the result on success only; owned by the caller,
- *   release with ::fd_workload_result_destroy.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, unknown kind);
+ * @param[in] options Borrowed for the call; not NULL.
+ * @param[out] out Not NULL; receives the result on success only; owned by the
+ *   caller, release with ::fd_workload_result_destroy.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, struct_size too small or
+ *   larger than this library's struct, unknown kind, reserved0 != 0);
  *   ::FD_ERR_NOT_FOUND (unknown case); ::FD_ERR_INVARIANT (the run broke an
  *   engine or cache invariant: a bug); ::FD_ERR_OUT_OF_MEMORY.
  */
 FD_API fd_status fd_workload_run(const fd_workload_options *options, fd_workload_result **out);
 
-/** @brief Destroys a workload result. NULL is a no-op. */
+/** @brief Destroys a workload result. NULL is a no-op.
+ *  @param result Owned by the caller, released here; may be NULL. */
 FD_API void fd_workload_result_destroy(fd_workload_result *result);
 
 /**
  * @brief Number of policy runs in a result (1, or 3 for scheduler cases).
- * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
+ * @param[in] result Borrowed for the call; not NULL.
+ * @param[out] count Not NULL; receives the number of runs.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL).
  */
 FD_API fd_status fd_workload_result_count(const fd_workload_result *result, uint32_t *count);
 
@@ -1628,8 +1854,13 @@ typedef struct fd_workload_report {
 
 /**
  * @brief Reads the report of run @p index.
- * @param[out] report Caller sets struct_size; the library fills what fits.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, index out of range).
+ * @param[in] result Borrowed for the call; not NULL.
+ * @param index Run, < ::fd_workload_result_count.
+ * @param[in,out] report Borrowed for the call; not NULL. Caller sets
+ *   struct_size (at least through case_name, 48 bytes); the library fills
+ *   what fits.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, index out of range,
+ *   too-small struct_size).
  */
 FD_API fd_status fd_workload_result_report(const fd_workload_result *result, uint32_t index,
                                            fd_workload_report *report);
@@ -1646,9 +1877,12 @@ typedef struct fd_workload_trace_point {
 
 /**
  * @brief Copies the per-iteration trace of run @p index.
- * @param[out] points Host memory of @p capacity entries; may be NULL when
- *   @p capacity is 0 (to ask for the count).
- * @param[out] count Receives the trace length.
+ * @param[in] result Borrowed for the call; not NULL.
+ * @param index Run, < ::fd_workload_result_count.
+ * @param[out] points Host memory of @p capacity entries, borrowed for the
+ *   call; may be NULL when @p capacity is 0 (to ask for the count).
+ * @param capacity Entries at @p points: 0, or at least the trace length.
+ * @param[out] count Not NULL; receives the trace length.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, index out of range,
  *   capacity below the length: nothing written).
  */
