@@ -73,8 +73,7 @@ __device__ __forceinline__ void copy_unit(const uint16_t *src, uint16_t *dst, in
 // Unit j of a rotated head: rotation pairs first, then the dims past R.
 template <class T>
 __device__ __forceinline__ void rotate_unit(const uint16_t *src, uint16_t *dst, int64_t sd, int j,
-                                            int D, int R, const float *cos_s,
-                                            const float *sin_s) {
+                                            int D, int R, const float *cos_s, const float *sin_s) {
   const int half = R / 2;
   const int pair_units = (half + kVec - 1) / kVec;
   if (j >= pair_units) {

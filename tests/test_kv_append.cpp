@@ -106,10 +106,10 @@ void expect(const Problem &p, bool rope, std::vector<uint8_t> &kc, std::vector<u
   std::vector<uint8_t> k = p.k;
   q_out = p.q;
   if (rope) {
-    FD_ASSERT_OK(fd_rope_apply(p.dtype, k.data(), p.tokens, p.hkv, p.dim, p.pos.data(), p.rotary,
+    FD_ASSERT_OK(
+        fd_rope_apply(p.dtype, k.data(), p.tokens, p.hkv, p.dim, p.pos.data(), p.rotary, p.base));
+    FD_ASSERT_OK(fd_rope_apply(p.dtype, q_out.data(), p.tokens, p.hq, p.dim, p.pos.data(), p.rotary,
                                p.base));
-    FD_ASSERT_OK(fd_rope_apply(p.dtype, q_out.data(), p.tokens, p.hq, p.dim, p.pos.data(),
-                               p.rotary, p.base));
   }
   kc = p.kc, vc = p.vc;
   const size_t e = esz(p);
@@ -168,13 +168,13 @@ void test_matches_reference(void **state) {
 
 /* A failing call returns `status` with `text` in the message and writes
  * nothing: caches and q_out keep their bytes. */
-#define EXPECT_NOTHING_WRITTEN(call, status, text)                          \
-  do {                                                                      \
-    const std::vector<uint8_t> kc0 = p.kc, vc0 = p.vc, qo0 = p.q_out;       \
-    FD_ASSERT_FAILS(call, status, text);                                    \
-    assert_memory_equal(p.kc.data(), kc0.data(), kc0.size());               \
-    assert_memory_equal(p.vc.data(), vc0.data(), vc0.size());               \
-    assert_memory_equal(p.q_out.data(), qo0.data(), qo0.size());            \
+#define EXPECT_NOTHING_WRITTEN(call, status, text)                    \
+  do {                                                                \
+    const std::vector<uint8_t> kc0 = p.kc, vc0 = p.vc, qo0 = p.q_out; \
+    FD_ASSERT_FAILS(call, status, text);                              \
+    assert_memory_equal(p.kc.data(), kc0.data(), kc0.size());         \
+    assert_memory_equal(p.vc.data(), vc0.data(), vc0.size());         \
+    assert_memory_equal(p.q_out.data(), qo0.data(), qo0.size());      \
   } while (0)
 
 /* Runs `edit` on fresh params and expects both entry points (or only the
@@ -233,17 +233,22 @@ void test_errors(void **state) {
 
   /* Bad index values: named entry, nothing written (checked before any write). */
   p.ids[3] = (int32_t)p.blocks;
-  both_fail(p, [](fd_kv_append_params &) {}, INV, "block_ids[3] = 6 is out of range [0, 6)", false);
+  both_fail(
+      p, [](fd_kv_append_params &) {}, INV, "block_ids[3] = 6 is out of range [0, 6)", false);
   p.ids[3] = -1;
-  both_fail(p, [](fd_kv_append_params &) {}, INV, "block_ids[3] = -1", false);
+  both_fail(
+      p, [](fd_kv_append_params &) {}, INV, "block_ids[3] = -1", false);
   p.ids[3] = 0;
   p.offs[4] = (int32_t)p.bs;
-  both_fail(p, [](fd_kv_append_params &) {}, INV, "offsets[4] = 4 is out of range [0, 4)", false);
+  both_fail(
+      p, [](fd_kv_append_params &) {}, INV, "offsets[4] = 4 is out of range [0, 4)", false);
   p.offs[4] = -2;
-  both_fail(p, [](fd_kv_append_params &) {}, INV, "offsets[4] = -2", false);
+  both_fail(
+      p, [](fd_kv_append_params &) {}, INV, "offsets[4] = -2", false);
   p.offs[4] = 0;
   p.pos[2] = -5;
-  both_fail(p, [](fd_kv_append_params &) {}, INV, "positions[2] = -5 must be >= 0", true);
+  both_fail(
+      p, [](fd_kv_append_params &) {}, INV, "positions[2] = -5 must be >= 0", true);
   /* The plain form ignores positions. */
   fd_kv_append_params a = params(p);
   FD_ASSERT_OK(fd_kv_append(&a));

@@ -79,8 +79,8 @@ void test_external_storage_transaction(void **state) {
       a.stride_block = B * H * D, a.stride_head = D, a.stride_token = H * D, a.stride_dim = 1;
       a.block_ids = blk, a.offsets = off, a.positions = pos;
       FD_ASSERT_OK(fd_rope_kv_append(&a));
-      FD_ASSERT_OK(fd_tx_write_layer_rope(cache, tx, l, q.data(), HQ, k.data(), v.data(), 6,
-                                          500.f, q_out.data(), NULL));
+      FD_ASSERT_OK(fd_tx_write_layer_rope(cache, tx, l, q.data(), HQ, k.data(), v.data(), 6, 500.f,
+                                          q_out.data(), NULL));
       assert_memory_equal(ks.data(), kc.data(), ks.size() * 2);
       assert_memory_equal(vs.data(), vc.data(), vs.size() * 2);
       assert_memory_equal(q_out.data(), q_ref.data(), q.size() * 2);
@@ -185,7 +185,8 @@ void test_async_exports_on_cpu(void **state) {
   const uint64_t ids[2] = {1, 2};
   for (uint64_t id : ids) FD_ASSERT_OK(fd_cache_add_request(cache, id));
   std::vector<uint16_t> kv(2 * 8 * 128);
-  for (int i = 0; i < 3; ++i) FD_ASSERT_OK(fd_cache_append(cache, ids, 2, kv.data(), kv.data(), NULL));
+  for (int i = 0; i < 3; ++i)
+    FD_ASSERT_OK(fd_cache_append(cache, ids, 2, kv.data(), kv.data(), NULL));
   int32_t want_t[2 * 4], want_l[2], got_t[2 * 4], got_l[2];
   FD_ASSERT_OK(fd_cache_export(cache, ids, 2, 4, want_t, want_l));
   memset(got_t, 0x7f, sizeof got_t), memset(got_l, 0x7f, sizeof got_l);
@@ -197,8 +198,8 @@ void test_async_exports_on_cpu(void **state) {
   FD_ASSERT_FAILS(fd_cache_export_async(cache, ids, 2, 1, got_t, NULL, NULL),
                   FD_ERR_INVALID_ARGUMENT, "more than table_stride 1");
   const uint64_t unknown[1] = {77};
-  FD_ASSERT_FAILS(fd_cache_export_async(cache, unknown, 1, 4, got_t, got_l, NULL),
-                  FD_ERR_NOT_FOUND, "unknown request 77");
+  FD_ASSERT_FAILS(fd_cache_export_async(cache, unknown, 1, 4, got_t, got_l, NULL), FD_ERR_NOT_FOUND,
+                  "unknown request 77");
   FD_ASSERT_FAILS(fd_cache_export_async(NULL, ids, 2, 4, got_t, got_l, NULL),
                   FD_ERR_INVALID_ARGUMENT, "cache must not be NULL");
   assert_int_equal(got_t[0], 0x7f7f7f7f);
@@ -212,8 +213,8 @@ void test_async_exports_on_cpu(void **state) {
   assert_memory_equal(tx_t, want_t, sizeof tx_t);
   assert_memory_equal(tx_l, eff, sizeof eff);
   assert_int_equal(tx_l[0], 4);
-  FD_ASSERT_FAILS(fd_tx_block_tables_async(cache, tx, 1, tx_t, NULL, NULL),
-                  FD_ERR_INVALID_ARGUMENT, "more than table_stride 1");
+  FD_ASSERT_FAILS(fd_tx_block_tables_async(cache, tx, 1, tx_t, NULL, NULL), FD_ERR_INVALID_ARGUMENT,
+                  "more than table_stride 1");
   FD_ASSERT_OK(fd_tx_abort(cache, tx));
   FD_ASSERT_FAILS(fd_tx_block_tables_async(cache, tx, 4, tx_t, tx_l, NULL), FD_ERR_INVALID_STATE,
                   "already aborted");

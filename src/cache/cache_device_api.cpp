@@ -12,28 +12,26 @@
 extern "C" {
 
 FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *request_ids,
-                                       uint32_t count, uint32_t table_stride,
-                                       int32_t *block_tables, int32_t *seq_lens,
-                                       fd_stream stream) {
+                                       uint32_t count, uint32_t table_stride, int32_t *block_tables,
+                                       int32_t *seq_lens, fd_stream stream) {
   return fd::guard([&] {
     fd::require_non_null(cache, "cache");
     const fd::PagedCache &c = cache->cache;
     c.max_blocks_per_seq(request_ids, count);  // checks the ids before any staging
     const size_t table_ints = block_tables ? size_t{count} * table_stride : 0;
     const size_t len_ints = seq_lens ? count : 0;
-    c.storage().export_tables(table_ints, len_ints, block_tables, seq_lens, stream,
-                              [&](int32_t *tables, int32_t *lens) {
-                                c.export_tables(request_ids, count, table_stride,
-                                                block_tables ? tables : nullptr,
-                                                seq_lens ? lens : nullptr);
-                              });
+    c.storage().export_tables(
+        table_ints, len_ints, block_tables, seq_lens, stream, [&](int32_t *tables, int32_t *lens) {
+          c.export_tables(request_ids, count, table_stride, block_tables ? tables : nullptr,
+                          seq_lens ? lens : nullptr);
+        });
     return FD_OK;
   });
 }
 
-FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx,
-                                          uint32_t table_stride, int32_t *block_tables,
-                                          int32_t *effective_seq_lens, fd_stream stream) {
+FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint32_t table_stride,
+                                          int32_t *block_tables, int32_t *effective_seq_lens,
+                                          fd_stream stream) {
   return fd::guard([&] {
     fd::require_non_null(cache, "cache");
     const fd::PagedCache &c = cache->cache;

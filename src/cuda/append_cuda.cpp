@@ -20,8 +20,8 @@ void require_device_pointer(const void *p, int32_t ordinal, const char *what) {
   std::memset(&attr, 0, sizeof attr);
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
   if (e != cudaSuccess) (void)cudaGetLastError();
-  const bool device = e == cudaSuccess && (attr.type == cudaMemoryTypeDevice ||
-                                           attr.type == cudaMemoryTypeManaged);
+  const bool device =
+      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
   if (!device || attr.device != ordinal)
     fail(FD_ERR_INVALID_ARGUMENT, "params->%s is not device memory of CUDA device %d", what,
          ordinal);

@@ -72,6 +72,15 @@ void StagingRing::resize(Slot &slot, size_t bytes) {
   slot.capacity = cap;
 }
 
+void StagingRing::preallocate(size_t count, size_t bytes) {
+  while (slots_.size() < count && slots_.size() < kMaxSlots) {
+    auto slot = std::make_unique<Slot>();
+    cuda_check(cudaEventCreateWithFlags(&slot->event, cudaEventDisableTiming), "cudaEventCreate");
+    slots_.push_back(std::move(slot));
+    resize(*slots_.back(), bytes);
+  }
+}
+
 StagingRing::Slot &StagingRing::acquire(size_t bytes) {
   Slot *pick = nullptr;
   for (auto &s : slots_)
@@ -149,8 +158,8 @@ void require_device_memory(const void *p, int32_t ordinal, const char *what) {
   std::memset(&attr, 0, sizeof attr);
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
   if (e != cudaSuccess) (void)cudaGetLastError();
-  const bool device = e == cudaSuccess && (attr.type == cudaMemoryTypeDevice ||
-                                           attr.type == cudaMemoryTypeManaged);
+  const bool device =
+      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
   if (!device || attr.device != ordinal)
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d", what, ordinal);
 }
@@ -160,6 +169,11 @@ class CudaKvStorage final : public KvStorage {
   CudaKvStorage(const KvGeometry &g, int32_t ordinal)
       : g_(g), ordinal_(ordinal), elem_(g.element_size()), rows_ring_(true), export_ring_(false) {
     CudaDeviceScope scope(ordinal_);
+    // Room for 4 transactions of up to 1365 rows and 4 exports of 16Ki
+    // entries in flight before anything is allocated on the way (the rings
+    // free themselves if the constructor throws later).
+    rows_ring_.preallocate(4, 16384);
+    export_ring_.preallocate(4, 65536);
     if (g.external()) {
       require_device_memory(g.ext_k, ordinal, "config.k_storage");
       require_device_memory(g.ext_v, ordinal, "config.v_storage");
@@ -264,9 +278,9 @@ class CudaKvStorage final : public KvStorage {
     auto *h = static_cast<int32_t *>(slot.host);
     fill(h, h + table_ints);  // may throw: nothing enqueued yet
     if (tables != nullptr && table_ints > 0)
-      cuda_check(cudaMemcpyAsync(tables, h, table_ints * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, s),
-                 "cudaMemcpyAsync (block tables)");
+      cuda_check(
+          cudaMemcpyAsync(tables, h, table_ints * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync (block tables)");
     if (lens != nullptr && len_ints > 0)
       cuda_check(cudaMemcpyAsync(lens, h + table_ints, len_ints * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, s),
@@ -371,8 +385,8 @@ class CudaKvStorage final : public KvStorage {
   bool block_packed_ = true;  // one block of one layer is contiguous
   int64_t layer_stride_ = 0;  // elements
   int64_t strides_[4] = {0, 0, 0, 0};
-  StagingRing rows_ring_;    // transaction rows (pinned + device twin)
-  StagingRing export_ring_;  // metadata exports (pinned)
+  StagingRing rows_ring_;                 // transaction rows (pinned + device twin)
+  StagingRing export_ring_;               // metadata exports (pinned)
   StagingRing::Slot *pending_ = nullptr;  // reserved by reserve_rows
   StagingRing::Slot *staged_ = nullptr;   // the open transaction's rows
   size_t staged_rows_ = 0;

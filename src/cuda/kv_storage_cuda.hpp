@@ -56,6 +56,9 @@ class StagingRing {
   StagingRing(const StagingRing &) = delete;
   StagingRing &operator=(const StagingRing &) = delete;
 
+  // Creates `count` idle slots of `bytes` each up front, so that the first
+  // transactions and exports (often inside stream capture) allocate nothing.
+  void preallocate(size_t count, size_t bytes);
   // A slot of at least `bytes` that no pending work reads. May allocate
   // (not capture-safe); throws FD_ERR_OUT_OF_MEMORY / FD_ERR_DEVICE.
   Slot &acquire(size_t bytes);

@@ -90,8 +90,8 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
     require_non_null(p.positions, "params->positions");
     if (p.num_q_heads == 0 || p.num_q_heads % p.num_kv_heads != 0)
       fail(FD_ERR_INVALID_ARGUMENT,
-           "params->num_q_heads %u must be a positive multiple of num_kv_heads %u",
-           p.num_q_heads, p.num_kv_heads);
+           "params->num_q_heads %u must be a positive multiple of num_kv_heads %u", p.num_q_heads,
+           p.num_kv_heads);
     check_rope_args(p.head_dim, p.rotary_dim, p.rope_base);
   }
   const int64_t given[4] = {p.stride_block, p.stride_head, p.stride_token, p.stride_dim};
@@ -126,8 +126,7 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
       fail(FD_ERR_INVALID_ARGUMENT, "params->device.ordinal must be >= 0, got %d",
            p.device.ordinal);
   } else {
-    fail(FD_ERR_INVALID_ARGUMENT, "params->device.type %d is not an fd_device_type",
-         p.device.type);
+    fail(FD_ERR_INVALID_ARGUMENT, "params->device.type %d is not an fd_device_type", p.device.type);
   }
   const size_t e = dtype_size(p.dtype);
   if (rope) {

@@ -20,8 +20,8 @@ void scatter(const AppendProblem &p, void *cache, const void *src) {
   for (size_t i = 0; i < p.num_tokens; ++i)
     for (size_t h = 0; h < p.num_kv_heads; ++h) {
       const unsigned char *row = from + (i * p.num_kv_heads + h) * D * e;
-      const int64_t at = int64_t{p.block_ids[i]} * s[0] + int64_t(h) * s[1] +
-                         int64_t{p.offsets[i]} * s[2];
+      const int64_t at =
+          int64_t{p.block_ids[i]} * s[0] + int64_t(h) * s[1] + int64_t{p.offsets[i]} * s[2];
       if (s[3] == 1) {
         std::memcpy(base + size_t(at) * e, row, D * e);
       } else {

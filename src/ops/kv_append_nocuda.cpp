@@ -6,7 +6,9 @@
 
 namespace fd {
 
-void kv_append_cuda(const AppendProblem &p) { require_cuda_device(p.device_ordinal); }
+void kv_append_cuda(const AppendProblem &p) {
+  require_cuda_device(p.device_ordinal);
+}
 
 }  // namespace fd
 

@@ -1,0 +1,253 @@
+/* fd_kv_append / fd_rope_kv_append on CUDA against the CPU implementation:
+ * every dtype x head_dim (64, 128) x rotary_dim (full, partial, not a
+ * multiple of 16) x storage (token-major, dim-major, NHD strides, padded
+ * dim-major), 1..300 tokens, in-place and separate q_out; V and copies are
+ * bit-exact, rotated values within one rounding of the dtype (powf/sincosf
+ * last bits). Error paths: bad indices in device memory are refused with
+ * nothing written; host pointers are refused. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "fd_test.h"
+
+namespace {
+
+#define CUDA_OK(expr)                                                                            \
+  do {                                                                                           \
+    cudaError_t cuda_ok_e_ = (expr);                                                             \
+    if (cuda_ok_e_ != cudaSuccess) {                                                             \
+      print_error("%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_ok_e_)); \
+      fail();                                                                                    \
+    }                                                                                            \
+  } while (0)
+
+enum Storage { kToken, kDim, kNhd, kDimPadded };
+
+struct Case {
+  int32_t dtype;
+  uint32_t dim, rotary, tokens, hq, hkv, bs;
+  int storage;
+  bool in_place;
+  uint64_t seed;
+};
+
+struct Buffers {
+  std::vector<uint16_t> q, k, v, kc, vc;
+  std::vector<int32_t> ids, offs, pos;
+  int64_t sb, sh, st, sd;
+  int32_t layout;
+  uint32_t blocks;
+};
+
+Buffers make(const Case &c) {
+  Buffers b;
+  const int64_t H = c.hkv, D = c.dim, B = c.bs;
+  b.blocks = (c.tokens + c.bs - 1) / c.bs + 3;
+  switch (c.storage) {
+    case kToken:
+      b.layout = FD_LAYOUT_TOKEN_MAJOR, b.sb = H * B * D, b.sh = B * D, b.st = D, b.sd = 1;
+      break;
+    case kDim:
+      b.layout = FD_LAYOUT_DIM_MAJOR, b.sb = H * B * D, b.sh = B * D, b.st = 1, b.sd = B;
+      break;
+    case kNhd:
+      b.layout = FD_LAYOUT_TOKEN_MAJOR, b.sb = B * H * D, b.sh = D, b.st = H * D, b.sd = 1;
+      break;
+    default:
+      b.layout = FD_LAYOUT_DIM_MAJOR, b.st = 1, b.sd = B + 8, b.sh = D * (B + 8) + 16;
+      b.sb = H * b.sh + 24;
+  }
+  fd_test_rng rng = {c.seed};
+  b.q.resize((size_t)c.tokens * c.hq * c.dim);
+  b.k.resize((size_t)c.tokens * c.hkv * c.dim);
+  b.v.resize(b.k.size());
+  for (auto &x : b.q) fd_test_store(&x, 0, c.dtype, 2.f * fd_test_normal(&rng));
+  for (auto &x : b.k) fd_test_store(&x, 0, c.dtype, 2.f * fd_test_normal(&rng));
+  for (auto &x : b.v) fd_test_store(&x, 0, c.dtype, fd_test_normal(&rng));
+  b.kc.resize((size_t)(b.sb * b.blocks));
+  b.vc.resize(b.kc.size());
+  for (size_t i = 0; i < b.kc.size(); ++i)
+    b.kc[i] = (uint16_t)(i * 7), b.vc[i] = (uint16_t)(i * 13);
+  std::vector<int32_t> slots(b.blocks * c.bs);
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = (int32_t)i;
+  for (size_t i = slots.size(); i > 1; --i)
+    std::swap(slots[i - 1], slots[(size_t)fd_test_range(&rng, 0, (int64_t)i - 1)]);
+  for (uint32_t t = 0; t < c.tokens; ++t) {
+    b.ids.push_back(slots[t] / (int32_t)c.bs);
+    b.offs.push_back(slots[t] % (int32_t)c.bs);
+    b.pos.push_back(t == 0 ? 131071 : (int32_t)fd_test_range(&rng, 0, 40000));
+  }
+  return b;
+}
+
+fd_kv_append_params params(const Case &c, const Buffers &b) {
+  fd_kv_append_params a;
+  fd_kv_append_params_init(&a);
+  a.dtype = c.dtype, a.layout = b.layout, a.num_tokens = c.tokens, a.num_q_heads = c.hq;
+  a.num_kv_heads = c.hkv, a.head_dim = c.dim, a.block_size = c.bs, a.num_blocks = b.blocks;
+  a.rotary_dim = c.rotary, a.rope_base = 10000.f;
+  a.stride_block = b.sb, a.stride_head = b.sh, a.stride_token = b.st, a.stride_dim = b.sd;
+  return a;
+}
+
+struct Dev {
+  std::vector<void *> ptrs;
+  ~Dev() {
+    for (void *p : ptrs) cudaFree(p);
+  }
+  template <class T>
+  T *put(const std::vector<T> &h) {
+    void *p = nullptr;
+    if (cudaMalloc(&p, h.size() * sizeof(T)) != cudaSuccess) return nullptr;
+    ptrs.push_back(p);
+    cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return static_cast<T *>(p);
+  }
+};
+
+template <class T>
+std::vector<T> get(const T *d, size_t n) {
+  std::vector<T> h(n);
+  CUDA_OK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+/* Equal bits, or values within one unit in the last place of the dtype. */
+void expect_close(const std::vector<uint16_t> &got, const std::vector<uint16_t> &want,
+                  int32_t dtype, const char *what, const Case &c, size_t *inexact) {
+  const float rel = dtype == FD_DTYPE_BF16 ? 0x1p-7f : 0x1p-10f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const float g = fd_test_load(got.data(), i, dtype), w = fd_test_load(want.data(), i, dtype);
+    if (std::fabs(g - w) > rel * std::fmax(std::fabs(w), 1e-3f)) {
+      print_error("%s[%zu]: gpu %g cpu %g (dtype %d D=%u R=%u tokens=%u storage=%d)\n", what, i,
+                  (double)g, (double)w, dtype, c.dim, c.rotary, c.tokens, c.storage);
+      fail();
+    }
+    ++*inexact;
+  }
+}
+
+void check(const Case &c, size_t *inexact) {
+  Buffers b = make(c);
+  for (int rope = 0; rope < 2; ++rope) {
+    /* CPU reference. */
+    Buffers h = b;
+    std::vector<uint16_t> q_out_cpu(h.q.size(), 0);
+    fd_kv_append_params a = params(c, h);
+    a.q = h.q.data(), a.q_out = q_out_cpu.data(), a.k = h.k.data(), a.v = h.v.data();
+    a.k_cache = h.kc.data(), a.v_cache = h.vc.data();
+    a.block_ids = h.ids.data(), a.offsets = h.offs.data(), a.positions = h.pos.data();
+    FD_ASSERT_OK(rope ? fd_rope_kv_append(&a) : fd_kv_append(&a));
+    /* GPU. */
+    Dev d;
+    uint16_t *q = d.put(b.q), *k = d.put(b.k), *v = d.put(b.v), *kc = d.put(b.kc),
+             *vc = d.put(b.vc);
+    std::vector<uint16_t> poison(b.q.size(), 0x7fff);
+    uint16_t *q_out = c.in_place ? q : d.put(poison);
+    int32_t *ids = d.put(b.ids), *offs = d.put(b.offs), *pos = d.put(b.pos);
+    assert_non_null(q_out);
+    a = params(c, b);
+    a.q = q, a.q_out = q_out, a.k = k, a.v = v, a.k_cache = kc, a.v_cache = vc;
+    a.block_ids = ids, a.offsets = offs, a.positions = pos;
+    a.device.type = FD_DEVICE_CUDA;
+    FD_ASSERT_OK(rope ? fd_rope_kv_append(&a) : fd_kv_append(&a));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> g_kc = get(kc, b.kc.size()), g_vc = get(vc, b.vc.size());
+    assert_memory_equal(g_vc.data(), h.vc.data(), g_vc.size() * 2); /* raw V: exact */
+    if (!rope) {
+      assert_memory_equal(g_kc.data(), h.kc.data(), g_kc.size() * 2);
+      continue;
+    }
+    expect_close(g_kc, h.kc, c.dtype, "k_cache", c, inexact);
+    expect_close(get(q_out, b.q.size()), q_out_cpu, c.dtype, "q_out", c, inexact);
+  }
+}
+
+void test_kernels_match_cpu(void **state) {
+  (void)state;
+  fd_test_rng rng = {11};
+  int cases = 0;
+  size_t inexact = 0;
+  for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
+    for (uint32_t D : {64u, 128u})
+      for (uint32_t R : {D, D / 2, 24u, 2u})
+        for (int st : {kToken, kDim, kNhd, kDimPadded})
+          for (uint32_t tokens : {1u, 37u, 300u}) {
+            Case c = {dt, D, R, tokens, 8, 2, 16, st, (cases % 2) == 1, fd_test_next(&rng)};
+            if (tokens == 300) c.hq = 32, c.hkv = 8, c.bs = 32;
+            check(c, &inexact);
+            ++cases;
+          }
+  print_message(
+      "gpu_append: %d cases x {plain, fused} match the CPU (%zu rotated values one "
+      "rounding apart)\n",
+      cases, inexact);
+}
+
+void test_errors(void **state) {
+  (void)state;
+  const Case c = {FD_DTYPE_BF16, 64, 64, 9, 4, 2, 8, kToken, false, 5};
+  Buffers b = make(c);
+  b.ids[4] = (int32_t)b.blocks; /* out of range, in device memory */
+  Dev d;
+  uint16_t *q = d.put(b.q), *k = d.put(b.k), *v = d.put(b.v), *kc = d.put(b.kc), *vc = d.put(b.vc);
+  uint16_t *q_out = d.put(b.q);
+  int32_t *ids = d.put(b.ids), *offs = d.put(b.offs), *pos = d.put(b.pos);
+  fd_kv_append_params a = params(c, b);
+  a.q = q, a.q_out = q_out, a.k = k, a.v = v, a.k_cache = kc, a.v_cache = vc;
+  a.block_ids = ids, a.offsets = offs, a.positions = pos;
+  a.device.type = FD_DEVICE_CUDA;
+  FD_ASSERT_FAILS(fd_rope_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "block_ids[4] = ");
+  FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "block_ids[4] = ");
+  b.ids[4] = 0;
+  b.pos[6] = -3;
+  CUDA_OK(cudaMemcpy(ids, b.ids.data(), b.ids.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(pos, b.pos.data(), b.pos.size() * 4, cudaMemcpyHostToDevice));
+  FD_ASSERT_FAILS(fd_rope_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "positions[6] = -3");
+  b.offs[2] = 8;
+  CUDA_OK(cudaMemcpy(offs, b.offs.data(), b.offs.size() * 4, cudaMemcpyHostToDevice));
+  FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "offsets[2] = 8");
+  CUDA_OK(cudaDeviceSynchronize());
+  /* Nothing was written. */
+  assert_memory_equal(get(kc, b.kc.size()).data(), b.kc.data(), b.kc.size() * 2);
+  assert_memory_equal(get(vc, b.vc.size()).data(), b.vc.data(), b.vc.size() * 2);
+  assert_memory_equal(get(q_out, b.q.size()).data(), b.q.data(), b.q.size() * 2);
+  /* Host memory on the CUDA path, f32 and an absent device ordinal. */
+  a.k = b.k.data();
+  FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "params->k is not device memory");
+  a.k = k;
+  a.dtype = FD_DTYPE_F32;
+  FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_UNSUPPORTED, "f32");
+  a.dtype = FD_DTYPE_BF16;
+  a.device.ordinal = 64;
+  FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_NO_DEVICE, "CUDA device 64");
+}
+
+}  // namespace
+
+int main(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_kernels_match_cpu),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
