@@ -44,7 +44,7 @@ note "build ok in $((SECONDS - start)) s"
 : >"$OUT/tests.log"
 for t in gpu_append gpu_cache_step test_kv_append test_kv_append_cache; do
   start=$SECONDS
-  CMOCKA_MESSAGE_OUTPUT=stdout timeout 300 "$BUILD_DIR/tests/$t" >>"$OUT/tests.log" 2>&1
+  CMOCKA_MESSAGE_OUTPUT=stdout timeout 60 "$BUILD_DIR/tests/$t" >>"$OUT/tests.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "$t rc=$rc ($((SECONDS - start)) s): $(grep -cE '^\[       OK' "$OUT/tests.log") OK so far"
@@ -55,7 +55,7 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   : >"$OUT/sanitizer.log"
   for t in gpu_cache_step gpu_append; do
     start=$SECONDS
-    CMOCKA_MESSAGE_OUTPUT=stdout timeout 200 compute-sanitizer --tool memcheck --leak-check full \
+    CMOCKA_MESSAGE_OUTPUT=stdout timeout 70 compute-sanitizer --tool memcheck --leak-check full \
       --error-exitcode 3 "$BUILD_DIR/tests/$t" >>"$OUT/sanitizer.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
@@ -65,7 +65,7 @@ fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   start=$SECONDS
-  timeout 240 "$BUILD_DIR/bench/append_bench" --out "$OUT" >"$OUT/bench.log" 2>&1
+  timeout 100 "$BUILD_DIR/bench/append_bench" --out "$OUT" >"$OUT/bench.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "append_bench rc=$rc in $((SECONDS - start)) s"
