@@ -9,7 +9,10 @@
 // device copy, bytes read + written) is measured in the same run. Writes
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
-// Usage: decode_bench [--out DIR] [--quick] [--explore]
+// Usage: decode_bench [--out DIR] [--quick] [--explore] [--filter A,B,...]
+// --filter keeps the cases whose name contains one of the comma-separated
+// substrings, '_' standing for a space (for short iteration runs; the
+// targets are then partial).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -585,6 +588,7 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
 int main(int argc, char **argv) {
   std::string out_dir = ".";
   bool quick = false, explore = false;
+  std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--out") && i + 1 < argc)
       out_dir = argv[++i];
@@ -592,8 +596,19 @@ int main(int argc, char **argv) {
       quick = true;
     else if (!strcmp(argv[i], "--explore"))
       explore = true;
-    else {
-      fprintf(stderr, "usage: %s [--out DIR] [--quick] [--explore]\n", argv[0]);
+    else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) {
+          std::string f = list.substr(at, comma - at);
+          std::replace(f.begin(), f.end(), '_', ' ');
+          filters.push_back(f);
+        }
+        at = comma + 1;
+      }
+    } else {
+      fprintf(stderr, "usage: %s [--out DIR] [--quick] [--explore] [--filter A,B,...]\n", argv[0]);
       return 2;
     }
   }
@@ -623,10 +638,30 @@ int main(int argc, char **argv) {
             specs.push_back({sh, bc, dt, bs, lay, 0});
           }
     }
-  if (explore)
+  if (explore) {
     for (int splits : {1, 2, 4, 8, 16})
       for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{64, 4096}, BatchCtx{1, 32768}})
         specs.push_back({kShapes[0], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
+    // Few KV heads (C, D): ragged and batch-8 split counts.
+    for (int splits : {2, 4, 8, 16})
+      for (int sh : {2, 3})
+        for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{8, 8192}})
+          specs.push_back({kShapes[sh], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
+  }
+  if (!filters.empty()) {
+    std::vector<Spec> kept;
+    for (const Spec &s : specs) {
+      Result probe;
+      probe.spec = s;
+      const std::string name = case_name(probe);
+      for (const std::string &f : filters)
+        if (name.find(f) != std::string::npos) {
+          kept.push_back(s);
+          break;
+        }
+    }
+    specs = kept;
+  }
 
   std::vector<Result> results;
   for (const Spec &s : specs) {

@@ -130,6 +130,21 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t r[4]) {
                : "r"(addr));
 }
 
+// Programmatic dependent launch (sm_90). The kernels are launched with the
+// programmatic-stream-serialization attribute, so a kernel may be scheduled
+// while the previous one in the stream is still running: `pdl_wait` blocks
+// until that grid has completed and its memory is visible (it returns at once
+// for a normal launch), so nothing before it may read memory an earlier
+// kernel could have written. `pdl_launch_dependents` lets the next kernel's
+// CTAs be scheduled now (they still wait for this grid to complete), which
+// hides the launch latency between consecutive kernels.
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // Element offset of 16-byte chunk c of row r in a staged tile whose rows hold
 // `chunks` chunks (8 or 16): chunks are XOR-swizzled by the row's low 3 bits.
 __device__ __forceinline__ int tile_offset(int r, int c, int chunks) {
@@ -138,33 +153,58 @@ __device__ __forceinline__ int tile_offset(int r, int c, int chunks) {
 
 template <bool kDimMajor, int D>
 struct TileShape {
-  // Token-major: rows are tokens, D/8 chunks of dims. Dim-major: rows are
-  // dims, 8 chunks of 8 tokens.
-  static constexpr int kChunks = kDimMajor ? kTile / 8 : D / 8;
+  // Token-major: rows are tokens, D/8 chunks of dims (tile_offset).
+  // Dim-major tiles use dm_offset instead.
+  static constexpr int kChunks = D / 8;
 };
 
-// Which (row, chunk) of the staged tile the thread's i-th copy fills, and the
-// token (relative to the tile) it starts at. Consecutive lanes take
-// consecutive 16-byte pieces of memory: whole 256/128-byte token rows
-// (token-major), or a block's [dim][block_size] slab in memory order
-// (dim-major, `cpb_log2` = log2(block_size / 8) chunks per dim row), so every
-// warp-wide copy reads 512 contiguous bytes of packed storage.
+// Dim-major tiles keep every block's [dim][block_size] slab in its memory
+// order: 16-byte chunk (dim r, token chunk c) of the tile sits at chunk index
+// ((c / cpb) * D + r) * cpb + (c % cpb), cpb = block_size / 8 chunks per dim,
+// with c % cpb XOR-swizzled by bits of r. So a warp's 512 contiguous bytes of
+// K or V land in 512 contiguous bytes of shared memory (the copy writes whole
+// lines, as token-major copies do), and the 8 consecutive dims that one
+// ldmatrix 8x8 matrix reads at a fixed token chunk fall into 8 distinct
+// 16-byte bank groups for cpb = 1, 2 and 4.
+__device__ __forceinline__ int dm_swizzle(int r, int cpb_log2) {
+  return (r >> (3 - cpb_log2)) & ((1 << cpb_log2) - 1);
+}
+template <int D>
+__device__ __forceinline__ int dm_offset(int r, int c, int cpb_log2) {
+  const int k = c & ((1 << cpb_log2) - 1);
+  return (((((c >> cpb_log2) * D + r) << cpb_log2) | (k ^ dm_swizzle(r, cpb_log2)))) * 8;
+}
+
+// Where the thread's i-th 16-byte copy of a tile comes from and goes to.
+// Consecutive lanes take consecutive 16-byte pieces of memory: whole
+// 256/128-byte token rows (token-major), or a block's [dim][block_size] slab
+// in memory order (dim-major, `cpb_log2` = log2(block_size / 8) chunks per
+// dim row), so every warp-wide copy reads 512 contiguous bytes of packed
+// storage. `row` is the token (token-major) or dim (dim-major), `chunk` the
+// dim chunk or token chunk, `token` the first token relative to the tile and
+// `smem` the element offset in the staged tile.
+struct CopyCoords {
+  int row, chunk, token, smem;
+};
 template <bool kDimMajor, int D>
-__device__ __forceinline__ void copy_coords(int tid, int i, int cpb_log2, int &r, int &c,
-                                            int &token) {
+__device__ __forceinline__ CopyCoords copy_coords(int tid, int i, int cpb_log2) {
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
   const int q = tid + kThreads * i;
+  CopyCoords cc;
   if (kDimMajor) {
     const int per_block_log2 = cpb_log2 + (D == 128 ? 7 : 6);  // chunks of one block
     const int within = q & ((1 << per_block_log2) - 1);
-    r = within >> cpb_log2;
-    c = ((q >> per_block_log2) << cpb_log2) + (within & ((1 << cpb_log2) - 1));
-    token = c * 8;
+    cc.row = within >> cpb_log2;
+    cc.chunk = ((q >> per_block_log2) << cpb_log2) + (within & ((1 << cpb_log2) - 1));
+    cc.token = cc.chunk * 8;
+    cc.smem = (q ^ dm_swizzle(cc.row, cpb_log2)) * 8;  // == dm_offset<D>(row, chunk)
   } else {
-    r = q / kChunks;
-    c = q % kChunks;
-    token = r;
+    cc.row = q / kChunks;
+    cc.chunk = q % kChunks;
+    cc.token = cc.row;
+    cc.smem = tile_offset(cc.row, cc.chunk, kChunks);
   }
+  return cc;
 }
 
 struct Params {
@@ -203,10 +243,39 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int cpb_log2 = bs_log2 - 3;
   const int max_len = p.max_blocks_per_seq << bs_log2;
 
+  // Wait for the previous kernel in the stream (everything below may read
+  // what it wrote), then let the next one be scheduled: it waits for this
+  // grid to complete, and the merge kernel may read seq_lens before that
+  // because this point is past everything written before this kernel.
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
+  const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
+  const T *kbase = static_cast<const T *>(p.k) + head_off;
+  const T *vbase = static_cast<const T *>(p.v) + head_off;
+  const int tile_begin = split * p.tiles_per_split;
+
+  // Raw block-table entries of the blocks holding this thread's copies of
+  // tile j (-1 past the table row). They do not depend on seq_len, so the
+  // first tiles' entries load together with seq_len instead of one memory
+  // round trip after it; `issue` uses an entry only for tokens below
+  // seq_len (the table row's unused slots are never trusted).
+  auto fetch_ids = [&](int j, int ids[kNch]) {
+    const int tok0 = (tile_begin + j) * kTile;
+#pragma unroll
+    for (int i = 0; i < kNch; ++i) {
+      const int b = (tok0 + copy_coords<kDimMajor, D>(tid, i, cpb_log2).token) >> bs_log2;
+      ids[i] = b < p.max_blocks_per_seq ? __ldg(table + b) : -1;
+    }
+  };
   int seq_len = p.seq_lens[row];
+  int pre[kS][kNch];
+#pragma unroll
+  for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
+
   seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
   const int row_tiles = (seq_len + kTile - 1) / kTile;
-  const int tile_begin = split * p.tiles_per_split;
   int n_tiles = row_tiles - tile_begin;
   // The last partition takes every remaining tile, so a seq_len above the
   // caller's max_seq_len_hint costs speed, never tokens.
@@ -215,62 +284,38 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // hold tokens. Unsplit rows always write (zeros for an empty row).
   if (n_tiles <= 0 && p.num_splits > 1) return;
 
-  const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
-  const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
-  const T *kbase = static_cast<const T *>(p.k) + head_off;
-  const T *vbase = static_cast<const T *>(p.v) + head_off;
-
-  // Block id of the block holding each of this thread's copies of tile j;
-  // -1 for tokens past the row's end or ids outside the cache (zero-filled,
-  // so a corrupt table cannot make the kernel read outside the cache).
-  auto fetch_ids = [&](int j, int ids[kNch]) {
-    const int tok0 = (tile_begin + j) * kTile;
-#pragma unroll
-    for (int i = 0; i < kNch; ++i) {
-      int r, c, token;
-      copy_coords<kDimMajor, D>(tid, i, cpb_log2, r, c, token);
-      const int t = tok0 + token;
-      int id = -1;
-      if (t < seq_len) {
-        id = __ldg(table + (t >> bs_log2));
-        if (id < 0 || id >= p.num_blocks) id = -1;
-      }
-      ids[i] = id;
-    }
-  };
+  // Copies of tile j into its stage. Tokens past the row's end and ids
+  // outside the cache are zero-filled, so a corrupt table cannot make the
+  // kernel read outside the cache.
   auto issue = [&](int j, const int ids[kNch]) {
     const int tok0 = (tile_begin + j) * kTile;
     uint16_t *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     uint16_t *sv = sk + Cfg::kTileElems;
 #pragma unroll
     for (int i = 0; i < kNch; ++i) {
-      int r, c, token;
-      copy_coords<kDimMajor, D>(tid, i, cpb_log2, r, c, token);
-      const int t = tok0 + token;
-      const bool valid = ids[i] >= 0;
+      const CopyCoords cc = copy_coords<kDimMajor, D>(tid, i, cpb_log2);
+      const int t = tok0 + cc.token;
+      const bool valid = t < seq_len && ids[i] >= 0 && ids[i] < p.num_blocks;
       int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
       if (kDimMajor)
-        off += static_cast<int64_t>(r) * p.stride_dim + (t & bs_mask);
+        off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
       else
-        off += static_cast<int64_t>(t & bs_mask) * p.stride_token + c * 8;
+        off += static_cast<int64_t>(t & bs_mask) * p.stride_token + cc.chunk * 8;
       if (!valid) off = 0;
-      const int so = tile_offset(r, c, kChunks);
-      cp_async16(smem_u32(sk + so), kbase + off, valid);
-      cp_async16(smem_u32(sv + so), vbase + off, valid);
+      cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
+      cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
     }
   };
 
   // Start the pipeline before anything else so memory is busy early.
-  int ids[kNch];
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_tiles) {
-      fetch_ids(s, ids);
-      issue(s, ids);
-    }
+    if (s < n_tiles) issue(s, pre[s]);
     cp_async_commit();
   }
-  if (kS - 1 < n_tiles) fetch_ids(kS - 1, ids);
+  int ids[kNch];
+#pragma unroll
+  for (int i = 0; i < kNch; ++i) ids[i] = pre[kS - 1][i];
 
   // This warp's m-tile (16 q heads of the group) and token slices.
   const int mt = warp % p.m_tiles;
@@ -332,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       const int first = seq_len - tok0 < 0 ? 0 : seq_len - tok0;
       for (int e = tid; e < D * kTile; e += kThreads) {
         const int d = e / kTile, t = e % kTile;
-        if (t >= first) sv[tile_offset(d, t / 8, kChunks) + (t & 7)] = 0;
+        if (t >= first) sv[dm_offset<D>(d, t / 8, cpb_log2) + (t & 7)] = 0;
       }
       __syncthreads();
     }
@@ -343,15 +388,21 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       const int t0 = step * kStepTokens;
       if (tok0 + t0 >= seq_len) break;  // warp-uniform
 
+      // Dim-major: the offsets of dims r + 16 ks (K) and r + 8 n (V, n
+      // even) are the ks = 0 / n = 0 offsets plus a multiple of the dim
+      // stride (the swizzle term repeats every 16 / cpb dims).
+      const int kd_base =
+          kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
+      const int vd_base =
+          kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
+
       // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t b[4];
         if (kDimMajor) {
-          const int r = ks * 16 + (mi & 1) * 8 + rr;
-          const int c = t0 / 8 + (mi >> 1);
-          ldsm_x4_t(sk_u + 2 * tile_offset(r, c, kChunks), b);
+          ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
         } else {
           const int r = t0 + (mi >> 1) * 8 + rr;
           const int c = ks * 2 + (mi & 1);
@@ -412,9 +463,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       for (int n = 0; n < D / 8; n += 2) {
         uint32_t b[4];
         if (kDimMajor) {
-          const int r = n * 8 + (mi >> 1) * 8 + rr;
-          const int c = t0 / 8 + (mi & 1);
-          ldsm_x4(sv_u + 2 * tile_offset(r, c, kChunks), b);
+          ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
         } else {
           const int r = t0 + (mi & 1) * 8 + rr;
           const int c = n + (mi >> 1);
@@ -511,6 +560,11 @@ __global__ void __launch_bounds__(256)
     nv = (len + split_tokens - 1) / split_tokens;
     nv = nv > num_splits ? num_splits : nv;
   }
+  // This kernel follows the attention kernel directly and is scheduled only
+  // once all its CTAs are past their own wait, so seq_lens (written before
+  // that kernel) is safe to read above; the partials need it to complete.
+  pdl_wait();
+  pdl_launch_dependents();
   float acc[kPer];
 #pragma unroll
   for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
@@ -574,6 +628,25 @@ __global__ void __launch_bounds__(256)
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(acc[e] * inv);
 }
 
+// Launches `kernel` with programmatic stream serialization (see pdl_wait):
+// it may start while the previous kernel in the stream drains. Captured into
+// a CUDA graph this becomes a programmatic edge.
+template <class... Params, class... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem,
+                       cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 }  // namespace detail
 
 // Launches decode_kernel<T, D, layout> and the merge (defined per dtype in
@@ -612,21 +685,19 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.partial_ml = l.partial_ml;
   const unsigned grid = static_cast<unsigned>(l.batch) * static_cast<unsigned>(l.num_kv_heads) *
                         static_cast<unsigned>(l.num_splits);
-  kernel<<<grid, detail::kThreads, Cfg::kSmemBytes, l.stream>>>(p);
-  err = cudaGetLastError();
+  err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || l.num_splits == 1) return err;
   const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
   // Warps per (row, head): about 8 splits per warp, at most 8 warps.
   int wph = 1;
   while (wph < 8 && wph * 8 < l.num_splits) wph *= 2;
   const int heads_per_cta = 8 / wph;
-  detail::decode_merge_kernel<T, D>
-      <<<static_cast<unsigned>((rows_heads + heads_per_cta - 1) / heads_per_cta), 256, 0,
-         l.stream>>>(l.partial_o, l.partial_ml, l.seq_lens, l.out, rows_heads,
-                     l.num_kv_heads * l.group_size, l.num_splits,
-                     l.tiles_per_split * kDecodeTileTokens,
-                     l.max_blocks_per_seq << l.block_size_log2, wph);
-  return cudaGetLastError();
+  return detail::launch_pdl(detail::decode_merge_kernel<T, D>,
+                            static_cast<unsigned>((rows_heads + heads_per_cta - 1) / heads_per_cta),
+                            256, 0, l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.out,
+                            rows_heads, l.num_kv_heads * l.group_size, l.num_splits,
+                            l.tiles_per_split * kDecodeTileTokens,
+                            l.max_blocks_per_seq << l.block_size_log2, wph);
 }
 
 template <class T>

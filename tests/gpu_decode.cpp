@@ -3,7 +3,8 @@
  * strides, padded dim-major strides) x GQA group 1..32, ragged rows with
  * seq_len 0, 1, block boundaries and the maximum, split and unsplit; outputs
  * poisoned with NaN and checked fully written; stale NaN past every row's end
- * in the cache; bit-identical reruns; CUDA-graph capture; every error status.
+ * in the cache and unused table slots pointing at NaN blocks; bit-identical
+ * reruns; CUDA-graph capture; every error status.
  *
  * FD_GPU_TEST_REDUCED=1 runs a small sweep (for compute-sanitizer). */
 #include <stdarg.h>
@@ -125,10 +126,22 @@ Host make_host(const Case &c) {
   h.lens = c.lens;
   size_t next = 0;
   const uint16_t nan_bits = 0x7fff; /* NaN in both f16 and bf16 */
+  /* The 3 spare blocks hold NaN, and every unused table slot past a row's
+   * end points at one of them: the kernel may load those slots early but
+   * must never use them (a leak shows up as NaN). */
+  const size_t spare0 = used;
+  for (size_t i = 0; i < 3; ++i) {
+    const size_t at = static_cast<size_t>(perm[spare0 + i]) * static_cast<size_t>(h.sb);
+    std::fill(h.k.begin() + static_cast<ptrdiff_t>(at),
+              h.k.begin() + static_cast<ptrdiff_t>(at + static_cast<size_t>(h.sb)), nan_bits);
+    std::fill(h.v.begin() + static_cast<ptrdiff_t>(at),
+              h.v.begin() + static_cast<ptrdiff_t>(at + static_cast<size_t>(h.sb)), nan_bits);
+  }
   for (uint32_t r = 0; r < h.batch; ++r) {
     const uint32_t len = static_cast<uint32_t>(c.lens[r]);
     const uint32_t nb = (len + c.bs - 1) / c.bs;
     for (uint32_t b = 0; b < nb; ++b) h.tables[r * h.mbps + b] = perm[next++];
+    for (uint32_t b = nb; b < h.mbps; ++b) h.tables[r * h.mbps + b] = perm[spare0 + (r + b) % 3];
     /* Stale NaN in the last block past the row's end must never leak. */
     for (uint32_t t = len; t < nb * c.bs; ++t) {
       const int64_t blk = h.tables[r * h.mbps + t / c.bs];
