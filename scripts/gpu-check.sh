@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for the CUDA backend, meant for a machine with an NVIDIA GPU
 # (sm_90): configure and build with CUDA, run every ctest suite (the "gpu"
-# label first), run compute-sanitizer (memcheck, racecheck, initcheck) over a
-# reduced GPU test, then the decode benchmark. Logs and the benchmark's
+# label first), the decode benchmark, then compute-sanitizer (memcheck,
+# racecheck, initcheck) over a reduced GPU test. Logs and the benchmark's
 # JSON/Markdown/SVG go to $OUT (default ./gpu-out), at most 7 files.
 #
 # cmocka: when it is not installed, .deps/*.deb (apt-get download libcmocka0
@@ -11,7 +11,9 @@
 # Environment: OUT, BUILD_DIR (build-gpu), JOBS, SKIP_SANITIZER=1,
 # SKIP_BENCH=1, BENCH_ARGS (e.g. "--quick", "--explore" or "--filter A,B"),
 # GPU_ONLY=1 (ctest runs only the "gpu" label), BUILD_TARGETS (e.g.
-# "gpu_decode decode_bench": build only these; implies GPU_ONLY).
+# "gpu_decode decode_bench": build only these; implies GPU_ONLY),
+# SANITIZER_TIMEOUT (seconds per compute-sanitizer tool, 240). The benchmark
+# runs before the sanitizers so its results come back even if they run long.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -61,20 +63,6 @@ fi
 note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tr '\n' ' ') ($((SECONDS - start)) s)"
 grep -E "SKIPPED|sweep cases|\[  FAILED|\[  PASSED|\[  SKIPPED" "$OUT/ctest.log" | head -20 | tee -a "$OUT/summary.log"
 
-if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
-  : >"$OUT/sanitizer.log"
-  for tool in memcheck racecheck initcheck; do
-    start=$SECONDS
-    extra=()
-    [ "$tool" = memcheck ] && extra=(--leak-check full)
-    FD_GPU_TEST_REDUCED=1 timeout 240 compute-sanitizer --tool "$tool" "${extra[@]}" \
-      --error-exitcode 3 "$BUILD_DIR/tests/gpu_decode" >>"$OUT/sanitizer.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && status=1
-    note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - start)) s)"
-  done
-fi
-
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   start=$SECONDS
   "$BUILD_DIR/bench/decode_bench" --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
@@ -83,5 +71,19 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   note "bench rc=$rc in $((SECONDS - start)) s"
   tail -12 "$OUT/bench.log"
 fi
+if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  : >"$OUT/sanitizer.log"
+  for tool in memcheck racecheck initcheck; do
+    start=$SECONDS
+    extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    FD_GPU_TEST_REDUCED=1 timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool "$tool" "${extra[@]}" \
+      --error-exitcode 3 "$BUILD_DIR/tests/gpu_decode" >>"$OUT/sanitizer.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - start)) s)"
+  done
+fi
+
 note "overall status $status"
 exit $status
