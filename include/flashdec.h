@@ -735,7 +735,9 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
  * uploaded to the device once per transaction, by the transaction's first
  * layer write, on that write's stream (from cache-owned pinned staging; no
  * host synchronisation). Later writes of the transaction must run on the same
- * stream or one the caller orders after it. Each write returns after
+ * stream or one the caller orders after it, and that stream must stay valid
+ * until the next ::fd_tx_begin on the cache (the staging is recycled in
+ * stream order). Each write returns after
  * enqueueing; its inputs must stay valid until @p stream reaches it. The
  * first transaction, or one with more rows than any before, allocates
  * staging memory: begin it outside stream capture. K, V, Q and q_out are

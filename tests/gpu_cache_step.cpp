@@ -19,6 +19,7 @@ extern "C" {
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "fd_test.h"
@@ -163,12 +164,17 @@ struct Side {
   }
 
   /* Enqueues (CUDA) or runs (CPU) one layer: rope + append, then decode. */
-  void layer(fd_tx tx, uint32_t l) {
-    FD_ASSERT_OK(fd_tx_write_layer_rope(cache, tx, l, q, s.hq, k_layer(l), v_layer(l), s.rotary,
-                                        10000.f, q_rot, (fd_stream)stream));
+  void layer(fd_tx tx, uint32_t l) { FD_ASSERT_OK(try_layer(tx, l)); }
+  /* The same, returning the first failure (for use inside a capture, which
+   * must be ended before the test may fail). */
+  fd_status try_layer(fd_tx tx, uint32_t l) {
+    fd_status st = fd_tx_write_layer_rope(cache, tx, l, q, s.hq, k_layer(l), v_layer(l), s.rotary,
+                                          10000.f, q_rot, (fd_stream)stream);
+    if (st != FD_OK) return st;
     void *kc = nullptr, *vc = nullptr;
     int64_t strides[4];
-    FD_ASSERT_OK(fd_cache_layer_storage(cache, l, &kc, &vc, strides));
+    st = fd_cache_layer_storage(cache, l, &kc, &vc, strides);
+    if (st != FD_OK) return st;
     fd_decode_params p;
     fd_decode_params_init(&p);
     p.dtype = s.dtype, p.layout = s.layout, p.batch = kBatch, p.num_q_heads = s.hq;
@@ -179,7 +185,7 @@ struct Side {
     p.block_tables = tables, p.seq_lens = lens, p.out = out;
     p.num_splits = 1;
     if (cuda) p.device.type = FD_DEVICE_CUDA, p.stream = (fd_stream)stream;
-    FD_ASSERT_OK(fd_decode(&p));
+    return fd_decode(&p);
   }
 
   fd_tx begin_step() {
@@ -319,15 +325,29 @@ void captured_step(Side &g, uint32_t step) {
   g.load_kv(step);
   cudaGraph_t graph = nullptr;
   CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeGlobal));
-  fd_tx tx = g.begin_step();
+  /* No assertion inside the capture: collect the statuses, end the capture,
+   * then check (a failed test must not leave the stream capturing). */
   const uint64_t ids[kBatch] = {1, 2, 3, 4, 5};
-  int32_t *scratch = g.tables; /* the committed view, overwritten by the tx view below */
-  FD_ASSERT_OK(
-      fd_cache_export_async(g.cache, ids, kBatch, kMbps, scratch, g.lens, (fd_stream)g.stream));
-  FD_ASSERT_OK(fd_tx_block_tables_async(g.cache, tx, kMbps, g.tables, g.lens, (fd_stream)g.stream));
-  for (uint32_t l = 0; l < g.s.layers; ++l) g.layer(tx, l);
-  FD_ASSERT_OK(fd_tx_commit(g.cache, tx));
+  std::vector<fd_status> st;
+  std::vector<std::string> msg;
+  auto note = [&](fd_status s) {
+    st.push_back(s);
+    msg.push_back(s == FD_OK ? "" : fd_last_error_message());
+  };
+  fd_tx tx = {0, 0};
+  note(fd_tx_begin(g.cache, ids, kBatch, &tx));
+  /* The committed view, then the transaction's view over it. */
+  note(fd_cache_export_async(g.cache, ids, kBatch, kMbps, g.tables, g.lens, (fd_stream)g.stream));
+  note(fd_tx_block_tables_async(g.cache, tx, kMbps, g.tables, g.lens, (fd_stream)g.stream));
+  for (uint32_t l = 0; l < g.s.layers; ++l) note(g.try_layer(tx, l));
+  note(fd_tx_commit(g.cache, tx));
   const cudaError_t end = cudaStreamEndCapture(g.stream, &graph);
+  for (size_t i = 0; i < st.size(); ++i)
+    if (st[i] != FD_OK) {
+      print_error("call %zu inside the capture failed: %s (%s)\n", i, fd_status_string(st[i]),
+                  msg[i].c_str());
+      fail();
+    }
   if (end != cudaSuccess) {
     print_error("stream capture of a whole step failed: %s (a host synchronisation?)\n",
                 cudaGetErrorString(end));

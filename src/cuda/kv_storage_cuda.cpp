@@ -46,10 +46,27 @@ StagingRing::~StagingRing() {
   }
 }
 
+namespace {
+
+// cudaEventQuery counts as a potentially unsafe call while any stream of the
+// process is being captured in global mode, and would invalidate a capture
+// the caller has open around a step. Our events are never recorded inside a
+// capture (used_on retires such slots instead), so querying them cannot
+// conflict with it: this thread switches to relaxed mode for the query.
+cudaError_t query_outside_capture_rules(cudaEvent_t event) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t e = cudaEventQuery(event);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  return e;
+}
+
+}  // namespace
+
 bool StagingRing::idle(Slot &slot) {
   if (slot.retired) return false;
   if (!slot.recorded) return true;
-  const cudaError_t e = cudaEventQuery(slot.event);
+  const cudaError_t e = query_outside_capture_rules(slot.event);
   if (e == cudaErrorNotReady) return false;
   // Success, or a device fault that query_errors() reports: either way no
   // pending work will read the slot any more.
@@ -138,7 +155,7 @@ void StagingRing::used_on(Slot &slot, cudaStream_t stream) {
 cudaError_t StagingRing::query_errors() const {
   for (const auto &s : slots_) {
     if (!s->recorded) continue;
-    const cudaError_t e = cudaEventQuery(s->event);
+    const cudaError_t e = query_outside_capture_rules(s->event);
     if (e != cudaSuccess && e != cudaErrorNotReady) return e;
   }
   return cudaSuccess;
@@ -240,6 +257,13 @@ class CudaKvStorage final : public KvStorage {
 
   void reserve_rows(size_t num_rows) override {
     CudaDeviceScope scope(ordinal_);
+    if (unrecorded_writes_) {
+      // The previous transaction ended (aborted) before its last layer: its
+      // later kernels are not behind the slot's event yet. Their stream is
+      // the last write's (a transaction's writes share one stream).
+      rows_ring_.used_on(*staged_, last_stream_);
+      unrecorded_writes_ = false;
+    }
     pending_ = &rows_ring_.acquire(std::max<size_t>(num_rows, 1) * 3 * sizeof(int32_t));
   }
 
@@ -314,7 +338,8 @@ class CudaKvStorage final : public KvStorage {
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     StagingRing::Slot &slot = *staged_;
     const size_t n = staged_rows_;
-    if (!uploaded_) {
+    const bool first = !uploaded_;
+    if (first) {
       // Once per transaction, on the first write's stream.
       cuda_check(cudaMemcpyAsync(slot.device, slot.host, 3 * n * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, s),
@@ -346,7 +371,17 @@ class CudaKvStorage final : public KvStorage {
     a.positions = d + 2 * n;
     a.stream = s;
     cuda_check(cuda::launch_append(a), "launching the KV append kernel");
-    rows_ring_.used_on(slot, s);
+    // The slot's event goes behind the first write (which carries the
+    // upload) and the last layer's write; middle layers skip the event
+    // record (host cost) and rely on the last one, or on reserve_rows after
+    // an abort.
+    if (first || layer + 1 == g_.num_layers) {
+      rows_ring_.used_on(slot, s);
+      unrecorded_writes_ = false;
+    } else {
+      unrecorded_writes_ = true;
+      last_stream_ = s;
+    }
   }
 
   // src: [num_layers, num_blocks, block] packed in the layout's order.
@@ -391,6 +426,8 @@ class CudaKvStorage final : public KvStorage {
   StagingRing::Slot *staged_ = nullptr;   // the open transaction's rows
   size_t staged_rows_ = 0;
   bool uploaded_ = false;
+  bool unrecorded_writes_ = false;  // writes since the staged slot's last event
+  cudaStream_t last_stream_ = nullptr;
   mutable cudaError_t fault_ = cudaSuccess;
 };
 
