@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_launch.hpp"
 
@@ -533,6 +534,17 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   }
 }
 
+__device__ __forceinline__ void add_weighted(float acc[4], float w, const float4 &v) {
+  acc[0] += w * v.x;
+  acc[1] += w * v.y;
+  acc[2] += w * v.z;
+  acc[3] += w * v.w;
+}
+__device__ __forceinline__ void add_weighted(float acc[2], float w, const float2 &v) {
+  acc[0] += w * v.x;
+  acc[1] += w * v.y;
+}
+
 // Combines the split-KV partials. `wph` warps (1, 2, 4 or 8) serve one
 // (row, q head): each computes the max and the weights exp2(m_s - max) of all
 // splits from registers and shuffles, accumulates D/32 dims per lane over its
@@ -570,16 +582,30 @@ __global__ void __launch_bounds__(256)
   for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
   float total = 0.f;
   if (nv > 0) {
+    // Every load is issued before the first use (one memory round trip, not
+    // one per batch of splits): the (max, sum) pairs and this warp's share of
+    // partial rows, at most kRows of them (the host picks wph so that each
+    // warp gets at most 16 splits; the tail loop is a safety net).
+    constexpr int kRows = kDecodeMaxSplits / 8;
+    using Vec = typename std::conditional<kPer == 4, float4, float2>::type;
     const float *ml = partial_ml + static_cast<int64_t>(qh) * num_splits * 2;
+    const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * D + lane * kPer;
     float m[4], l[4];
-    float mx = neg_inf();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int s = lane + 32 * k;
       m[k] = s < nv ? ml[2 * s] : neg_inf();
       l[k] = s < nv ? ml[2 * s + 1] : 0.f;
-      mx = fmaxf(mx, m[k]);
     }
+    Vec rows[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int s = part + r * wph;
+      if (s < nv) rows[r] = *reinterpret_cast<const Vec *>(po + static_cast<int64_t>(s) * D);
+    }
+    float mx = neg_inf();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mx = fmaxf(mx, m[k]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
 #pragma unroll
@@ -589,25 +615,21 @@ __global__ void __launch_bounds__(256)
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * D + lane * kPer;
-#pragma unroll 4
-    for (int s = part; s < nv; s += wph) {
+    // Weight of split s (warp-uniform s < nv), from the lane that holds it.
+    auto weight = [&](int s) {
       const int k = s >> 5;
       const float src = k == 0 ? m[0] : (k == 1 ? m[1] : (k == 2 ? m[2] : m[3]));
-      const float w = __shfl_sync(0xffffffffu, src, s & 31);
-      const float *p = po + static_cast<int64_t>(s) * D;
-      if (kPer == 4) {
-        const float4 v = *reinterpret_cast<const float4 *>(p);
-        acc[0] += w * v.x;
-        acc[1] += w * v.y;
-        acc[2 % kPer] += w * v.z;
-        acc[3 % kPer] += w * v.w;
-      } else {
-        const float2 v = *reinterpret_cast<const float2 *>(p);
-        acc[0] += w * v.x;
-        acc[1 % kPer] += w * v.y;
-      }
+      return __shfl_sync(0xffffffffu, src, s & 31);
+    };
+    // Splits are added in increasing order per warp, as before.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int s = part + r * wph;
+      if (s < nv) add_weighted(acc, weight(s), rows[r]);
     }
+    for (int s = part + kRows * wph; s < nv; s += wph)
+      add_weighted(acc, weight(s),
+                   *reinterpret_cast<const Vec *>(po + static_cast<int64_t>(s) * D));
   }
   if (wph > 1) {
 #pragma unroll
