@@ -61,6 +61,15 @@ class fd_cache_config(Structure):
         ("dtype", c_int32),
         ("layout", c_int32),
         ("device", fd_device),
+        # appended in 0.1: external K/V storage
+        ("reserved0", c_uint32),
+        ("k_storage", c_void_p),
+        ("v_storage", c_void_p),
+        ("stride_layer", c_int64),
+        ("stride_block", c_int64),
+        ("stride_head", c_int64),
+        ("stride_token", c_int64),
+        ("stride_dim", c_int64),
     ]
 
 
@@ -181,6 +190,38 @@ class fd_decode_params(Structure):
         ("stream", fd_stream),
         ("cpu_threads", c_uint32),
         ("reserved0", c_uint32),
+    ]
+
+
+class fd_kv_append_params(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("dtype", c_int32),
+        ("layout", c_int32),
+        ("num_tokens", c_uint32),
+        ("num_q_heads", c_uint32),
+        ("num_kv_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("block_size", c_uint32),
+        ("num_blocks", c_uint32),
+        ("rotary_dim", c_uint32),
+        ("rope_base", c_float),
+        ("reserved0", c_uint32),
+        ("q", c_void_p),
+        ("q_out", c_void_p),
+        ("k", c_void_p),
+        ("v", c_void_p),
+        ("k_cache", c_void_p),
+        ("v_cache", c_void_p),
+        ("stride_block", c_int64),
+        ("stride_head", c_int64),
+        ("stride_token", c_int64),
+        ("stride_dim", c_int64),
+        ("block_ids", c_void_p),  # const int32_t *
+        ("offsets", c_void_p),  # const int32_t *
+        ("positions", c_void_p),  # const int32_t *
+        ("device", fd_device),
+        ("stream", fd_stream),
     ]
 
 
@@ -372,6 +413,7 @@ STRUCTS: Dict[str, type] = {
     "fd_tx_info": fd_tx_info,
     "fd_prefix_info": fd_prefix_info,
     "fd_decode_params": fd_decode_params,
+    "fd_kv_append_params": fd_kv_append_params,
     "fd_cache_metrics": fd_cache_metrics,
     "fd_scheduler_config": fd_scheduler_config,
     "fd_request_spec": fd_request_spec,
@@ -422,6 +464,8 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     "fd_cache_append": (fd_status, [_p, _u64p, c_uint32, _p, _p, fd_stream]),
     "fd_cache_metrics_get": (fd_status, [_p, POINTER(fd_cache_metrics)]),
     "fd_cache_validate": (fd_status, [_p]),
+    "fd_cache_export_async": (fd_status, [_p, _u64p, c_uint32, c_uint32, _p, _p, fd_stream]),
+    "fd_cache_async_error": (fd_status, [_p]),
     # transactions
     "fd_tx_begin": (fd_status, [_p, _u64p, c_uint32, POINTER(fd_tx)]),
     "fd_tx_write_layer": (fd_status, [_p, fd_tx, c_uint32, _p, _p, fd_stream]),
@@ -434,6 +478,7 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     "fd_tx_get_info": (fd_status, [_p, fd_tx, POINTER(fd_tx_info)]),
     "fd_tx_get_rows": (fd_status, [_p, fd_tx, c_uint32, _u64p, _i32p, _i32p, _i32p, _i32p]),
     "fd_tx_block_tables": (fd_status, [_p, fd_tx, c_uint32, _p]),
+    "fd_tx_block_tables_async": (fd_status, [_p, fd_tx, c_uint32, _p, _p, fd_stream]),
     # prefixes
     "fd_prefix_register": (fd_status, [_p, c_char_p, _p, _p, c_uint32, fd_stream]),
     "fd_prefix_attach": (fd_status, [_p, c_uint64, c_char_p]),
@@ -451,6 +496,10 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
         fd_status,
         [c_int32, c_uint32, c_uint32, c_uint32, c_uint32, c_uint32, _p, _p, _p, _p, c_float, _p],
     ),
+    # append primitives
+    "fd_kv_append_params_init": (None, [POINTER(fd_kv_append_params)]),
+    "fd_kv_append": (fd_status, [POINTER(fd_kv_append_params)]),
+    "fd_rope_kv_append": (fd_status, [POINTER(fd_kv_append_params)]),
     # scheduler, snapshots, decisions
     "fd_scheduler_config_init": (None, [POINTER(fd_scheduler_config)]),
     "fd_scheduler_create": (fd_status, [POINTER(fd_scheduler_config), POINTER(c_void_p)]),

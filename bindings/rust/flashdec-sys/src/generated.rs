@@ -165,6 +165,14 @@ pub struct fd_cache_config {
     pub dtype: i32,
     pub layout: i32,
     pub device: fd_device,
+    pub reserved0: u32,
+    pub k_storage: *mut c_void,
+    pub v_storage: *mut c_void,
+    pub stride_layer: i64,
+    pub stride_block: i64,
+    pub stride_head: i64,
+    pub stride_token: i64,
+    pub stride_dim: i64,
 }
 
 #[repr(C)]
@@ -283,6 +291,38 @@ pub struct fd_decode_params {
     pub stream: fd_stream,
     pub cpu_threads: u32,
     pub reserved0: u32,
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct fd_kv_append_params {
+    pub struct_size: u32,
+    pub dtype: i32,
+    pub layout: i32,
+    pub num_tokens: u32,
+    pub num_q_heads: u32,
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub block_size: u32,
+    pub num_blocks: u32,
+    pub rotary_dim: u32,
+    pub rope_base: f32,
+    pub reserved0: u32,
+    pub q: *const c_void,
+    pub q_out: *mut c_void,
+    pub k: *const c_void,
+    pub v: *const c_void,
+    pub k_cache: *mut c_void,
+    pub v_cache: *mut c_void,
+    pub stride_block: i64,
+    pub stride_head: i64,
+    pub stride_token: i64,
+    pub stride_dim: i64,
+    pub block_ids: *const i32,
+    pub offsets: *const i32,
+    pub positions: *const i32,
+    pub device: fd_device,
+    pub stream: fd_stream,
 }
 
 #[repr(C)]
@@ -567,6 +607,8 @@ extern "C" {
     pub fn fd_cache_append(cache: *mut fd_cache, request_ids: *const u64, count: u32, k: *const c_void, v: *const c_void, stream: fd_stream) -> fd_status;
     pub fn fd_cache_metrics_get(cache: *const fd_cache, metrics: *mut fd_cache_metrics) -> fd_status;
     pub fn fd_cache_validate(cache: *const fd_cache) -> fd_status;
+    pub fn fd_cache_export_async(cache: *const fd_cache, request_ids: *const u64, count: u32, table_stride: u32, block_tables: *mut i32, seq_lens: *mut i32, stream: fd_stream) -> fd_status;
+    pub fn fd_cache_async_error(cache: *const fd_cache) -> fd_status;
     pub fn fd_tx_begin(cache: *mut fd_cache, request_ids: *const u64, count: u32, tx: *mut fd_tx) -> fd_status;
     pub fn fd_tx_write_layer(cache: *mut fd_cache, tx: fd_tx, layer: u32, k: *const c_void, v: *const c_void, stream: fd_stream) -> fd_status;
     pub fn fd_tx_write_layer_rope(cache: *mut fd_cache, tx: fd_tx, layer: u32, q: *const c_void, num_q_heads: u32, k: *const c_void, v: *const c_void, rotary_dim: u32, rope_base: f32, q_out: *mut c_void, stream: fd_stream) -> fd_status;
@@ -575,6 +617,7 @@ extern "C" {
     pub fn fd_tx_get_info(cache: *const fd_cache, tx: fd_tx, info: *mut fd_tx_info) -> fd_status;
     pub fn fd_tx_get_rows(cache: *const fd_cache, tx: fd_tx, capacity: u32, request_ids: *mut u64, positions: *mut i32, block_ids: *mut i32, offsets: *mut i32, effective_seq_lens: *mut i32) -> fd_status;
     pub fn fd_tx_block_tables(cache: *const fd_cache, tx: fd_tx, table_stride: u32, block_tables: *mut i32) -> fd_status;
+    pub fn fd_tx_block_tables_async(cache: *const fd_cache, tx: fd_tx, table_stride: u32, block_tables: *mut i32, effective_seq_lens: *mut i32, stream: fd_stream) -> fd_status;
     pub fn fd_prefix_register(cache: *mut fd_cache, prefix_id: *const c_char, k_blocks: *const c_void, v_blocks: *const c_void, num_blocks: u32, stream: fd_stream) -> fd_status;
     pub fn fd_prefix_attach(cache: *mut fd_cache, request_id: u64, prefix_id: *const c_char) -> fd_status;
     pub fn fd_prefix_evict(cache: *mut fd_cache, prefix_id: *const c_char) -> fd_status;
@@ -584,6 +627,9 @@ extern "C" {
     pub fn fd_decode(params: *const fd_decode_params) -> fd_status;
     pub fn fd_rope_apply(dtype: i32, x: *mut c_void, num_tokens: u32, num_heads: u32, head_dim: u32, positions: *const i32, rotary_dim: u32, rope_base: f32) -> fd_status;
     pub fn fd_reference_attention_dense(dtype: i32, batch: u32, num_q_heads: u32, num_kv_heads: u32, head_dim: u32, max_seq_len: u32, q: *const c_void, k: *const c_void, v: *const c_void, seq_lens: *const i32, sm_scale: f32, out: *mut c_void) -> fd_status;
+    pub fn fd_kv_append_params_init(params: *mut fd_kv_append_params);
+    pub fn fd_kv_append(params: *const fd_kv_append_params) -> fd_status;
+    pub fn fd_rope_kv_append(params: *const fd_kv_append_params) -> fd_status;
     pub fn fd_scheduler_config_init(config: *mut fd_scheduler_config);
     pub fn fd_scheduler_create(config: *const fd_scheduler_config, out: *mut *mut fd_scheduler) -> fd_status;
     pub fn fd_scheduler_destroy(scheduler: *mut fd_scheduler);
