@@ -18,6 +18,7 @@ Every failure raises :class:`FlashDecError` with ``.status`` and ``.message``.
 from __future__ import annotations
 
 from . import _lib
+from .append import kv_append, rope_kv_append
 from .cache import Cache, LayerStorage, Metrics, PrefixInfo, Transaction, TxInfo, TxRows
 from .engine import (
     Decision,
@@ -115,9 +116,11 @@ __all__ = [
     "decode",
     "decode_workspace_size",
     "is_compatible",
+    "kv_append",
     "library_path",
     "reference_attention_dense",
     "rope_apply",
+    "rope_kv_append",
     "status_string",
     "version",
     "version_number",

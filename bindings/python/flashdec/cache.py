@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lib
-from ._arrays import host_index_array, stream_for, tensor
+from ._arrays import Buffer, host_index_array, index_tensor, stream_for, tensor
 from .errors import FlashDecError, Status, argument_error, check
 from .ops import decode as _decode
 from .types import CacheConfig, Device, DeviceType, Layout, RequestState, TxState
@@ -101,16 +101,35 @@ class Cache:
     :class:`~flashdec.FlashDecError` and, as in C, changes nothing.
     """
 
-    def __init__(self, config: Optional[CacheConfig] = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: Optional[CacheConfig] = None,
+        *,
+        k_storage: Any = None,
+        v_storage: Any = None,
+        **overrides: Any,
+    ) -> None:
         """Creates a cache from ``config`` (default: library defaults) with
-        ``overrides`` applied, e.g. ``Cache(num_layers=2, head_dim=64)``."""
+        ``overrides`` applied, e.g. ``Cache(num_layers=2, head_dim=64)``.
+
+        ``k_storage`` and ``v_storage`` (both or neither) make the cache manage
+        blocks inside memory the caller already owns instead of allocating its
+        own: writable arrays of the cache's dtype and device, shaped
+        [num_layers, max_blocks, num_kv_heads, block_size, head_dim]
+        (dim-major: [.., head_dim, block_size]), any strides with the layout's
+        contiguous axis at 1, equal for K and V. The cache does not clear
+        them and keeps a reference to both until it closes.
+        """
         self._handle: Optional[int] = None
         self._lock = threading.RLock()
         # Engines borrowing this cache: closed before the cache is destroyed,
         # since the C engine must not outlive its cache.
         self._dependents: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._storage: Tuple[Any, ...] = ()
         cfg = dataclasses.replace(config or CacheConfig(), **overrides)
         c = cfg.to_c()
+        if k_storage is not None or v_storage is not None:
+            self._storage = _set_external_storage(c, cfg, k_storage, v_storage)
         handle = ctypes.c_void_p()
         check(_lib.fd_cache_create(ctypes.byref(c), ctypes.byref(handle)))
         self._handle = handle.value
@@ -125,6 +144,7 @@ class Cache:
             handle, self._handle = self._handle, None
             if handle is not None:
                 _lib.fd_cache_destroy(handle)
+            self._storage = ()  # external storage is the caller's again
 
     def __enter__(self) -> "Cache":
         return self
@@ -156,7 +176,13 @@ class Cache:
         c = _lib.fd_cache_config()
         c.struct_size = ctypes.sizeof(c)
         self._call(_lib.fd_cache_get_config, ctypes.byref(c))
+        self._external = bool(c.k_storage)
         return CacheConfig.from_c(c)
+
+    @property
+    def external_storage(self) -> bool:
+        """True when K/V live in caller storage (``k_storage``/``v_storage``)."""
+        return self._external
 
     @property
     def config(self) -> CacheConfig:
@@ -280,6 +306,45 @@ class Cache:
         the first violation."""
         self._call(_lib.fd_cache_validate)
 
+    def async_error(self) -> Optional[FlashDecError]:
+        """The first asynchronous device fault of work this cache enqueued
+        (fd_cache_async_error), as an error value, or None when there is none.
+        Never blocks; a CPU cache always returns None."""
+        with self._lock:
+            status = _lib.fd_cache_async_error(self._h())
+            if status == Status.OK:
+                return None
+            return FlashDecError(status, _lib.fd_last_error_message().decode(errors="replace"))
+
+    def _async_dest(self, x: Any, name: str, shape: Tuple[Optional[int], ...]) -> Optional[Buffer]:
+        if x is None:
+            return None
+        return index_tensor(x, name, kind="int32", shape=shape, device=self._config.device, writable=True)
+
+    def export_async(
+        self,
+        request_ids: Sequence[int],
+        block_tables: Any = None,
+        seq_lens: Any = None,
+        *,
+        stream: Optional[int] = None,
+    ) -> None:
+        """:meth:`export` into caller buffers on the cache's device
+        (fd_cache_export_async): int32 ``block_tables`` [n, table_stride] and
+        ``seq_lens`` [n], either may be None. For a CUDA cache they are CUDA
+        tensors written asynchronously on ``stream`` (default: torch's current
+        stream of the tensors); for a CPU cache, host arrays written before
+        return. On failure nothing is written (nor enqueued)."""
+        ids = _ids(request_ids)
+        bt = self._async_dest(block_tables, "block_tables", (len(ids), None))
+        sl = self._async_dest(seq_lens, "seq_lens", (len(ids),))
+        stride = bt.shape[1] if bt is not None else 0
+        self._call(
+            _lib.fd_cache_export_async, _ids_ptr(ids), len(ids), stride,
+            bt.ptr if bt is not None else None, sl.ptr if sl is not None else None,
+            stream_for([b for b in (bt, sl) if b is not None], stream),
+        )  # fmt: skip
+
     # -- transactions ----------------------------------------------------
     def begin(self, request_ids: Sequence[int]) -> "Transaction":
         """Opens a transaction for one new token of each listed request."""
@@ -342,6 +407,31 @@ class Cache:
             else:
                 tables, lens = self.export(request_ids)  # type: ignore[arg-type]
             return _decode(q, k, v, tables, lens, out, layout=self._config.layout, **kwargs)
+
+
+def _set_external_storage(c: Any, cfg: CacheConfig, k: Any, v: Any) -> Tuple[Any, ...]:
+    """Points ``c`` at caller K/V storage; returns the buffers' owners. A
+    missing half is passed as NULL so that the library reports it."""
+    inner = (cfg.block_size, cfg.head_dim) if cfg.layout == Layout.TOKEN_MAJOR else (cfg.head_dim, cfg.block_size)
+    shape = (cfg.num_layers, cfg.max_blocks, cfg.num_kv_heads) + inner
+    bufs = []
+    for x, name in ((k, "k_storage"), (v, "v_storage")):
+        if x is not None:
+            bufs.append(
+                tensor(x, name, dtype=cfg.dtype, shape=shape, writable=True, contiguous=False, device=cfg.device)
+            )
+    first = bufs[0]
+    if len(bufs) == 2 and bufs[1].strides != first.strides:
+        raise argument_error(f"v_storage: strides {bufs[1].strides} must equal k_storage's {first.strides}")
+    s = first.strides
+    c.k_storage = first.ptr if k is not None else None
+    c.v_storage = bufs[-1].ptr if v is not None else None
+    c.stride_layer, c.stride_block, c.stride_head = s[0], s[1], s[2]
+    if cfg.layout == Layout.TOKEN_MAJOR:
+        c.stride_token, c.stride_dim = s[3], s[4]
+    else:
+        c.stride_dim, c.stride_token = s[3], s[4]
+    return tuple(b.owner for b in bufs)
 
 
 def _prefix_id(prefix_id: str) -> bytes:
@@ -450,6 +540,24 @@ class Transaction:
             out = np.empty((info.batch, stride), dtype=np.int32)
             self.cache._call(_lib.fd_tx_block_tables, self._tx, stride, out.ctypes.data)
         return out
+
+    def block_tables_async(
+        self, block_tables: Any = None, effective_seq_lens: Any = None, *, stream: Optional[int] = None
+    ) -> None:
+        """:meth:`block_tables` and the rows' effective_seq_lens into caller
+        buffers on the cache's device (fd_tx_block_tables_async): int32
+        [batch, table_stride] and [batch], either may be None; same device
+        and stream rules as :meth:`Cache.export_async`."""
+        c = self.cache
+        with c._lock:
+            n = self._rows()
+            bt = c._async_dest(block_tables, "block_tables", (n, None))
+            sl = c._async_dest(effective_seq_lens, "effective_seq_lens", (n,))
+            stride = bt.shape[1] if bt is not None else 0
+            c._call(
+                _lib.fd_tx_block_tables_async, self._tx, stride, bt.ptr if bt is not None else None,
+                sl.ptr if sl is not None else None, stream_for([b for b in (bt, sl) if b is not None], stream),
+            )  # fmt: skip
 
     def __enter__(self) -> "Transaction":
         return self
