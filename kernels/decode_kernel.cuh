@@ -11,10 +11,12 @@
 // partial (O, max, sum) that decode_merge_kernel combines in a fixed order,
 // so results are bit-identical from run to run.
 //
-// Layouts: token-major tiles are staged as [token][dim], dim-major tiles as
-// [dim][token]; the only difference in the math is which ldmatrix (plain or
-// transposing) feeds the mma. Shared rows are XOR-swizzled in 16-byte chunks
-// so ldmatrix reads are free of bank conflicts.
+// Layouts: token-major tiles are staged as [token][dim] (rows XOR-swizzled in
+// 16-byte chunks), dim-major tiles keep each block's [dim][block_size] slab
+// in memory order (see dm_offset); the only difference in the math is which
+// ldmatrix (plain or transposing) feeds the mma, and ldmatrix reads are free
+// of bank conflicts in both. Both kernels use programmatic dependent launch
+// (pdl_wait).
 #pragma once
 
 #include <cuda_bf16.h>
