@@ -118,6 +118,29 @@ pub struct Export {
     pub seq_lens: Vec<i32>,
 }
 
+/// Caller-owned K/V memory for [`Cache::with_storage`]
+/// (`fd_cache_config.k_storage` and the stride fields). Strides are in
+/// elements; the four block/head/token/dim strides are all 0 (packed storage
+/// of the config's layout) or all > 0 with the layout's contiguous axis at 1;
+/// `stride_layer` 0 means max_blocks * stride_block.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ExternalStorage {
+    pub k: *mut c_void,
+    pub v: *mut c_void,
+    pub stride_layer: i64,
+    pub stride_block: i64,
+    pub stride_head: i64,
+    pub stride_token: i64,
+    pub stride_dim: i64,
+}
+
+impl ExternalStorage {
+    /// Packed storage of the config's layout at `k` and `v`.
+    pub fn packed(k: *mut c_void, v: *mut c_void) -> ExternalStorage {
+        ExternalStorage { k, v, stride_layer: 0, stride_block: 0, stride_head: 0, stride_token: 0, stride_dim: 0 }
+    }
+}
+
 /// A paged KV cache (`fd_cache`).
 ///
 /// The C handle is externally synchronised: `Cache` is `Send` (it may move
@@ -126,6 +149,7 @@ pub struct Export {
 pub struct Cache {
     raw: NonNull<sys::fd_cache>,
     config: CacheConfig,
+    external: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -144,20 +168,50 @@ fn prefix_cstring(id: &str) -> Result<CString> {
 impl Cache {
     /// Creates a cache with zero-initialised storage.
     pub fn new(config: &CacheConfig) -> Result<Cache> {
-        let c = config.to_raw();
+        Cache::create(&config.to_raw())
+    }
+
+    /// Creates a cache that manages blocks inside caller memory instead of
+    /// allocating its own (the cache does not clear it).
+    ///
+    /// # Safety
+    /// `storage.k` and `storage.v` must each address every element the
+    /// strides reach for num_layers layers and max_blocks blocks, in the
+    /// config's device memory, and stay valid and otherwise unused while the
+    /// cache (and anything built on it) lives.
+    pub unsafe fn with_storage(config: &CacheConfig, storage: &ExternalStorage) -> Result<Cache> {
+        let mut c = config.to_raw();
+        c.k_storage = storage.k;
+        c.v_storage = storage.v;
+        c.stride_layer = storage.stride_layer;
+        c.stride_block = storage.stride_block;
+        c.stride_head = storage.stride_head;
+        c.stride_token = storage.stride_token;
+        c.stride_dim = storage.stride_dim;
+        Cache::create(&c)
+    }
+
+    fn create(c: &sys::fd_cache_config) -> Result<Cache> {
         let mut out = ptr::null_mut();
-        check(unsafe { sys::fd_cache_create(&c, &mut out) })?;
+        check(unsafe { sys::fd_cache_create(c, &mut out) })?;
         let raw = NonNull::new(out).expect("fd_cache_create returned FD_OK and NULL");
-        let mut cache = Cache { raw, config: *config, _not_sync: PhantomData };
-        cache.config = cache.read_config()?;
+        let mut cache = Cache { raw, config: CacheConfig::from_raw(c), external: false, _not_sync: PhantomData };
+        let resolved = cache.read_config()?;
+        cache.config = CacheConfig::from_raw(&resolved);
+        cache.external = !resolved.k_storage.is_null();
         Ok(cache)
     }
 
-    fn read_config(&self) -> Result<CacheConfig> {
+    fn read_config(&self) -> Result<sys::fd_cache_config> {
         let mut c: sys::fd_cache_config = unsafe { MaybeUninit::zeroed().assume_init() };
         c.struct_size = size_of::<sys::fd_cache_config>() as u32;
         check(unsafe { sys::fd_cache_get_config(self.raw.as_ptr(), &mut c) })?;
-        Ok(CacheConfig::from_raw(&c))
+        Ok(c)
+    }
+
+    /// True when K/V live in caller memory ([`Cache::with_storage`]).
+    pub fn has_external_storage(&self) -> bool {
+        self.external
     }
 
     /// The configuration with defaults resolved.
@@ -289,6 +343,35 @@ impl Cache {
     /// Checks every invariant (S7); Err(Invariant) names the first violation.
     pub fn validate(&self) -> Result<()> {
         check(unsafe { sys::fd_cache_validate(self.raw.as_ptr()) })
+    }
+
+    /// The first asynchronous device fault of work this cache enqueued
+    /// (`fd_cache_async_error`): Err(Device) naming the CUDA error. Never
+    /// blocks; a CPU cache always returns Ok.
+    pub fn async_error(&self) -> Result<()> {
+        check(unsafe { sys::fd_cache_async_error(self.raw.as_ptr()) })
+    }
+
+    /// [`Cache::export`] into caller buffers (`fd_cache_export_async`): for a
+    /// CUDA cache, device memory written on `stream` without host
+    /// synchronisation; for a CPU cache, host memory written before return.
+    /// Either destination may be null. On Err nothing is written or enqueued.
+    ///
+    /// # Safety
+    /// `block_tables` must be valid for ids.len() * table_stride int32 and
+    /// `seq_lens` for ids.len() int32 writes, in the cache's device memory,
+    /// until `stream` reaches the copy; `stream` must be a valid CUDA stream
+    /// or null.
+    pub unsafe fn export_async(
+        &self,
+        ids: &[u64],
+        table_stride: u32,
+        block_tables: *mut i32,
+        seq_lens: *mut i32,
+        stream: sys::fd_stream,
+    ) -> Result<()> {
+        let n = u32_len(ids.len(), "request_ids")?;
+        check(sys::fd_cache_export_async(self.raw.as_ptr(), ids.as_ptr(), n, table_stride, block_tables, seq_lens, stream))
     }
 
     /// Opens a transaction for one token of each listed request. The
@@ -455,6 +538,23 @@ impl<'c> Transaction<'c> {
         let mut t = vec![0i32; info.batch as usize * stride as usize];
         check(unsafe { sys::fd_tx_block_tables(self.cache.raw.as_ptr(), self.tx, stride, t.as_mut_ptr()) })?;
         Ok((stride, t))
+    }
+
+    /// [`Transaction::block_tables`] and the rows' effective_seq_lens into
+    /// caller buffers (`fd_tx_block_tables_async`), as [`Cache::export_async`].
+    ///
+    /// # Safety
+    /// `block_tables` must be valid for batch * table_stride and
+    /// `effective_seq_lens` for batch int32 writes (or be null), in the cache's
+    /// device memory, until `stream` reaches the copy.
+    pub unsafe fn block_tables_async(
+        &self,
+        table_stride: u32,
+        block_tables: *mut i32,
+        effective_seq_lens: *mut i32,
+        stream: sys::fd_stream,
+    ) -> Result<()> {
+        check(sys::fd_tx_block_tables_async(self.cache.raw.as_ptr(), self.tx, table_stride, block_tables, effective_seq_lens, stream))
     }
 
     /// Writes `layer`'s K and V, each [batch, num_kv_heads, head_dim].

@@ -20,13 +20,15 @@
 
 pub use flashdec_sys as sys;
 
+mod append;
 mod cache;
 mod engine;
 mod error;
 mod ops;
 mod types;
 
-pub use cache::{Cache, CacheConfig, CacheMetrics, Export, PrefixInfo, RequestState, Transaction, TxInfo, TxRows};
+pub use append::{default_kv_append_params, kv_append, rope_kv_append, run_kv_append, run_rope_kv_append, PagedKvMut};
+pub use cache::{Cache, CacheConfig, CacheMetrics, Export, ExternalStorage, PrefixInfo, RequestState, Transaction, TxInfo, TxRows};
 pub use engine::{
     engine_config_default, run_workload, run_workload_with_progress, scheduler_config_default, snapshot_info_default, workload_cases, Decision,
     DecisionList, DecisionSummary, Engine, EngineConfig, EngineMetrics, EngineRequestState, Fairness, RequestSpec,

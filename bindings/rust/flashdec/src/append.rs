@@ -1,0 +1,154 @@
+//! The checked append primitives `fd_kv_append` / `fd_rope_kv_append`
+//! (S3.2): K/V of new tokens written at explicit (block, offset) slots of
+//! caller-owned paged storage, with no allocator or request state.
+use crate::error::{check, Error, Result};
+use crate::types::{Element, Layout};
+use flashdec_sys as sys;
+use std::mem::MaybeUninit;
+
+/// Writable paged K/V storage of one layer in host memory, packed in
+/// `layout`: token-major [num_blocks, num_kv_heads, block_size, head_dim] or
+/// dim-major [num_blocks, num_kv_heads, head_dim, block_size]. For custom
+/// strides or device memory fill `sys::fd_kv_append_params` and call
+/// [`run_kv_append`].
+#[derive(Debug)]
+pub struct PagedKvMut<'a, T: Element> {
+    pub k: &'a mut [T],
+    pub v: &'a mut [T],
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub block_size: u32,
+    pub layout: Layout,
+}
+
+/// `fd_kv_append_params` with defaults from `fd_kv_append_params_init`.
+pub fn default_kv_append_params() -> sys::fd_kv_append_params {
+    let mut p = MaybeUninit::<sys::fd_kv_append_params>::zeroed();
+    // SAFETY: the init function writes every field of a valid pointer.
+    unsafe { sys::fd_kv_append_params_init(p.as_mut_ptr()) };
+    unsafe { p.assume_init() }
+}
+
+/// Runs `fd_kv_append` on raw parameters (device memory, custom strides).
+///
+/// # Safety
+/// Every pointer in `params` must be valid for the shapes and strides it
+/// describes, on `params.device`, until the call returns (CUDA: until the
+/// stream reaches the work).
+pub unsafe fn run_kv_append(params: &sys::fd_kv_append_params) -> Result<()> {
+    check(sys::fd_kv_append(params))
+}
+
+/// Runs `fd_rope_kv_append` on raw parameters.
+///
+/// # Safety
+/// As [`run_kv_append`]; `q` and `q_out` must be valid too.
+pub unsafe fn run_rope_kv_append(params: &sys::fd_kv_append_params) -> Result<()> {
+    check(sys::fd_rope_kv_append(params))
+}
+
+fn u32_of(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::invalid(format!("{what}: {n} does not fit in uint32")))
+}
+
+/// Checks the slices against each other and fills the shared fields. The
+/// token count is block_ids.len().
+fn base_params<T: Element>(
+    pages: &mut PagedKvMut<'_, T>,
+    k: &[T],
+    v: &[T],
+    block_ids: &[i32],
+    offsets: &[i32],
+) -> Result<sys::fd_kv_append_params> {
+    let n = block_ids.len();
+    if n == 0 {
+        return Err(Error::invalid("block_ids: at least one token is needed"));
+    }
+    if offsets.len() != n {
+        return Err(Error::invalid(format!("offsets: expected {n} entries (one per token), got {}", offsets.len())));
+    }
+    let token = pages.num_kv_heads as usize * pages.head_dim as usize;
+    if k.len() != n * token || v.len() != n * token {
+        return Err(Error::invalid(format!(
+            "k/v: expected {} elements ({n} x {} x {}), got {} and {}",
+            n * token,
+            pages.num_kv_heads,
+            pages.head_dim,
+            k.len(),
+            v.len()
+        )));
+    }
+    let block = token * pages.block_size as usize;
+    if block == 0 || pages.k.is_empty() || pages.k.len() % block != 0 {
+        return Err(Error::invalid(format!(
+            "pages.k: {} elements is not a positive multiple of a block ({block})",
+            pages.k.len()
+        )));
+    }
+    if pages.v.len() != pages.k.len() {
+        return Err(Error::invalid(format!("pages.v: expected {} elements like pages.k, got {}", pages.k.len(), pages.v.len())));
+    }
+    let mut p = default_kv_append_params();
+    p.dtype = T::DTYPE.raw();
+    p.layout = pages.layout.raw();
+    p.num_tokens = u32_of(n, "num_tokens")?;
+    p.num_kv_heads = pages.num_kv_heads;
+    p.head_dim = pages.head_dim;
+    p.block_size = pages.block_size;
+    p.num_blocks = u32_of(pages.k.len() / block, "num_blocks")?;
+    p.k = k.as_ptr().cast();
+    p.v = v.as_ptr().cast();
+    p.k_cache = pages.k.as_mut_ptr().cast();
+    p.v_cache = pages.v.as_mut_ptr().cast();
+    p.block_ids = block_ids.as_ptr();
+    p.offsets = offsets.as_ptr();
+    Ok(p)
+}
+
+/// Writes token i's K and V ([n, num_kv_heads, head_dim], n =
+/// block_ids.len()) into slot (block_ids\[i\], offsets\[i\]) of `pages`.
+/// Every index is checked first: on Err nothing is written.
+pub fn kv_append<T: Element>(pages: &mut PagedKvMut<'_, T>, k: &[T], v: &[T], block_ids: &[i32], offsets: &[i32]) -> Result<()> {
+    let p = base_params(pages, k, v, block_ids, offsets)?;
+    // SAFETY: every slice was checked against the shapes in p (packed
+    // strides), and the library range-checks the host index arrays.
+    unsafe { run_kv_append(&p) }
+}
+
+/// Fused RoPE + append: rotates q ([n, num_q_heads, head_dim]) and k of
+/// token i at positions\[i\], writes rotated K and raw V into
+/// (block_ids\[i\], offsets\[i\]) and the rotated Q into `q_out` (q's length).
+/// On Err nothing is written, `q_out` included.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_append<T: Element>(
+    pages: &mut PagedKvMut<'_, T>,
+    q: &[T],
+    num_q_heads: u32,
+    k: &[T],
+    v: &[T],
+    block_ids: &[i32],
+    offsets: &[i32],
+    positions: &[i32],
+    rotary_dim: u32,
+    rope_base: f32,
+    q_out: &mut [T],
+) -> Result<()> {
+    let mut p = base_params(pages, k, v, block_ids, offsets)?;
+    let n = block_ids.len();
+    if positions.len() != n {
+        return Err(Error::invalid(format!("positions: expected {n} entries (one per token), got {}", positions.len())));
+    }
+    let want = n * num_q_heads as usize * pages.head_dim as usize;
+    if q.len() != want || q_out.len() != want {
+        return Err(Error::invalid(format!("q/q_out: expected {want} elements, got {} and {}", q.len(), q_out.len())));
+    }
+    p.num_q_heads = num_q_heads;
+    p.q = q.as_ptr().cast();
+    p.q_out = q_out.as_mut_ptr().cast();
+    p.positions = positions.as_ptr();
+    p.rotary_dim = rotary_dim;
+    p.rope_base = rope_base;
+    // SAFETY: as kv_append; q and q_out have the checked length and cannot
+    // alias (a shared and a mutable borrow).
+    unsafe { run_rope_kv_append(&p) }
+}
