@@ -16,12 +16,24 @@ import (
 )
 
 // CacheConfig mirrors fd_cache_config. DefaultCacheConfig gives the library defaults.
+//
+// KStorage and VStorage (both or neither) make the cache manage blocks inside
+// memory the caller owns instead of allocating its own. They must be C heap or
+// device memory, never Go memory (the cache keeps the pointers, which cgo
+// forbids for Go pointers), hold every element the strides address for
+// NumLayers layers and MaxBlocks blocks, and outlive the cache. The strides
+// (elements) follow fd_cache_config: block/head/token/dim all 0 (packed) or
+// all > 0 with the layout's contiguous axis at 1; StrideLayer 0 means
+// MaxBlocks * block stride. All must be 0 without external storage.
 type CacheConfig struct {
 	NumLayers, NumKVHeads, HeadDim, BlockSize, MaxBlocks uint32
 	PrefixCacheCapacityBlocks                            uint32
 	DType                                                DType
 	Layout                                               Layout
 	DeviceType, DeviceOrdinal                            int32
+	KStorage, VStorage                                   unsafe.Pointer
+	StrideLayer, StrideBlock, StrideHead                 int64
+	StrideToken, StrideDim                               int64
 }
 
 // DefaultCacheConfig returns fd_cache_config_init's defaults.
@@ -38,6 +50,9 @@ func configFromC(c *C.fd_cache_config) CacheConfig {
 		PrefixCacheCapacityBlocks: uint32(c.prefix_cache_capacity_blocks),
 		DType:                     DType(c.dtype), Layout: Layout(c.layout),
 		DeviceType: int32(c.device._type), DeviceOrdinal: int32(c.device.ordinal),
+		KStorage: c.k_storage, VStorage: c.v_storage,
+		StrideLayer: int64(c.stride_layer), StrideBlock: int64(c.stride_block), StrideHead: int64(c.stride_head),
+		StrideToken: int64(c.stride_token), StrideDim: int64(c.stride_dim),
 	}
 }
 
@@ -49,6 +64,9 @@ func (cfg CacheConfig) toC() C.fd_cache_config {
 	c.prefix_cache_capacity_blocks = C.uint32_t(cfg.PrefixCacheCapacityBlocks)
 	c.dtype, c.layout = C.int32_t(cfg.DType), C.int32_t(cfg.Layout)
 	c.device._type, c.device.ordinal = C.int32_t(cfg.DeviceType), C.int32_t(cfg.DeviceOrdinal)
+	c.k_storage, c.v_storage = cfg.KStorage, cfg.VStorage
+	c.stride_layer, c.stride_block, c.stride_head = C.int64_t(cfg.StrideLayer), C.int64_t(cfg.StrideBlock), C.int64_t(cfg.StrideHead)
+	c.stride_token, c.stride_dim = C.int64_t(cfg.StrideToken), C.int64_t(cfg.StrideDim)
 	return c
 }
 
@@ -314,6 +332,29 @@ func (c *Cache) Validate() error {
 	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_validate(h) })
 }
 
+// ExportAsync is Export into caller buffers (fd_cache_export_async): for a
+// CUDA cache, device pointers written on stream (a cudaStream_t, nil for the
+// default stream) without host synchronisation; for a CPU cache, host memory
+// written before return (Go memory is fine there, e.g. &tables[0]). tables
+// holds len(ids)*stride int32 and lens len(ids) int32; either may be nil. On
+// error nothing is written or enqueued. The caller keeps the buffers valid
+// until the stream reaches the copy.
+func (c *Cache) ExportAsync(ids []uint64, stride uint32, tables, lens, stream unsafe.Pointer) error {
+	err := c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_export_async(h, idsPtr(ids), C.uint32_t(len(ids)), C.uint32_t(stride),
+			(*C.int32_t)(tables), (*C.int32_t)(lens), C.fd_stream(stream))
+	})
+	runtime.KeepAlive(ids)
+	return err
+}
+
+// AsyncError reports the first asynchronous device fault of work the cache
+// enqueued (fd_cache_async_error): an *Error with Status DeviceError naming
+// the CUDA error, or nil. It never blocks; a CPU cache always returns nil.
+func (c *Cache) AsyncError() error {
+	return c.do(func(h *C.fd_cache) C.fd_status { return C.fd_cache_async_error(h) })
+}
+
 func prefixCString(id string) (*C.char, error) {
 	if strings.IndexByte(id, 0) >= 0 {
 		return nil, invalid("prefix_id must not contain NUL characters")
@@ -465,6 +506,15 @@ func (t *Tx) BlockTables(stride uint32) ([]int32, uint32, error) {
 		return C.fd_tx_block_tables(h, t.raw, C.uint32_t(stride), i32Ptr(out))
 	})
 	return out, stride, err
+}
+
+// BlockTablesAsync is BlockTables plus the rows' effective seq_lens into
+// caller buffers (fd_tx_block_tables_async), with ExportAsync's rules:
+// tables holds batch*stride int32, lens batch int32, either may be nil.
+func (t *Tx) BlockTablesAsync(stride uint32, tables, lens, stream unsafe.Pointer) error {
+	return t.cache.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_block_tables_async(h, t.raw, C.uint32_t(stride), (*C.int32_t)(tables), (*C.int32_t)(lens), C.fd_stream(stream))
+	})
 }
 
 // WriteLayer writes one layer's K and V ([batch, num_kv_heads, head_dim] each).
