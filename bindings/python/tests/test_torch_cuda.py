@@ -71,7 +71,9 @@ def test_decode_cuda_tensors_match_torch(dtype, hq, hkv, d, bs, nhd):
     q = (3.0 * torch.randn(batch, hq, d, generator=g, device=dev)).to(dtype)
     perm = torch.randperm(num_blocks, generator=g, device=dev).to(torch.int32)
     tables = perm.reshape(batch, max_blocks_per_seq).contiguous()
-    lens = torch.tensor([0, 1, bs, bs + 1, 333, max_blocks_per_seq * bs], dtype=torch.int32, device=dev)
+    # Every length fits its row's table (333 would need 42 blocks of 8 tokens).
+    long_row = min(333, max_blocks_per_seq * bs - 3)
+    lens = torch.tensor([0, 1, bs, bs + 1, long_row, max_blocks_per_seq * bs], dtype=torch.int32, device=dev)
     out = torch.full((batch, hq, d), float("nan"), dtype=dtype, device=dev)
     ws = torch.empty(
         fd.decode_workspace_size(q, k_cache, v_cache, tables, lens, out=out), dtype=torch.uint8, device=dev
