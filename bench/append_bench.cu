@@ -27,41 +27,17 @@
 #include <vector>
 
 #include "append_launch.hpp"
+#include "bench_common.cuh"
 #include "flashdec.h"
-
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
-#define CHECK_FD(expr)                                                                         \
-  do {                                                                                         \
-    fd_status s_ = (expr);                                                                     \
-    if (s_ != FD_OK) {                                                                         \
-      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #expr, fd_status_string(s_), \
-              fd_last_error_message());                                                        \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
+using fd_bench::EventTimer;
+using fd_bench::hash64;
+using fd_bench::strprintf;
+using fd_bench::upper_median;  // this benchmark's medians (see bench_common.cuh)
+
 constexpr int HQ = 32, HKV = 8, D = 128, BS = 32;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // One set of buffers for `tokens` tokens of one layer.
 struct Set {
@@ -80,7 +56,7 @@ Set make_set(int tokens, uint64_t seed) {
   const size_t cn = size_t(s.blocks) * HKV * BS * D;
   std::vector<uint16_t> h(std::max(qn, cn));
   for (size_t i = 0; i < h.size(); ++i)
-    h[i] = uint16_t(0x3c00u ^ (mix(seed + i) & 0x03ffu));  // ~1..2
+    h[i] = uint16_t(0x3c00u ^ (hash64(seed + i) & 0x03ffu));  // ~1..2
   CHECK_CUDA(cudaMalloc(&s.q, qn * 2));
   CHECK_CUDA(cudaMalloc(&s.q_out, qn * 2));
   CHECK_CUDA(cudaMalloc(&s.k, kn * 2));
@@ -95,11 +71,11 @@ Set make_set(int tokens, uint64_t seed) {
   CHECK_CUDA(cudaMemset(s.vc, 0, cn * 2));
   std::vector<int32_t> slots(size_t(s.blocks) * BS), idx(3 * size_t(tokens));
   for (size_t i = 0; i < slots.size(); ++i) slots[i] = int32_t(i);
-  for (size_t i = slots.size(); i > 1; --i) std::swap(slots[i - 1], slots[mix(seed ^ i) % i]);
+  for (size_t i = slots.size(); i > 1; --i) std::swap(slots[i - 1], slots[hash64(seed ^ i) % i]);
   for (int t = 0; t < tokens; ++t) {
     idx[t] = slots[t] / BS;
     idx[tokens + t] = slots[t] % BS;
-    idx[2 * tokens + t] = int32_t(mix(seed * 3 + t) % 8192);
+    idx[2 * tokens + t] = int32_t(hash64(seed * 3 + t) % 8192);
   }
   CHECK_CUDA(cudaMalloc(&s.idx, idx.size() * 4));
   CHECK_CUDA(cudaMemcpy(s.idx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
@@ -171,9 +147,7 @@ struct Timing {
 };
 
 Timing time_mode(int mode, const std::vector<Set> &sets, int launches, cudaStream_t stream) {
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
+  EventTimer timer(stream);
   for (int i = 0; i < 5; ++i) enqueue(mode, sets[i % sets.size()], stream);
   cudaGraph_t graph;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -187,31 +161,17 @@ Timing time_mode(int mode, const std::vector<Set> &sets, int launches, cudaStrea
   for (int series = 0; series < 2; ++series) {
     std::vector<double> v;
     for (int r = 0; r < 20; ++r) {
-      CHECK_CUDA(cudaEventRecord(e0, stream));
-      CHECK_CUDA(cudaGraphLaunch(exec, stream));
-      CHECK_CUDA(cudaEventRecord(e1, stream));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      const float ms = timer.time_ms([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
       v.push_back(1000.0 * ms / launches);
     }
-    t.graph_us[series] = median(v);
+    t.graph_us[series] = upper_median(v);
   }
   std::vector<double> v;
-  for (int r = 0; r < 200; ++r) {
-    CHECK_CUDA(cudaEventRecord(e0, stream));
-    enqueue(mode, sets[r % sets.size()], stream);
-    CHECK_CUDA(cudaEventRecord(e1, stream));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(1000.0 * ms);
-  }
-  t.stream_us = median(v);
+  for (int r = 0; r < 200; ++r)
+    v.push_back(1000.0 * timer.time_ms([&] { enqueue(mode, sets[r % sets.size()], stream); }));
+  t.stream_us = upper_median(v);
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
   return t;
 }
 
@@ -234,28 +194,12 @@ bool check_fused_equals_separate(const Set &s, cudaStream_t stream) {
   return a == b && qa == qb && nonzero >= size_t(s.tokens) * HKV * D / 2;
 }
 
+// The copy ceiling: upper median of the rates of 6 timed 1 GiB copies after
+// one warm-up.
 double copy_ceiling_gbps(cudaStream_t stream) {
-  const size_t bytes = size_t(1) << 30;
-  void *src, *dst;
-  CHECK_CUDA(cudaMalloc(&src, bytes));
-  CHECK_CUDA(cudaMalloc(&dst, bytes));
-  CHECK_CUDA(cudaMemset(src, 1, bytes));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<double> v;
-  for (int i = 0; i < 7; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0, stream));
-    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-    CHECK_CUDA(cudaEventRecord(e1, stream));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    if (i > 0) v.push_back(2.0 * bytes / (ms * 1e6));
-  }
-  cudaFree(src);
-  cudaFree(dst);
-  return median(v);
+  std::vector<double> rates;
+  for (double ms : fd_bench::time_copies_ms(stream, 1, 6)) rates.push_back(fd_bench::copy_gbps(ms));
+  return upper_median(rates);
 }
 
 __global__ void empty_kernel(fd::cuda::AppendLaunch) {}
@@ -273,7 +217,7 @@ double bare_launch_us(cudaStream_t stream) {
     v.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 32);
   }
   CHECK_CUDA(cudaGetLastError());
-  return median(v);
+  return upper_median(v);
 }
 
 struct HostCost {
@@ -333,8 +277,8 @@ HostCost host_cost(int batch, cudaStream_t stream) {
   for (void *p : {q, qo, k, v}) cudaFree(p);
   HostCost h;
   h.batch = batch;
-  h.begin_us = median(tb), h.writes_us = median(tw), h.commit_us = median(tc);
-  h.step_us = median(ts), h.per_write_us = h.writes_us / layers;
+  h.begin_us = upper_median(tb), h.writes_us = upper_median(tw), h.commit_us = upper_median(tc);
+  h.step_us = upper_median(ts), h.per_write_us = h.writes_us / layers;
   return h;
 }
 
@@ -350,31 +294,20 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!fd_bench::open_device(&prop, &stream)) return 77;
   const double copy = copy_ceiling_gbps(stream);
   printf("device %s, copy ceiling %.0f GB/s (1 GiB D2D, read + write)\n", prop.name, copy);
 
-  std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
-  char buf[512];
-  snprintf(buf, sizeof buf,
-           "  \"copy_GBps\": %.1f,\n  \"shape\": \"A q32/kv8/d128, block 32, bf16, "
-           "token-major\",\n  \"kernels\": [\n",
-           copy);
-  json += buf;
+  std::string json = fd_bench::json_header(prop.name, copy) +
+                     "  \"shape\": \"A q32/kv8/d128, block 32, bf16, token-major\",\n"
+                     "  \"kernels\": [\n";
   std::string md = "# Append and fused RoPE + append on " + std::string(prop.name) + "\n\n";
-  snprintf(buf, sizeof buf,
-           "Copy ceiling: %.0f GB/s. Shape A (32 q / 8 kv heads, head_dim 128), block 32, bf16, "
-           "token-major.\n\n",
-           copy);
-  md += buf;
+  md += strprintf(
+      "Copy ceiling: %.0f GB/s. Shape A (32 q / 8 kv heads, head_dim 128), block 32, bf16, "
+      "token-major.\n\n",
+      copy);
   md +=
       "| tokens | form | graph us/launch (series 1, 2) | stream us | effective GB/s | fraction of "
       "copy |\n|---|---|---|---|---|---|\n";
@@ -395,16 +328,14 @@ int main(int argc, char **argv) {
       const double kv = double(tokens) * HKV * D * 2 * 4;  // K, V read + written
       const double bytes = kv + (mode == kAppend ? 0.0 : double(tokens) * HQ * D * 2 * 2);
       const double gbps = bytes / (t.graph_us[0] * 1e3);
-      snprintf(buf, sizeof buf,
-               "%s    {\"tokens\": %d, \"form\": \"%s\", \"graph_us_per_launch\": [%.3f, %.3f], "
-               "\"stream_us\": %.3f, \"effective_GBps\": %.1f, \"fraction_of_copy\": %.3f}",
-               first ? "" : ",\n", tokens, mode_name(mode), t.graph_us[0], t.graph_us[1],
-               t.stream_us, gbps, gbps / copy);
-      json += buf;
+      json += strprintf(
+          "%s    {\"tokens\": %d, \"form\": \"%s\", \"graph_us_per_launch\": [%.3f, %.3f], "
+          "\"stream_us\": %.3f, \"effective_GBps\": %.1f, \"fraction_of_copy\": %.3f}",
+          first ? "" : ",\n", tokens, mode_name(mode), t.graph_us[0], t.graph_us[1], t.stream_us,
+          gbps, gbps / copy);
       first = false;
-      snprintf(buf, sizeof buf, "| %d | %s | %.2f, %.2f | %.2f | %.0f | %.3f |\n", tokens,
-               mode_name(mode), t.graph_us[0], t.graph_us[1], t.stream_us, gbps, gbps / copy);
-      md += buf;
+      md += strprintf("| %d | %s | %.2f, %.2f | %.2f | %.0f | %.3f |\n", tokens, mode_name(mode),
+                      t.graph_us[0], t.graph_us[1], t.stream_us, gbps, gbps / copy);
       printf("%5d tokens %-18s graph %.2f / %.2f us  stream %.2f us  %.0f GB/s (%.3f of copy)\n",
              tokens, mode_name(mode), t.graph_us[0], t.graph_us[1], t.stream_us, gbps, gbps / copy);
     }
@@ -418,13 +349,11 @@ int main(int argc, char **argv) {
       "plus one row upload per transaction (first write) and one block-table export "
       "(fd_tx_block_tables_async: 2 copies).\n\n";
   const double bare = bare_launch_us(stream);
-  snprintf(buf, sizeof buf, "\"bare_launch_us\": %.2f,\n  ", bare);
-  json.insert(json.rfind("\"host_cost\""), buf);
-  snprintf(buf, sizeof buf,
-           "A bare kernel launch with the same parameter block costs %.2f us of host time; "
-           "the last column subtracts 32 of them.\n\n",
-           bare);
-  md += buf;
+  json.insert(json.rfind("\"host_cost\""), strprintf("\"bare_launch_us\": %.2f,\n  ", bare));
+  md += strprintf(
+      "A bare kernel launch with the same parameter block costs %.2f us of host time; "
+      "the last column subtracts 32 of them.\n\n",
+      bare);
   printf("bare launch %.2f us\n", bare);
   md +=
       "| batch | begin us | 32 writes us | per write us | commit us | step us | step without "
@@ -432,27 +361,21 @@ int main(int argc, char **argv) {
   first = true;
   for (int batch : {1, 64, 256}) {
     const HostCost h = host_cost(batch, stream);
-    snprintf(buf, sizeof buf,
-             "%s    {\"batch\": %d, \"layers\": 32, \"begin_us\": %.2f, \"writes_us\": %.2f, "
-             "\"per_write_us\": %.2f, \"commit_us\": %.2f, \"step_us\": %.2f}",
-             first ? "" : ",\n", batch, h.begin_us, h.writes_us, h.per_write_us, h.commit_us,
-             h.step_us);
-    json += buf;
+    json += strprintf(
+        "%s    {\"batch\": %d, \"layers\": 32, \"begin_us\": %.2f, \"writes_us\": %.2f, "
+        "\"per_write_us\": %.2f, \"commit_us\": %.2f, \"step_us\": %.2f}",
+        first ? "" : ",\n", batch, h.begin_us, h.writes_us, h.per_write_us, h.commit_us, h.step_us);
     first = false;
-    snprintf(buf, sizeof buf, "| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", batch,
-             h.begin_us, h.writes_us, h.per_write_us, h.commit_us, h.step_us,
-             h.step_us - 32 * bare);
-    md += buf;
+    md += strprintf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", batch, h.begin_us,
+                    h.writes_us, h.per_write_us, h.commit_us, h.step_us, h.step_us - 32 * bare);
     printf(
         "host cost batch %3d: begin %.2f us, 32 writes %.2f us (%.2f each), commit %.2f us, "
         "step %.2f us\n",
         batch, h.begin_us, h.writes_us, h.per_write_us, h.commit_us, h.step_us);
   }
   json += "\n  ],\n  \"fused_equals_separate\": " + std::string(ok ? "true" : "false") + "\n}\n";
-  FILE *f = fopen((out_dir + "/append_bench.json").c_str(), "w");
-  if (f) fputs(json.c_str(), f), fclose(f);
-  f = fopen((out_dir + "/append_bench.md").c_str(), "w");
-  if (f) fputs(md.c_str(), f), fclose(f);
+  fd_bench::write_text(out_dir + "/append_bench.json", json);
+  fd_bench::write_text(out_dir + "/append_bench.md", md);
   CHECK_CUDA(cudaStreamDestroy(stream));
   return ok ? 0 : 1;
 }

@@ -10,6 +10,7 @@
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
 // Usage: decode_bench [--out DIR] [--quick] [--explore] [--filter A,B,...]
+// (or `flashdec bench ...`: the CLI links this file's fd_decode_bench_main).
 // --filter keeps the cases whose name contains one of the comma-separated
 // substrings, '_' standing for a space (for short iteration runs; the
 // targets are then partial).
@@ -27,36 +28,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
+#include "decode_bench.hpp"
 #include "flashdec.h"
-
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
-#define CHECK_FD(expr)                                                                         \
-  do {                                                                                         \
-    fd_status s_ = (expr);                                                                     \
-    if (s_ != FD_OK) {                                                                         \
-      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #expr, fd_status_string(s_), \
-              fd_last_error_message());                                                        \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
+using fd_bench::EventTimer;
+using fd_bench::median;
+using fd_bench::mix64;
+using fd_bench::percentile;
+using fd_bench::splitmix;
+
 // ---------------------------------------------------------------------------
 // Device helpers: random fill, FP32 reference.
-
-__device__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 __device__ float to_f32(uint16_t bits, bool bf16) {
   if (bf16) return __uint_as_float(static_cast<uint32_t>(bits) << 16);
@@ -177,49 +162,9 @@ struct Result {
   bool ok = true;
 };
 
-uint64_t splitmix(uint64_t &s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)));
-  return v[i];
-}
-
-// Device-to-device copy of 1 GiB; bytes read + written per second.
+// The copy ceiling: median of 10 timed 1 GiB copies after 3 warm-ups.
 double measure_copy_gbps(cudaStream_t stream) {
-  const size_t bytes = size_t{1} << 30;
-  void *a = nullptr, *b = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemsetAsync(a, 1, bytes, stream));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int i = 0; i < 13; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0, stream));
-    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
-    CHECK_CUDA(cudaEventRecord(e1, stream));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 3) t.push_back(ms);
-  }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
-  return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e9;
+  return fd_bench::copy_gbps(median(fd_bench::time_copies_ms(stream, 3, 10)));
 }
 
 std::string dtype_str(int32_t d) {
@@ -376,60 +321,48 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     CHECK_CUDA(cudaFree(scores));
   }
 
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  // Plain stream launches: the host call and the kernel, GPU idle before.
   {
-    std::vector<double> t;
-    for (int i = 0; i < 60; ++i) {
-      fd_decode_params p = params_for_set(i % sets);
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      CHECK_CUDA(cudaEventRecord(e0, stream));
-      CHECK_FD(fd_decode(&p));
-      CHECK_CUDA(cudaEventRecord(e1, stream));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      if (i >= 10) t.push_back(ms * 1e3);
-    }
-    res.stream_median_us = median(t);
-  }
-  // CUDA graph of many launches cycling through the sets.
-  {
-    int launches = std::max(sets, 20);
-    launches = (launches + sets - 1) / sets * sets;
-    res.launches_per_graph = launches;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < launches; ++i) {
-      fd_decode_params p = params_for_set(i % sets);
-      CHECK_FD(fd_decode(&p));
-    }
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    std::vector<double> rounds[2];
-    for (int round = 0; round < 2; ++round)
-      for (int i = 0; i < 10; ++i) {
-        CHECK_CUDA(cudaEventRecord(e0, stream));
-        CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        CHECK_CUDA(cudaEventRecord(e1, stream));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float ms = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        rounds[round].push_back(ms * 1e3 / launches);
+    EventTimer timer(stream);
+    // Plain stream launches: the host call and the kernel, GPU idle before.
+    {
+      std::vector<double> t;
+      for (int i = 0; i < 60; ++i) {
+        fd_decode_params p = params_for_set(i % sets);
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        const float ms = timer.time_ms([&] { CHECK_FD(fd_decode(&p)); });
+        if (i >= 10) t.push_back(ms * 1e3);
       }
-    res.median_us = median(rounds[0]);
-    res.p10_us = percentile(rounds[0], 0.1);
-    res.p90_us = percentile(rounds[0], 0.9);
-    res.repeat_median_us = median(rounds[1]);
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
+      res.stream_median_us = median(t);
+    }
+    // CUDA graph of many launches cycling through the sets.
+    {
+      int launches = std::max(sets, 20);
+      launches = (launches + sets - 1) / sets * sets;
+      res.launches_per_graph = launches;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < launches; ++i) {
+        fd_decode_params p = params_for_set(i % sets);
+        CHECK_FD(fd_decode(&p));
+      }
+      CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+      CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+      std::vector<double> rounds[2];
+      for (int round = 0; round < 2; ++round)
+        for (int i = 0; i < 10; ++i) {
+          const float ms = timer.time_ms([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
+          rounds[round].push_back(ms * 1e3 / launches);
+        }
+      res.median_us = median(rounds[0]);
+      res.p10_us = percentile(rounds[0], 0.1);
+      res.p90_us = percentile(rounds[0], 0.9);
+      res.repeat_median_us = median(rounds[1]);
+      CHECK_CUDA(cudaGraphExecDestroy(exec));
+      CHECK_CUDA(cudaGraphDestroy(graph));
+    }
   }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
   res.eff_gbps = res.eff_bytes / (res.median_us * 1e-6) / 1e9;
   res.fraction = res.eff_gbps / copy_gbps;
   CHECK_CUDA(cudaFree(k));
@@ -455,8 +388,7 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
                 const char *device) {
   FILE *f = fopen(path.c_str(), "w");
   if (!f) return;
-  fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_GBps\": %.1f,\n  \"cases\": [\n", device,
-          copy_gbps);
+  fprintf(f, "%s  \"cases\": [\n", fd_bench::json_header(device, copy_gbps).c_str());
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result &r = rs[i];
     const auto mm = std::minmax_element(r.lens.begin(), r.lens.end());
@@ -583,13 +515,31 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
   return buf;
 }
 
+void usage(FILE *to, const char *program) {
+  fprintf(to, "usage: %s [--out DIR] [--quick] [--explore] [--filter A,B,...]\n", program);
+}
+
 }  // namespace
 
-int main(int argc, char **argv) {
+int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
   bool quick = false, explore = false;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout, argv[0]);
+      printf(
+          "Times fd_decode on CUDA device 0 over the benchmarks.md grid and writes\n"
+          "decode_bench.json, decode_bench.md and decode_bench.svg to DIR (default .).\n"
+          "  --quick      bf16, blocks 16 and 32, token-major only\n"
+          "  --explore    add fixed split counts (1..16) for a few cases\n"
+          "  --filter L   keep cases whose name contains one of the comma-separated\n"
+          "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
+          "Exit status: 0 every case correct (the targets table tells whether they\n"
+          "were met), 1 a correctness failure or a failed CUDA call, 2 bad arguments,\n"
+          "77 no CUDA device.\n");
+      return 0;
+    }
     if (!strcmp(argv[i], "--out") && i + 1 < argc)
       out_dir = argv[++i];
     else if (!strcmp(argv[i], "--quick"))
@@ -608,20 +558,13 @@ int main(int argc, char **argv) {
         at = comma + 1;
       }
     } else {
-      fprintf(stderr, "usage: %s [--out DIR] [--quick] [--explore] [--filter A,B,...]\n", argv[0]);
+      usage(stderr, argv[0]);
       return 2;
     }
   }
-  int32_t n = 0;
-  CHECK_FD(fd_cuda_device_count(&n));
-  if (n == 0) {
-    printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!fd_bench::open_device(&prop, &stream)) return 77;
   const double copy0 = measure_copy_gbps(stream);
   printf("device %s, %d SMs, L2 %d MB; copy ceiling %.0f GB/s\n", prop.name,
          prop.multiProcessorCount, prop.l2CacheSize >> 20, copy0);
