@@ -21,18 +21,9 @@ extern "C" {
 #include <cstring>
 #include <vector>
 
-#include "fd_test.h"
+#include "fd_gpu_test.h"
 
 namespace {
-
-#define CUDA_OK(expr)                                                                            \
-  do {                                                                                           \
-    cudaError_t cuda_ok_e_ = (expr);                                                             \
-    if (cuda_ok_e_ != cudaSuccess) {                                                             \
-      print_error("%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_ok_e_)); \
-      fail();                                                                                    \
-    }                                                                                            \
-  } while (0)
 
 enum Storage { kToken, kDim, kNhd, kDimPadded };
 
@@ -240,11 +231,7 @@ void test_errors(void **state) {
 }  // namespace
 
 int main(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
+  if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kernels_match_cpu),
       cmocka_unit_test(test_errors),

@@ -24,7 +24,7 @@ extern "C" {
 #include <numeric>
 #include <vector>
 
-#include "fd_test.h"
+#include "fd_gpu_test.h"
 
 namespace {
 
@@ -32,15 +32,6 @@ bool reduced() {
   const char *e = getenv("FD_GPU_TEST_REDUCED");
   return e != nullptr && e[0] == '1';
 }
-
-#define CUDA_OK(expr)                                                                            \
-  do {                                                                                           \
-    cudaError_t cuda_ok_e_ = (expr);                                                             \
-    if (cuda_ok_e_ != cudaSuccess) {                                                             \
-      print_error("%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_ok_e_)); \
-      fail();                                                                                    \
-    }                                                                                            \
-  } while (0)
 
 enum Storage { kTokenPacked, kDimPacked, kNhd, kDimPadded, kStorages };
 
@@ -511,11 +502,7 @@ void test_errors(void **state) {
 }  // namespace
 
 int main(void) {
-  int32_t n = 0;
-  if (fd_cuda_device_count(&n) != FD_OK || n == 0) {
-    printf("SKIPPED: no CUDA device (fd_cuda_device_count reported %d)\n", n);
-    return 77;
-  }
+  if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_graph_capture),
