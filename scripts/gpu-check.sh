@@ -1,24 +1,72 @@
 #!/usr/bin/env bash
 # GPU check for the CUDA backend, meant for a machine with an NVIDIA GPU
-# (sm_90): configure and build with CUDA, run every ctest suite (the "gpu"
-# label first), the decode benchmark, then compute-sanitizer (memcheck,
-# racecheck, initcheck) over a reduced GPU test. Logs and the benchmark's
-# JSON/Markdown/SVG go to $OUT (default ./gpu-out), at most 7 files.
+# (sm_90): configure and build with CUDA, run the test suites, a benchmark,
+# then compute-sanitizer over GPU suites. Logs and the benchmark's results go
+# to $OUT (default ./gpu-out), at most 8 files: summary.log, build.log,
+# ctest.log, bench.log, sanitizer.log and the benchmark's own files.
+#
+# MODE picks what is checked:
+#   decode (default)  every ctest suite (the "gpu" label first), the decode
+#                     benchmark (bench/decode_bench: JSON, Markdown, SVG), then
+#                     memcheck, racecheck and initcheck over a reduced gpu_decode.
+#   append            the GPU-resident cache and the append kernels: gpu_append,
+#                     gpu_cache_step and the CPU suites of the append primitives
+#                     (test_kv_append, test_kv_append_cache), the append
+#                     benchmark (bench/append_bench: JSON, Markdown), then
+#                     memcheck over both GPU suites. Sized for a 5-minute run.
+# The benchmark runs before the sanitizers so its results come back even if
+# they run long.
 #
 # cmocka: when it is not installed, .deps/*.deb (apt-get download libcmocka0
 # libcmocka-dev) are unpacked to /tmp/cm and used.
 #
-# Environment: OUT, BUILD_DIR (build-gpu), JOBS, SKIP_SANITIZER=1,
-# SKIP_BENCH=1, BENCH_ARGS (e.g. "--quick", "--explore" or "--filter A,B"),
-# GPU_ONLY=1 (ctest runs only the "gpu" label), BUILD_TARGETS (e.g.
-# "gpu_decode decode_bench": build only these; implies GPU_ONLY),
-# SANITIZER_TIMEOUT (seconds per compute-sanitizer tool, 240). The benchmark
-# runs before the sanitizers so its results come back even if they run long.
+# Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, SKIP_SANITIZER=1,
+# SKIP_BENCH=1, BENCH_ARGS (decode mode, e.g. "--quick", "--explore" or
+# "--filter A,B"), GPU_ONLY=1 (decode mode: ctest runs only the "gpu" label),
+# BUILD_TARGETS (e.g. "gpu_decode decode_bench": build only these; implies
+# GPU_ONLY; append mode builds only its own targets unless this is set),
+# SANITIZER_TIMEOUT (seconds per compute-sanitizer run: 240 decode, 70 append).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+MODE=${MODE:-decode}
 OUT=${OUT:-$PWD/gpu-out}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
+
+# What each mode runs. tests_timeout / bench_timeout: seconds for the whole
+# ctest run / the benchmark, 0 for no limit; bench_tail: lines of the
+# benchmark's output echoed at the end.
+case "$MODE" in
+  decode)
+    default_targets=""
+    tests_regex=""
+    tests_timeout=0
+    bench=decode_bench
+    read -ra bench_args <<<"${BENCH_ARGS:-}"
+    bench_timeout=0
+    bench_tail=12
+    sanitizer_suites=(gpu_decode)
+    sanitizer_tools=(memcheck racecheck initcheck)
+    sanitizer_timeout=${SANITIZER_TIMEOUT:-240}
+    ;;
+  append)
+    default_targets="gpu_append gpu_cache_step test_kv_append test_kv_append_cache append_bench"
+    tests_regex='^(gpu_append|gpu_cache_step|test_kv_append|test_kv_append_cache)$'
+    tests_timeout=240
+    bench=append_bench
+    bench_args=()
+    bench_timeout=100
+    bench_tail=40
+    sanitizer_suites=(gpu_cache_step gpu_append)
+    sanitizer_tools=(memcheck)
+    sanitizer_timeout=${SANITIZER_TIMEOUT:-70}
+    ;;
+  *)
+    echo "gpu-check.sh: MODE must be decode or append, not '$MODE'" >&2
+    exit 2
+    ;;
+esac
+
 mkdir -p "$OUT"
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.log"; }
@@ -31,6 +79,7 @@ if ! ls /usr/include/cmocka.h >/dev/null 2>&1 && ls .deps/*.deb >/dev/null 2>&1;
   export LD_LIBRARY_PATH=/tmp/cm/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
+note "mode: $MODE"
 note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1)"
 note "commit: ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
@@ -42,46 +91,56 @@ if ! cmake -S . -B "$BUILD_DIR" -G Ninja -DFLASHDEC_CUDA=ON -DCMAKE_CUDA_ARCHITE
   exit 1
 fi
 # Keep going past a failing target so one broken suite does not hide the rest.
+read -ra build_targets <<<"${BUILD_TARGETS:-$default_targets}"
 targets=()
-[ -n "${BUILD_TARGETS:-}" ] && targets=(--target ${BUILD_TARGETS}) && GPU_ONLY=1
+[ ${#build_targets[@]} -gt 0 ] && targets=(--target "${build_targets[@]}")
+[ -n "${BUILD_TARGETS:-}" ] && GPU_ONLY=1
 if cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}" -- -k 0 >>"$OUT/build.log" 2>&1; then
   note "build ok in $((SECONDS - start)) s"
 else
   status=1
   note "BUILD FAILED for some targets (see build.log): $(grep -c FAILED "$OUT/build.log") failures"
-  grep -A3 FAILED "$OUT/build.log" | head -20
-  [ -x "$BUILD_DIR/tests/gpu_decode" ] || exit 1
+  grep -B2 -A6 -E "error|FAILED" "$OUT/build.log" | head -40
+  for s in "${sanitizer_suites[@]}"; do [ -x "$BUILD_DIR/tests/$s" ] || exit 1; done
 fi
 
+# GPU suites verbose (their summary lines go to summary.log), the rest only
+# on failure.
 start=$SECONDS
-if [ "${GPU_ONLY:-0}" = 1 ]; then
-  (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure) >"$OUT/ctest.log" 2>&1 || status=1
+if [ -n "$tests_regex" ]; then
+  (cd "$BUILD_DIR" && timeout "$tests_timeout" ctest -R "$tests_regex" -V) >"$OUT/ctest.log" 2>&1 || status=1
+elif [ "${GPU_ONLY:-0}" = 1 ]; then
+  (cd "$BUILD_DIR" && ctest -L gpu -V) >"$OUT/ctest.log" 2>&1 || status=1
 else
-  (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure && ctest -LE gpu --output-on-failure) \
+  (cd "$BUILD_DIR" && ctest -L gpu -V && ctest -LE gpu --output-on-failure) \
     >"$OUT/ctest.log" 2>&1 || status=1
 fi
-note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tr '\n' ' ') ($((SECONDS - start)) s)"
-grep -E "SKIPPED|sweep cases|\[  FAILED|\[  PASSED|\[  SKIPPED" "$OUT/ctest.log" | head -20 | tee -a "$OUT/summary.log"
+note "ctest: $(grep -E '% tests passed|tests failed' "$OUT/ctest.log" | tr '\n' ' ') ($((SECONDS - start)) s)"
+grep -E "SKIPPED|FAILED|\[  PASSED|sweep cases|gpu_append:|test_kv_append:|rel error" "$OUT/ctest.log" |
+  head -20 | tee -a "$OUT/summary.log"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   start=$SECONDS
-  "$BUILD_DIR/bench/decode_bench" --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  timeout "$bench_timeout" "$BUILD_DIR/bench/$bench" --out "$OUT" "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
-  note "bench rc=$rc in $((SECONDS - start)) s"
-  tail -12 "$OUT/bench.log"
+  note "$bench rc=$rc in $((SECONDS - start)) s"
+  tail -"$bench_tail" "$OUT/bench.log"
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   : >"$OUT/sanitizer.log"
-  for tool in memcheck racecheck initcheck; do
-    start=$SECONDS
-    extra=()
-    [ "$tool" = memcheck ] && extra=(--leak-check full)
-    FD_GPU_TEST_REDUCED=1 timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool "$tool" "${extra[@]}" \
-      --error-exitcode 3 "$BUILD_DIR/tests/gpu_decode" >>"$OUT/sanitizer.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && status=1
-    note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - start)) s)"
+  for suite in "${sanitizer_suites[@]}"; do
+    for tool in "${sanitizer_tools[@]}"; do
+      start=$SECONDS
+      extra=()
+      [ "$tool" = memcheck ] && extra=(--leak-check full)
+      FD_GPU_TEST_REDUCED=1 CMOCKA_MESSAGE_OUTPUT=stdout timeout "$sanitizer_timeout" \
+        compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$BUILD_DIR/tests/$suite" \
+        >>"$OUT/sanitizer.log" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && status=1
+      note "compute-sanitizer $tool $suite: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - start)) s)"
+    done
   done
 fi
 
