@@ -4,3 +4,4 @@
 
 int workload_command(int argc, char **argv);
 int hostcost_command(int argc, char **argv);
+int bench_command(int argc, char **argv);

@@ -1,8 +1,7 @@
 // flashdec: command-line front end of libflashdec.
 //
-// Adding a subcommand (e.g. `bench` for the CUDA decode benchmark, owned by
-// bench/): declare it in commands.hpp, implement it in its own file, add the
-// file to CMakeLists.txt and one row to kCommands below.
+// Adding a subcommand: declare it in commands.hpp, implement it in its own
+// file, add the file to CMakeLists.txt and one row to kCommands below.
 #include <cstdio>
 #include <cstring>
 
@@ -22,6 +21,9 @@ const Command kCommands[] = {
      "workload synthetic|scheduler|integrated [--case NAME] [--seed N] [--threads N] "
      "[--json FILE] [--svg FILE]"},
     {"hostcost", hostcost_command, "hostcost [--iterations N]: host-side costs (no GPU)"},
+    {"bench", bench_command,
+     "bench [--out DIR] [--quick] [--explore] [--filter A,B,...]: decode kernel benchmark "
+     "(CUDA builds, NVIDIA GPU; bench --help)"},
 };
 
 void usage() {
