@@ -177,10 +177,21 @@ void create_cuda_device(void **) {
   cfg.dtype = FD_DTYPE_F16;
   int32_t count = 0;
   FD_ASSERT_OK(fd_cuda_device_count(&count));
-  if (count == 0)
+  if (count == 0) {
     expect_create_fails(cfg, FD_ERR_NO_DEVICE, "CUDA");
-  else
-    expect_create_fails(cfg, FD_ERR_UNSUPPORTED, "CUDA cache storage is not available");
+    return;
+  }
+  /* With a device the cache keeps its K/V in device memory. */
+  fd_cache *c = NULL;
+  FD_ASSERT_OK(fd_cache_create(&cfg, &c));
+  fd_cache_config got;
+  fd_cache_config_init(&got);
+  FD_ASSERT_OK(fd_cache_get_config(c, &got));
+  assert_int_equal(got.device.type, FD_DEVICE_CUDA);
+  assert_int_equal(got.device.ordinal, 0);
+  fd_cache_destroy(c);
+  cfg.device.ordinal = count; /* one past the last device */
+  expect_create_fails(cfg, FD_ERR_NO_DEVICE, "CUDA");
 }
 
 void create_zero_initialised_storage(void **) {
