@@ -1,19 +1,24 @@
 // KV append and fused RoPE + append kernels (semantics.md S3).
 //
-// One CTA per token. The CTA first computes the token's cos/sin table (one
-// powf + sincosf per rotation pair, shared by every head), then its threads
-// walk a flat list of work units:
+// Work is split into units: a unit is one thread's share of one token, the
+// same for every token, so a thread decodes its unit once and then serves up
+// to kMaxTokensPerCta tokens of its CTA with all their loads in flight at
+// once (16-byte vectors where the run is aligned and contiguous). Per token:
 //   Q heads (fused form): rotation units then pass-through units -> q_out;
 //   K heads: the same units (fused) or plain copy units -> the K cache;
 //   V heads: plain copy units -> the V cache.
 // A rotation unit takes up to 8 pairs (dims i..i+7 and R/2+i..R/2+i+7), so
 // the thread that reads a pair also writes it: an in-place q_out is safe. A
-// copy unit moves up to 8 consecutive dims. Loads and stores are 16-byte
-// vectors when the address is aligned and the run is contiguous, else
-// element-wise (dim-major caches store one element per dim).
+// copy unit moves up to 8 consecutive dims (dim-major caches store them one
+// element per dim).
+//
+// The cos/sin table of the CTA's tokens lives in shared memory. A thread
+// issues the loads of its first unit before building the table, so the
+// table's latency overlaps the memory latency instead of adding to it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "append_launch.hpp"
@@ -24,134 +29,238 @@ namespace fd {
 namespace cuda {
 namespace {
 
-constexpr int kMaxThreads = 256;
-constexpr int kVec = 8;  // elements per unit (16 bytes)
+constexpr int kMaxThreads = 512;
+constexpr int kMaxTokensPerCta = 4;
+constexpr int kVec = 8;  // elements per run (16 bytes)
+
+// Eight 16-bit elements, two per word (element 2t in the low half of w[t]).
+struct Run {
+  uint32_t w[4];
+};
 
 __device__ __forceinline__ bool aligned16(const void *p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
-__device__ __forceinline__ void load_run(const uint16_t *p, int n, uint16_t (&x)[kVec]) {
-  if (n == kVec && aligned16(p)) {
-    const uint4 w = *reinterpret_cast<const uint4 *>(p);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      x[2 * t] = static_cast<uint16_t>(words[t] & 0xffffu);
-      x[2 * t + 1] = static_cast<uint16_t>(words[t] >> 16);
-    }
-    return;
-  }
-#pragma unroll
-  for (int t = 0; t < kVec; ++t) x[t] = t < n ? p[t] : uint16_t{0};
+__device__ __forceinline__ uint16_t get(const Run &x, int t) {
+  return static_cast<uint16_t>(x.w[t / 2] >> (16 * (t & 1)));
 }
 
-__device__ __forceinline__ void store_run(uint16_t *p, int64_t stride, int n,
-                                          const uint16_t (&x)[kVec]) {
+__device__ __forceinline__ void set(Run &x, int t, uint16_t v) {
+  const int s = 16 * (t & 1);
+  x.w[t / 2] = (x.w[t / 2] & ~(0xffffu << s)) | (static_cast<uint32_t>(v) << s);
+}
+
+// Elements [0, n) of p (n <= 8); the rest read as zero.
+__device__ __forceinline__ Run load_run(const uint16_t *p, int n) {
+  Run x;
+  if (n == kVec && aligned16(p)) {
+    const uint4 v = *reinterpret_cast<const uint4 *>(p);
+    x.w[0] = v.x, x.w[1] = v.y, x.w[2] = v.z, x.w[3] = v.w;
+    return x;
+  }
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t lo = 2 * t < n ? p[2 * t] : 0u;
+    const uint32_t hi = 2 * t + 1 < n ? p[2 * t + 1] : 0u;
+    x.w[t] = lo | (hi << 16);
+  }
+  return x;
+}
+
+// Element t of x goes to p[t * stride], t < n.
+__device__ __forceinline__ void store_run(uint16_t *p, int64_t stride, int n, const Run &x) {
   if (stride == 1 && n == kVec && aligned16(p)) {
-    uint4 w;
-    w.x = x[0] | (static_cast<uint32_t>(x[1]) << 16);
-    w.y = x[2] | (static_cast<uint32_t>(x[3]) << 16);
-    w.z = x[4] | (static_cast<uint32_t>(x[5]) << 16);
-    w.w = x[6] | (static_cast<uint32_t>(x[7]) << 16);
-    *reinterpret_cast<uint4 *>(p) = w;
+    *reinterpret_cast<uint4 *>(p) = make_uint4(x.w[0], x.w[1], x.w[2], x.w[3]);
     return;
   }
 #pragma unroll
   for (int t = 0; t < kVec; ++t)
-    if (t < n) p[t * stride] = x[t];
+    if (t < n) p[t * stride] = get(x, t);
 }
 
-// Copies dims [d0, d0 + n) of one head.
-__device__ __forceinline__ void copy_unit(const uint16_t *src, uint16_t *dst, int64_t sd, int d0,
-                                          int n) {
-  uint16_t x[kVec];
-  load_run(src + d0, n, x);
-  store_run(dst + d0 * sd, sd, n, x);
+// One thread's unit of every token of its CTA.
+struct Unit {
+  const uint16_t *src;  // token 0's first element of the run
+  uint16_t *dst;        // first element of the run, before the token's offset
+  int32_t src_token;    // elements between tokens in src
+  int32_t dst_token;    // q_out: elements between tokens; -1: cache slot of the token
+  int64_t sd;           // dim stride of dst
+  int n;                // elements per run
+  int pair;             // first rotation pair, -1 for a copy
+};
+
+// Shape of the per-token unit list.
+struct Units {
+  int D, R, half;
+  int plain;       // copy units of a head
+  int rot;         // units of a rotated head (pairs, then the dims past R)
+  int pair_units;  // rotation units of a rotated head
+  int q, k, v;     // units of all Q / K / V heads
+  int k_per_head;
+  int total;
+};
+
+__host__ __device__ __forceinline__ Units units_of(const AppendLaunch &a) {
+  Units u;
+  u.D = a.head_dim, u.R = a.rotary_dim, u.half = a.rotary_dim / 2;
+  u.plain = (u.D + kVec - 1) / kVec;
+  u.pair_units = (u.half + kVec - 1) / kVec;
+  u.rot = u.R > 0 ? u.pair_units + (u.D - u.R + kVec - 1) / kVec : 0;
+  u.q = a.q != nullptr ? a.num_q_heads * u.rot : 0;
+  u.k_per_head = u.R > 0 ? u.rot : u.plain;
+  u.k = a.num_kv_heads * u.k_per_head;
+  u.v = a.v != nullptr ? a.num_kv_heads * u.plain : 0;
+  u.total = u.q + u.k + u.v;
+  return u;
 }
 
-// Unit j of a rotated head: rotation pairs first, then the dims past R.
-template <class T>
-__device__ __forceinline__ void rotate_unit(const uint16_t *src, uint16_t *dst, int64_t sd, int j,
-                                            int D, int R, const float *cos_s, const float *sin_s) {
-  const int half = R / 2;
-  const int pair_units = (half + kVec - 1) / kVec;
-  if (j >= pair_units) {
-    const int d0 = R + (j - pair_units) * kVec;
-    copy_unit(src, dst, sd, d0, min(kVec, D - d0));
-    return;
-  }
-  const int i0 = j * kVec, n = min(kVec, half - i0);
-  uint16_t a[kVec], b[kVec];
-  load_run(src + i0, n, a);
-  load_run(src + half + i0, n, b);
-#pragma unroll
-  for (int t = 0; t < kVec; ++t) {
-    if (t < n) {
-      const float x1 = Elem<T>::load(a[t]), x2 = Elem<T>::load(b[t]);
-      const float c = cos_s[i0 + t], s = sin_s[i0 + t];
-      a[t] = Elem<T>::store(rope_first(x1, x2, c, s));
-      b[t] = Elem<T>::store(rope_second(x1, x2, c, s));
+// Unit j of a head whose token-0 source is src and destination dst.
+__device__ __forceinline__ Unit head_unit(const uint16_t *src, uint16_t *dst, int64_t sd, int j,
+                                          bool rotated, const Units &s) {
+  Unit u;
+  u.sd = sd;
+  u.pair = -1;
+  int d0 = j * kVec;
+  if (rotated) {
+    if (j < s.pair_units) {
+      u.pair = j * kVec;
+      d0 = u.pair;
+    } else {
+      d0 = s.R + (j - s.pair_units) * kVec;
     }
   }
-  store_run(dst + i0 * sd, sd, n, a);
-  store_run(dst + (half + i0) * sd, sd, n, b);
+  u.n = u.pair >= 0 ? min(kVec, s.half - d0) : min(kVec, s.D - d0);
+  u.src = src + d0;
+  u.dst = dst + d0 * sd;
+  return u;
 }
 
+__device__ __forceinline__ Unit unit_at(const AppendLaunch &a, const Units &s, int w, int64_t sh,
+                                        int64_t sd) {
+  const int64_t D = s.D;
+  const int32_t q_row = a.num_q_heads * s.D, kv_row = a.num_kv_heads * s.D;
+  Unit u;
+  if (w < s.q) {
+    const int h = w / s.rot;
+    u = head_unit(static_cast<const uint16_t *>(a.q) + h * D,
+                  static_cast<uint16_t *>(a.q_out) + h * D, 1, w - h * s.rot, true, s);
+    u.src_token = q_row;
+    u.dst_token = q_row;
+  } else if (w < s.q + s.k) {
+    w -= s.q;
+    const int h = w / s.k_per_head;
+    u = head_unit(static_cast<const uint16_t *>(a.k) + h * D,
+                  static_cast<uint16_t *>(a.k_dst) + h * sh, sd, w - h * s.k_per_head, s.R > 0, s);
+    u.src_token = kv_row;
+    u.dst_token = -1;
+  } else {
+    w -= s.q + s.k;
+    const int h = w / s.plain;
+    u = head_unit(static_cast<const uint16_t *>(a.v) + h * D,
+                  static_cast<uint16_t *>(a.v_dst) + h * sh, sd, w - h * s.plain, false, s);
+    u.src_token = kv_row;
+    u.dst_token = -1;
+  }
+  return u;
+}
+
+// Issues the loads of unit u for tokens r0 .. r0 + ntok - 1.
+__device__ __forceinline__ void load_unit(const Unit &u, int r0, int ntok, int half,
+                                          Run (&x)[kMaxTokensPerCta], Run (&y)[kMaxTokensPerCta]) {
+#pragma unroll
+  for (int t = 0; t < kMaxTokensPerCta; ++t) {
+    if (t < ntok) {
+      const uint16_t *p = u.src + int64_t{r0 + t} * u.src_token;
+      x[t] = load_run(p, u.n);
+      if (u.pair >= 0) y[t] = load_run(p + half, u.n);
+    }
+  }
+}
+
+// Element offset of (head 0, dim 0) of token r in k_dst / v_dst. Read at
+// each store (an L1 hit) rather than kept in registers.
+__device__ __forceinline__ int64_t slot(const AppendLaunch &a, int r) {
+  if (a.block_ids == nullptr) return int64_t{r} * a.num_kv_heads * a.head_dim;
+  return int64_t{a.block_ids[r]} * a.stride_block + int64_t{a.offsets[r]} * a.stride_token;
+}
+
+// Rotates (if a rotation unit) and stores unit u of the CTA's tokens.
 template <class T>
-__global__ void __launch_bounds__(kMaxThreads) append_kernel(const AppendLaunch a) {
-  __shared__ float cos_s[kAppendMaxHeadDim / 2];
-  __shared__ float sin_s[kAppendMaxHeadDim / 2];
-  const int r = blockIdx.x;
-  const int D = a.head_dim, R = a.rotary_dim;
-  const int hq = a.num_q_heads, hkv = a.num_kv_heads;
-  if (R > 0) {
-    const int32_t p = a.positions[r];
-    for (int i = threadIdx.x; i < R / 2; i += blockDim.x)
-      rope_cos_sin(p, i, R, a.rope_base, &cos_s[i], &sin_s[i]);
+__device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half,
+                                           const AppendLaunch &a, const float *cos_s,
+                                           const float *sin_s, Run (&x)[kMaxTokensPerCta],
+                                           Run (&y)[kMaxTokensPerCta]) {
+#pragma unroll
+  for (int t = 0; t < kMaxTokensPerCta; ++t) {
+    if (t < ntok) {
+      uint16_t *dst = u.dst + (u.dst_token >= 0 ? int64_t{r0 + t} * u.dst_token : slot(a, r0 + t));
+      if (u.pair >= 0) {
+        const float *c = cos_s + t * half + u.pair, *s = sin_s + t * half + u.pair;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          if (e < u.n) {
+            const float x1 = Elem<T>::load(get(x[t], e)), x2 = Elem<T>::load(get(y[t], e));
+            set(x[t], e, Elem<T>::store(rope_first(x1, x2, c[e], s[e])));
+            set(y[t], e, Elem<T>::store(rope_second(x1, x2, c[e], s[e])));
+          }
+        }
+        store_run(dst + half * u.sd, u.sd, u.n, y[t]);
+      }
+      store_run(dst, u.sd, u.n, x[t]);
+    }
+  }
+}
+
+// Dynamic shared memory: inv_freq[half], cos[tokens][half], sin[tokens][half].
+template <class T>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+    append_kernel(const AppendLaunch a, const double log2_base, const int tokens_per_cta) {
+  extern __shared__ float table[];
+  const Units s = units_of(a);
+  const int half = s.half;
+  const int r0 = blockIdx.x * tokens_per_cta;
+  const int ntok = min(tokens_per_cta, a.num_tokens - r0);
+  const bool paged = a.block_ids != nullptr;
+  const int64_t sh = paged ? a.stride_head : int64_t{s.D};
+  const int64_t sd = paged ? a.stride_dim : 1;
+  int w = threadIdx.x;
+  Unit u{};
+  Run x[kMaxTokensPerCta], y[kMaxTokensPerCta];
+  if (w < s.total) {
+    u = unit_at(a, s, w, sh, sd);
+    load_unit(u, r0, ntok, half, x, y);
+  }
+  float *inv_freq = table, *cos_s = table + half, *sin_s = table + half + tokens_per_cta * half;
+  if (s.R > 0) {  // uniform across the CTA
+    // inv_freq = base^(-2i/R) with the CPU's FP32 exponent. FP64 exp2 of
+    // exponent * log2(base) (relative error ~2^-48) rounded once to FP32 is
+    // the correctly rounded value, as the CPU's powf returns, unless the
+    // exact value lies within ~2^-48 of a rounding boundary. So
+    // angle = p * inv_freq is the CPU's FP32 angle bit for bit: a one-ulp
+    // inv_freq would move the angle of p = 131071 by ~0.008 rad. One FP64
+    // exp2 per pair and CTA (the old FP64 pow + sincos per token cost
+    // ~2.4 us of latency per launch).
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const float exponent = __fdiv_rn(-2.0f * static_cast<float>(i), static_cast<float>(s.R));
+      inv_freq[i] = static_cast<float>(exp2(static_cast<double>(exponent) * log2_base));
+    }
+    __syncthreads();
+    // Accurate FP32 sincosf (not __sinf): within an FP32 ulp or two of
+    // the CPU's cosf/sinf, far below one f16/bf16 rounding of the result.
+    for (int e = threadIdx.x; e < ntok * half; e += blockDim.x) {
+      const int t = e / half, i = e - t * half;
+      const float angle = __fmul_rn(static_cast<float>(a.positions[r0 + t]), inv_freq[i]);
+      sincosf(angle, &sin_s[e], &cos_s[e]);
+    }
     __syncthreads();
   }
-  // Element offset of (head 0, dim 0) of this token in k_dst / v_dst.
-  int64_t at, sh, sd;
-  if (a.block_ids != nullptr) {
-    at = int64_t{a.block_ids[r]} * a.stride_block + int64_t{a.offsets[r]} * a.stride_token;
-    sh = a.stride_head;
-    sd = a.stride_dim;
-  } else {
-    at = int64_t{r} * hkv * D;
-    sh = D;
-    sd = 1;
-  }
-  const int plain_units = (D + kVec - 1) / kVec;
-  const int rot_units = R > 0 ? (R / 2 + kVec - 1) / kVec + (D - R + kVec - 1) / kVec : 0;
-  const int q_units = a.q != nullptr ? hq * rot_units : 0;
-  const int k_per_head = R > 0 ? rot_units : plain_units;
-  const int k_units = hkv * k_per_head;
-  const int v_units = a.v != nullptr ? hkv * plain_units : 0;
-  const int total = q_units + k_units + v_units;
-  const auto *q = static_cast<const uint16_t *>(a.q);
-  const auto *k = static_cast<const uint16_t *>(a.k);
-  const auto *v = static_cast<const uint16_t *>(a.v);
-  auto *q_out = static_cast<uint16_t *>(a.q_out);
-  auto *k_dst = static_cast<uint16_t *>(a.k_dst);
-  auto *v_dst = static_cast<uint16_t *>(a.v_dst);
-  for (int u = threadIdx.x; u < total; u += blockDim.x) {
-    if (u < q_units) {
-      const int h = u / rot_units, j = u - h * rot_units;
-      const int64_t row = (int64_t{r} * hq + h) * D;
-      rotate_unit<T>(q + row, q_out + row, 1, j, D, R, cos_s, sin_s);
-    } else if (u < q_units + k_units) {
-      const int w = u - q_units, h = w / k_per_head, j = w - h * k_per_head;
-      const uint16_t *src = k + (int64_t{r} * hkv + h) * D;
-      uint16_t *dst = k_dst + at + h * sh;
-      if (R > 0)
-        rotate_unit<T>(src, dst, sd, j, D, R, cos_s, sin_s);
-      else
-        copy_unit(src, dst, sd, j * kVec, min(kVec, D - j * kVec));
-    } else {
-      const int w = u - q_units - k_units, h = w / plain_units, j = w - h * plain_units;
-      copy_unit(v + (int64_t{r} * hkv + h) * D, v_dst + at + h * sh, sd, j * kVec,
-                min(kVec, D - j * kVec));
+  while (w < s.total) {
+    store_unit<T>(u, r0, ntok, half, a, cos_s, sin_s, x, y);
+    w += blockDim.x;
+    if (w < s.total) {
+      u = unit_at(a, s, w, sh, sd);
+      load_unit(u, r0, ntok, half, x, y);
     }
   }
 }
@@ -160,20 +269,20 @@ __global__ void __launch_bounds__(kMaxThreads) append_kernel(const AppendLaunch 
 
 cudaError_t launch_append(const AppendLaunch &a) {
   if (a.num_tokens <= 0) return cudaSuccess;
-  const int D = a.head_dim, R = a.rotary_dim;
-  const int plain_units = (D + kVec - 1) / kVec;
-  const int rot_units = R > 0 ? (R / 2 + kVec - 1) / kVec + (D - R + kVec - 1) / kVec : 0;
-  const int total = (a.q != nullptr ? a.num_q_heads * rot_units : 0) +
-                    a.num_kv_heads * (R > 0 ? rot_units : plain_units) +
-                    (a.v != nullptr ? a.num_kv_heads * plain_units : 0);
-  int threads = (total + 31) / 32 * 32;
+  const Units s = units_of(a);
+  int threads = (s.total + 31) / 32 * 32;
   if (threads > kMaxThreads) threads = kMaxThreads;
   if (threads < 32) threads = 32;
-  const dim3 grid(static_cast<unsigned>(a.num_tokens));
+  // Several tokens per CTA once there are enough tokens to fill the chip
+  // anyway: fewer, longer CTAs with more loads in flight per thread.
+  const int tpc = a.num_tokens >= 4096 ? 4 : a.num_tokens >= 2048 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
+  const size_t smem = s.R > 0 ? sizeof(float) * static_cast<size_t>(s.half) * (1 + 2 * tpc) : 0;
+  const double log2_base = s.R > 0 ? std::log2(static_cast<double>(a.rope_base)) : 0.0;
   if (a.dtype == FD_DTYPE_F16)
-    append_kernel<__half><<<grid, threads, 0, a.stream>>>(a);
+    append_kernel<__half><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
   else
-    append_kernel<__nv_bfloat16><<<grid, threads, 0, a.stream>>>(a);
+    append_kernel<__nv_bfloat16><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
   return cudaGetLastError();
 }
 

@@ -11,8 +11,8 @@
 namespace fd {
 namespace cuda {
 
-// Largest head_dim the kernels serve (the cos/sin table of one token lives in
-// shared memory).
+// Largest head_dim the kernels serve (the cos/sin tables of a CTA's tokens
+// live in shared memory).
 constexpr int kAppendMaxHeadDim = 1024;
 
 struct AppendLaunch {
@@ -44,8 +44,8 @@ struct AppendLaunch {
   cudaStream_t stream = nullptr;
 };
 
-// Enqueues one kernel on launch.stream (one CTA per token). Returns the
-// launch error, if any.
+// Enqueues one kernel on launch.stream (one to four tokens per CTA; no host
+// sync, no allocation: graph-capturable). Returns the launch error, if any.
 cudaError_t launch_append(const AppendLaunch &launch);
 
 }  // namespace cuda
