@@ -15,14 +15,14 @@ unsigned long long ull(uint64_t v) {
 }  // namespace
 
 fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
-  check_id_list(ids, count, true);
+  check_id_list(ids, count, true);  // fills id_records_
   require_no_open_transaction("begin a transaction");
-  for (uint32_t i = 0; i < count; ++i) active_request(ids[i]);
+  check_records_active(ids, count);
 
   const int32_t block_size = static_cast<int32_t>(s_.config.block_size);
   uint32_t needed = 0;
   for (uint32_t i = 0; i < count; ++i)
-    if (s_.requests.find(ids[i])->seq_len % block_size == 0) ++needed;
+    if (id_records_[i]->seq_len % block_size == 0) ++needed;
   if (needed > s_.allocator.free_blocks()) {
     // The only counters a failed begin moves (S5).
     s_.allocator.record_capacity_failure();
@@ -32,42 +32,45 @@ fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
   }
 
   // Build the whole transaction (and reserve device staging) before touching
-  // the allocator.
-  auto t = std::make_unique<OpenTransaction>();
-  t->rows.resize(count);
-  t->new_blocks.reserve(needed);
-  t->locations.resize(count);
-  t->positions.resize(count);
+  // the allocator, in the previous transaction's object (its vectors keep
+  // their capacity).
+  if (!spare_tx_) spare_tx_ = std::make_unique<OpenTransaction>();
+  OpenTransaction &t = *spare_tx_;
+  t.rows.resize(count);
+  t.new_blocks.reserve(needed);
+  t.locations.resize(count);
+  t.positions.resize(count);
   storage_->reserve_rows(count);
   for (uint32_t i = 0; i < count; ++i) {
-    const Request &r = *s_.requests.find(ids[i]);
-    TxRow &row = t->rows[i];
+    Request &r = *id_records_[i];
+    TxRow &row = t.rows[i];
     row.request_id = ids[i];
+    row.request = &r;
     row.position = r.seq_len;
     row.offset = r.seq_len % block_size;
     row.new_block = row.offset == 0;
     row.table_size = static_cast<uint32_t>(r.blocks.size()) + (row.new_block ? 1u : 0u);
-    if (!row.new_block) row.block = r.blocks.back();
+    row.block = row.new_block ? 0 : r.blocks.back();
   }
 
-  for (TxRow &row : t->rows) {
+  // Nothing below can fail.
+  for (uint32_t i = 0; i < count; ++i) {
+    TxRow &row = t.rows[i];
     if (row.new_block) {
       row.block = s_.allocator.allocate();
-      t->new_blocks.push_back(row.block);  // capacity reserved above
+      t.new_blocks.push_back(row.block);  // capacity reserved above
     }
-    s_.requests.find(row.request_id)->in_transaction = true;
+    row.request->in_transaction = true;
+    t.locations[i] = RowLocation{row.block, row.offset};
+    t.positions[i] = row.position;
   }
-  for (uint32_t i = 0; i < count; ++i) {
-    t->locations[i] = RowLocation{t->rows[i].block, t->rows[i].offset};
-    t->positions[i] = t->rows[i].position;
-  }
-  storage_->stage_rows(t->locations.data(), t->positions.data(), count);
+  storage_->stage_rows(t.locations.data(), t.positions.data(), count);
   ++s_.state_version;
-  t->id = s_.next_tx_id++;
-  t->cache_version = s_.state_version;
+  t.id = s_.next_tx_id++;
+  t.cache_version = s_.state_version;
   ++s_.tx_counters.begin_count;
-  s_.open_tx = std::move(t);
-  return fd_tx{s_.open_tx->id, s_.open_tx->cache_version};
+  s_.open_tx = std::move(spare_tx_);
+  return fd_tx{t.id, t.cache_version};
 }
 
 const OpenTransaction &PagedCache::open_transaction(fd_tx tx) const {
@@ -124,8 +127,8 @@ void PagedCache::write_rows(OpenTransaction &t, uint32_t layer, const void *q, u
   if (q == nullptr)
     storage_->write_layer(layer, t.locations.data(), t.locations.size(), k, v, stream);
   else
-    storage_->write_layer_rope(layer, t.locations.data(), t.positions.data(), t.locations.size(),
-                               q, num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
+    storage_->write_layer_rope(layer, t.locations.data(), t.positions.data(), t.locations.size(), q,
+                               num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
   ++t.next_layer;
   ++s_.tx_counters.layer_write_count;
 }
@@ -165,14 +168,21 @@ void PagedCache::write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint3
   write_rows(t, layer, q, num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
 }
 
-TerminalTransaction PagedCache::terminal_entry(const OpenTransaction &t, int32_t state) const {
-  TerminalTransaction e;
-  e.id = t.id;
-  e.cache_version = t.cache_version;
-  e.state = state;
-  e.request_ids.reserve(t.rows.size());
-  for (const TxRow &row : t.rows) e.request_ids.push_back(row.request_id);
-  return e;
+void PagedCache::end_transaction(int32_t state) noexcept {
+  OpenTransaction &t = *s_.open_tx;
+  for (const TxRow &row : t.rows) row.request->in_transaction = false;
+  s_.history.record(t.id, t.cache_version, state, t.rows);  // slot reserved by the caller
+  // Drop the full state (S5) but keep the emptied object and its vectors'
+  // capacity as scratch for the next begin.
+  t.rows.clear();
+  t.new_blocks.clear();
+  t.locations.clear();
+  t.positions.clear();
+  t.id = 0;
+  t.cache_version = 0;
+  t.next_layer = 0;
+  spare_tx_ = std::move(s_.open_tx);
+  ++s_.state_version;
 }
 
 void PagedCache::commit(fd_tx tx) {
@@ -181,34 +191,31 @@ void PagedCache::commit(fd_tx tx) {
     fail(FD_ERR_INVALID_STATE,
          "transaction %llu has written %u of %u layers; commit needs every layer", ull(t.id),
          t.next_layer, s_.config.num_layers);
-  // Build the result (everything that allocates) first, then publish.
-  TerminalTransaction entry = terminal_entry(t, FD_TX_COMMITTED);
+  // Everything that allocates first, then publish. Block lists grow
+  // geometrically (not one entry at a time) so a growing row rarely
+  // reallocates.
+  s_.history.reserve_next(t.rows.size());
   for (const TxRow &row : t.rows) {
-    Request &r = *s_.requests.find(row.request_id);
-    if (row.new_block) r.blocks.reserve(r.blocks.size() + 1);
+    std::vector<int32_t> &blocks = row.request->blocks;
+    if (row.new_block && blocks.size() == blocks.capacity())
+      blocks.reserve(std::max<size_t>(8, 2 * blocks.size()));
   }
   for (const TxRow &row : t.rows) {
-    Request &r = *s_.requests.find(row.request_id);
+    Request &r = *row.request;
     if (row.new_block) r.blocks.push_back(row.block);
     ++r.seq_len;
-    r.in_transaction = false;
   }
-  s_.history.push(std::move(entry));
-  s_.open_tx.reset();  // drops the full transaction state
+  end_transaction(FD_TX_COMMITTED);
   ++s_.tx_counters.commit_count;
-  ++s_.state_version;
 }
 
 void PagedCache::abort(fd_tx tx) {
   OpenTransaction &t = mutable_transaction(tx);
-  TerminalTransaction entry = terminal_entry(t, FD_TX_ABORTED);
+  s_.history.reserve_next(t.rows.size());  // the only allocation: first
   s_.allocator.rollback(t.new_blocks);
   s_.tx_counters.rollback_block_count += t.new_blocks.size();
-  for (const TxRow &row : t.rows) s_.requests.find(row.request_id)->in_transaction = false;
-  s_.history.push(std::move(entry));
-  s_.open_tx.reset();
+  end_transaction(FD_TX_ABORTED);
   ++s_.tx_counters.abort_count;
-  ++s_.state_version;
 }
 
 uint32_t PagedCache::tx_max_blocks_per_seq(const OpenTransaction &t) const {
@@ -228,11 +235,11 @@ void PagedCache::tx_block_tables(const OpenTransaction &t, uint32_t table_stride
            ull(row.request_id), row.table_size, table_stride);
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const TxRow &row = t.rows[i];
-    const Request &r = *s_.requests.find(row.request_id);
+    const std::vector<int32_t> &blocks = row.request->blocks;
     int32_t *out = block_tables + i * table_stride;
-    std::fill(out, out + table_stride, -1);
-    std::copy(r.blocks.begin(), r.blocks.end(), out);
-    if (row.new_block) out[r.blocks.size()] = row.block;
+    std::copy(blocks.begin(), blocks.end(), out);
+    if (row.new_block) out[blocks.size()] = row.block;
+    std::fill(out + row.table_size, out + table_stride, -1);
   }
 }
 

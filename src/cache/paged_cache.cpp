@@ -47,18 +47,50 @@ const Request &PagedCache::active_request(uint64_t id) const {
 void PagedCache::check_id_list(const uint64_t *ids, uint32_t count, bool require_unique) const {
   require_non_null(ids, "request_ids");
   if (count == 0) fail(FD_ERR_INVALID_ARGUMENT, "count must be > 0");
-  if (require_unique) {
-    std::unordered_set<uint64_t> seen;
-    seen.reserve(count);
-    for (uint32_t i = 0; i < count; ++i)
-      if (!seen.insert(ids[i]).second)
+  // One hash lookup per id; the callers read the records from here. (The
+  // records are not const objects: const queries only write their
+  // id_check_mark scratch, begin writes them for real.)
+  id_records_.resize(count);
+  for (uint32_t i = 0; i < count; ++i)
+    id_records_[i] = const_cast<Request *>(s_.requests.find(ids[i]));
+  if (require_unique) check_unique(ids, count);
+}
+
+void PagedCache::check_unique(const uint64_t *ids, uint32_t count) const {
+  // Known ids are marked in their records: O(count), no allocation. The
+  // first repeated index is the one reported either way.
+  const uint64_t mark = ++id_check_mark_;
+  bool all_known = true;
+  for (uint32_t i = 0; i < count && all_known; ++i) {
+    Request *r = id_records_[i];
+    if (r == nullptr) {
+      all_known = false;
+    } else {
+      if (r->id_check_mark == mark)
         fail(FD_ERR_INVALID_ARGUMENT, "request_ids[%u] = %llu is a duplicate", i, ull(ids[i]));
+      r->id_check_mark = mark;
+    }
+  }
+  if (all_known) return;
+  // Unknown ids have no record to mark (and the call fails later anyway):
+  // check the whole list with a set.
+  std::unordered_set<uint64_t> seen;
+  seen.reserve(count);
+  for (uint32_t i = 0; i < count; ++i)
+    if (!seen.insert(ids[i]).second)
+      fail(FD_ERR_INVALID_ARGUMENT, "request_ids[%u] = %llu is a duplicate", i, ull(ids[i]));
+}
+
+void PagedCache::check_records_active(const uint64_t *ids, uint32_t count) const {
+  for (uint32_t i = 0; i < count; ++i) {
+    const Request *r = id_records_[i];
+    if (r == nullptr || !r->active()) active_request(ids[i]);  // throws the precise error
   }
 }
 
 void PagedCache::check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const {
   check_id_list(ids, count, require_unique);
-  for (uint32_t i = 0; i < count; ++i) active_request(ids[i]);
+  check_records_active(ids, count);
 }
 
 void PagedCache::add_request(uint64_t id) {
@@ -102,18 +134,17 @@ int32_t PagedCache::request_state(uint64_t id) const {
 
 uint32_t PagedCache::blocks_needed(const uint64_t *ids, uint32_t count) const {
   check_active_ids(ids, count, true);
+  const int32_t block_size = static_cast<int32_t>(s_.config.block_size);
   uint32_t needed = 0;
   for (uint32_t i = 0; i < count; ++i)
-    if (s_.requests.find(ids[i])->seq_len % static_cast<int32_t>(s_.config.block_size) == 0)
-      ++needed;
+    if (id_records_[i]->seq_len % block_size == 0) ++needed;
   return needed;
 }
 
 uint32_t PagedCache::max_blocks_per_seq(const uint64_t *ids, uint32_t count) const {
   check_active_ids(ids, count, false);
   size_t most = 0;
-  for (uint32_t i = 0; i < count; ++i)
-    most = std::max(most, s_.requests.find(ids[i])->blocks.size());
+  for (uint32_t i = 0; i < count; ++i) most = std::max(most, id_records_[i]->blocks.size());
   return static_cast<uint32_t>(most);
 }
 
@@ -122,7 +153,7 @@ void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t tab
   check_active_ids(ids, count, false);
   if (block_tables != nullptr) {
     for (uint32_t i = 0; i < count; ++i) {
-      const size_t n = s_.requests.find(ids[i])->blocks.size();
+      const size_t n = id_records_[i]->blocks.size();
       if (n > table_stride)
         fail(FD_ERR_INVALID_ARGUMENT,
              "request %llu owns %zu blocks, more than table_stride %u (nothing written)",
@@ -130,11 +161,11 @@ void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t tab
     }
   }
   for (uint32_t i = 0; i < count; ++i) {
-    const Request &r = *s_.requests.find(ids[i]);
+    const Request &r = *id_records_[i];
     if (block_tables != nullptr) {
       int32_t *row = block_tables + static_cast<size_t>(i) * table_stride;
-      std::fill(row, row + table_stride, -1);
       std::copy(r.blocks.begin(), r.blocks.end(), row);
+      std::fill(row + r.blocks.size(), row + table_stride, -1);
     }
     if (seq_lens != nullptr) seq_lens[i] = r.seq_len;
   }

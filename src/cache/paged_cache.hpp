@@ -113,8 +113,14 @@ class PagedCache {
   void require_no_open_transaction(const char *operation) const;
   // Looks up an id that must be active (NOT_FOUND / INVALID_STATE otherwise).
   const Request &active_request(uint64_t id) const;
-  // Checks a list of ids: non-NULL, count > 0, optionally unique.
+  // Checks a list of ids: non-NULL, count > 0, optionally unique. Leaves the
+  // record of ids[i] (null when unknown) in id_records_[i].
   void check_id_list(const uint64_t *ids, uint32_t count, bool require_unique) const;
+  // Throws the first duplicate of ids[0..count) (id_records_ filled).
+  void check_unique(const uint64_t *ids, uint32_t count) const;
+  // Throws NOT_FOUND / INVALID_STATE for the first id of the last checked
+  // list that is not active.
+  void check_records_active(const uint64_t *ids, uint32_t count) const;
   // As check_id_list, and every id is active.
   void check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const;
   OpenTransaction &mutable_transaction(fd_tx tx);
@@ -124,12 +130,24 @@ class PagedCache {
   void write_rows(OpenTransaction &t, uint32_t layer, const void *q, uint32_t num_q_heads,
                   const void *k, const void *v, uint32_t rotary_dim, float rope_base, void *q_out,
                   fd_stream stream);
-  TerminalTransaction terminal_entry(const OpenTransaction &t, int32_t state) const;
+  // Ends the open transaction as `state` (its rows leave it, the history
+  // records it); the caller has done the rest, including
+  // history.reserve_next. Never fails.
+  void end_transaction(int32_t state) noexcept;
   void release_blocks(const std::vector<int32_t> &blocks, size_t first);
   std::string prefix_key(const char *prefix_id) const;
 
   CacheState s_;
   std::unique_ptr<KvStorage> storage_;
+
+  // Scratch reused across calls so that large batches cost one hash lookup
+  // per id and no allocation in steady state. Nothing observable: the cache
+  // is used by one thread at a time, const queries included.
+  mutable std::vector<Request *> id_records_;  // records of the last checked id list
+  mutable uint64_t id_check_mark_ = 0;         // Request::id_check_mark of that list
+  // A terminal transaction's object, kept for the next begin (its vectors
+  // keep their capacity); null while it is the open one.
+  std::unique_ptr<OpenTransaction> spare_tx_;
 };
 
 }  // namespace fd

@@ -20,6 +20,9 @@ struct Request {
   std::string prefix_id;        // empty: no prefix attached
   uint32_t prefix_blocks = 0;   // leading entries of `blocks` owned by the prefix
   bool in_transaction = false;  // a row of the open transaction
+  // Scratch of the cache's duplicate check (PagedCache::check_unique): the
+  // mark of the last id list that contained this request. Not state.
+  uint64_t id_check_mark = 0;
 
   bool active() const { return state == FD_REQUEST_ACTIVE; }
 };

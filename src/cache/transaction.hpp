@@ -13,8 +13,13 @@ namespace fd {
 
 // One row of a transaction: where the request's new token goes. Computed by
 // the cache at begin and never read from caller memory afterwards.
+struct Request;
+
 struct TxRow {
   uint64_t request_id = 0;
+  // The row's request record (records are never erased and none is added
+  // while a transaction is open, so the pointer stays valid until it ends).
+  Request *request = nullptr;
   int32_t position = 0;     // committed seq_len at begin
   int32_t block = 0;        // physical block of the new token
   int32_t offset = 0;       // position % block_size
@@ -56,6 +61,17 @@ class TransactionHistory {
   // Records `entry`, dropping the oldest when full. Never throws.
   void push(TerminalTransaction &&entry) noexcept;
 
+  // Makes room for `rows` request ids in the slot that the next record()
+  // fills, so that record() cannot fail. May throw std::bad_alloc; changes
+  // nothing observable (the slot's current entry, if any, is kept).
+  void reserve_next(size_t rows);
+
+  // Records a terminal transaction with the request ids of `rows`, dropping
+  // the oldest when full. Reuses the slot's memory (no allocation after
+  // reserve_next(rows.size())).
+  void record(uint64_t id, uint64_t cache_version, int32_t state,
+              const std::vector<TxRow> &rows) noexcept;
+
   // The entry with transaction id `id`, or nullptr when not (or no longer) kept.
   const TerminalTransaction *find(uint64_t id) const;
 
@@ -63,6 +79,10 @@ class TransactionHistory {
   void set_size_for_test(size_t count) { count_ = count; }
 
  private:
+  // The slot the next push/record fills, and the bookkeeping after filling it.
+  size_t next_index() const;
+  void advance() noexcept;
+
   std::vector<TerminalTransaction> slots_;
   size_t head_ = 0;   // index of the oldest entry
   size_t count_ = 0;  // entries held

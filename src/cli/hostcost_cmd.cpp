@@ -1,5 +1,11 @@
-// `flashdec hostcost`: host-side costs of benchmarks.md that belong to the
-// engine and scheduler (CPU only, no GPU):
+// `flashdec hostcost`: the host-side costs of benchmarks.md (CPU only, no
+// GPU):
+//  - cache transactions (cache_cost): fd_tx_begin + fd_tx_commit for batch
+//    1, 64 and 256; one layer write call (fd_tx_write_layer and
+//    fd_tx_write_layer_rope); a whole 32-layer step of batch 256 (begin + 32
+//    layer writes + commit); block-table / seq_lens export for batch 256 with
+//    64 blocks per row. Tiny heads (1 KV head, head_dim 8, f32) keep the data
+//    copy negligible next to the bookkeeping;
 //  - fd_scheduler_plan with 256 active and 1,000 waiting requests;
 //  - engine step bookkeeping for batch 256 and 32 layers, kernels excluded:
 //    the same token is driven once through the engine and once through the
@@ -83,6 +89,165 @@ int plan_cost(int iterations) {
   fd_scheduler_destroy(sch);
   fd_snapshot_destroy(snap);
   return 0;
+}
+
+// A cache of tiny heads (1 KV head, head_dim 8, f32) whose data copies are
+// negligible next to the bookkeeping measured here.
+fd_cache *tiny_cache(uint32_t layers, uint32_t max_blocks) {
+  fd_cache_config cc;
+  fd_cache_config_init(&cc);
+  cc.num_layers = layers;
+  cc.num_kv_heads = 1;
+  cc.head_dim = 8;
+  cc.block_size = 16;
+  cc.max_blocks = max_blocks;
+  cc.dtype = FD_DTYPE_F32;
+  fd_cache *c = nullptr;
+  return ok(fd_cache_create(&cc, &c), "cache") ? c : nullptr;
+}
+
+// Requests ids[i] of a cache, replaced by fresh ones (untimed) every
+// `lifetime` tokens so that rows stay short and the cache never fills up.
+struct Batch {
+  fd_cache *cache;
+  std::vector<uint64_t> ids;
+  uint32_t tokens = 0;
+
+  bool start(fd_cache *c, uint32_t batch) {
+    cache = c;
+    ids.resize(batch);
+    for (uint32_t i = 0; i < batch; ++i) {
+      ids[i] = i + 1;
+      if (!ok(fd_cache_add_request(c, ids[i]), "add")) return false;
+    }
+    return true;
+  }
+  bool renew(uint32_t lifetime) {
+    if (++tokens % lifetime != 0) return true;
+    for (uint64_t &id : ids) {
+      if (!ok(fd_cache_finish_request(cache, id), "finish")) return false;
+      id += ids.size();
+      if (!ok(fd_cache_add_request(cache, id), "add")) return false;
+    }
+    return true;
+  }
+  uint32_t size() const { return static_cast<uint32_t>(ids.size()); }
+};
+
+int cache_tx_cost(uint32_t batch, int iterations) {
+  fd_cache *c = tiny_cache(1, batch * 8);
+  Batch b;
+  if (c == nullptr || !b.start(c, batch)) return 1;
+  std::vector<float> k(size_t{batch} * 8, 0.5f), q(size_t{batch} * 8, 0.25f);
+  std::vector<double> begin, commit, write, rope;
+  for (int it = 0; it < iterations; ++it) {
+    fd_tx tx;
+    auto t0 = Clock::now();
+    if (!ok(fd_tx_begin(c, b.ids.data(), b.size(), &tx), "tx_begin")) return 1;
+    begin.push_back(us_since(t0));
+    t0 = Clock::now();
+    if (!ok(fd_tx_write_layer(c, tx, 0, k.data(), k.data(), nullptr), "write_layer")) return 1;
+    write.push_back(us_since(t0));
+    t0 = Clock::now();
+    if (!ok(fd_tx_commit(c, tx), "tx_commit")) return 1;
+    commit.push_back(us_since(t0));
+    if (!ok(fd_tx_begin(c, b.ids.data(), b.size(), &tx), "tx_begin")) return 1;
+    t0 = Clock::now();
+    if (!ok(fd_tx_write_layer_rope(c, tx, 0, q.data(), 1, k.data(), k.data(), 8, 10000.f, q.data(),
+                                   nullptr),
+            "write_layer_rope"))
+      return 1;
+    rope.push_back(us_since(t0));
+    if (!ok(fd_tx_abort(c, tx), "tx_abort")) return 1;
+    if (!b.renew(64)) return 1;
+  }
+  std::printf("| cache tx_begin, batch %u | %.2f us | |\n", batch, median(begin));
+  std::printf("| cache tx_commit, batch %u | %.2f us | |\n", batch, median(commit));
+  std::printf("| cache tx_write_layer, batch %u (copy of %u x 64 B included) | %.2f us | |\n",
+              batch, batch, median(write));
+  std::printf(
+      "| cache tx_write_layer_rope, batch %u (RoPE of %u x 2 x 8 floats included) | %.2f us | |\n",
+      batch, batch, median(rope));
+  fd_cache_destroy(c);
+  return 0;
+}
+
+// begin + 32 layer writes + commit, batch 256: the per-step host time of
+// the cache (on the CPU backend the tiny copies stand in for the kernels).
+int cache_step_cost(int iterations) {
+  const uint32_t B = 256, L = 32;
+  fd_cache *c = tiny_cache(L, B * 8);
+  Batch b;
+  if (c == nullptr || !b.start(c, B)) return 1;
+  std::vector<float> k(size_t{B} * 8, 0.5f);
+  std::vector<double> step;
+  for (int it = 0; it < iterations; ++it) {
+    const auto t0 = Clock::now();
+    fd_tx tx;
+    if (!ok(fd_tx_begin(c, b.ids.data(), B, &tx), "tx_begin")) return 1;
+    for (uint32_t l = 0; l < L; ++l)
+      if (!ok(fd_tx_write_layer(c, tx, l, k.data(), k.data(), nullptr), "write_layer")) return 1;
+    if (!ok(fd_tx_commit(c, tx), "tx_commit")) return 1;
+    step.push_back(us_since(t0));
+    if (!b.renew(64)) return 1;
+  }
+  std::printf(
+      "| cache step, batch 256, 32 layers (begin + 32 x write_layer + commit, tiny copies "
+      "included) | %.1f us | <= 50 us (kernels excluded) |\n",
+      median(step));
+  fd_cache_destroy(c);
+  return 0;
+}
+
+// Block tables and seq_lens of 256 rows with 64 blocks each (1,024 tokens of
+// block_size 16): fd_cache_export, and fd_tx_block_tables +
+// fd_tx_get_rows (effective lengths) inside an open transaction.
+int cache_export_cost(int iterations) {
+  const uint32_t B = 256, blocks = 64;
+  fd_cache *c = tiny_cache(1, B * (blocks + 1));
+  Batch b;
+  if (c == nullptr || !b.start(c, B)) return 1;
+  std::vector<float> k(size_t{B} * 8, 0.5f);
+  for (uint32_t t = 0; t < blocks * 16; ++t) {
+    fd_tx tx;
+    if (!ok(fd_tx_begin(c, b.ids.data(), B, &tx), "tx_begin") ||
+        !ok(fd_tx_write_layer(c, tx, 0, k.data(), k.data(), nullptr), "write_layer") ||
+        !ok(fd_tx_commit(c, tx), "tx_commit"))
+      return 1;
+  }
+  std::vector<int32_t> tables(size_t{B} * (blocks + 1)), lens(B);
+  std::vector<double> exp, txt;
+  for (int it = 0; it < iterations; ++it) {
+    auto t0 = Clock::now();
+    if (!ok(fd_cache_export(c, b.ids.data(), B, blocks, tables.data(), lens.data()), "export"))
+      return 1;
+    exp.push_back(us_since(t0));
+  }
+  fd_tx tx;
+  if (!ok(fd_tx_begin(c, b.ids.data(), B, &tx), "tx_begin")) return 1;
+  for (int it = 0; it < iterations; ++it) {
+    auto t0 = Clock::now();
+    if (!ok(fd_tx_block_tables(c, tx, blocks + 1, tables.data()), "tx_block_tables") ||
+        !ok(fd_tx_get_rows(c, tx, B, nullptr, nullptr, nullptr, nullptr, lens.data()),
+            "tx_get_rows"))
+      return 1;
+    txt.push_back(us_since(t0));
+  }
+  std::printf("| cache export (fd_cache_export), batch 256, 64 blocks per row | %.2f us | |\n",
+              median(exp));
+  std::printf(
+      "| transaction tables (fd_tx_block_tables + fd_tx_get_rows), batch 256, 65 blocks per "
+      "row | %.2f us | |\n",
+      median(txt));
+  fd_cache_destroy(c);
+  return 0;
+}
+
+int cache_cost(int iterations) {
+  for (uint32_t batch : {1u, 64u, 256u})
+    if (cache_tx_cost(batch, iterations * 4) != 0) return 1;
+  if (cache_step_cost(iterations) != 0) return 1;
+  return cache_export_cost(iterations * 4);
 }
 
 struct StepCosts {
@@ -215,6 +380,7 @@ int hostcost_command(int argc, char **argv) {
     }
   }
   std::printf("| measurement | median | target |\n|---|---|---|\n");
+  if (cache_cost(iterations) != 0) return 1;
   if (plan_cost(iterations) != 0) return 1;
   return step_cost(iterations);
 }
