@@ -17,14 +17,15 @@ FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *re
   return fd::guard([&] {
     fd::require_non_null(cache, "cache");
     const fd::PagedCache &c = cache->cache;
-    c.max_blocks_per_seq(request_ids, count);  // checks the ids before any staging
+    // Everything is checked once, before any staging; the fill only copies.
+    c.check_export(request_ids, count, table_stride, block_tables != nullptr);
     const size_t table_ints = block_tables ? size_t{count} * table_stride : 0;
     const size_t len_ints = seq_lens ? count : 0;
-    c.storage().export_tables(
-        table_ints, len_ints, block_tables, seq_lens, stream, [&](int32_t *tables, int32_t *lens) {
-          c.export_tables(request_ids, count, table_stride, block_tables ? tables : nullptr,
-                          seq_lens ? lens : nullptr);
-        });
+    c.storage().export_tables(table_ints, len_ints, block_tables, seq_lens, stream,
+                              [&](int32_t *tables, int32_t *lens) {
+                                c.fill_export(count, table_stride, block_tables ? tables : nullptr,
+                                              seq_lens ? lens : nullptr);
+                              });
     return FD_OK;
   });
 }

@@ -56,10 +56,11 @@ class CpuKvStorage final : public KvStorage {
                         fd_stream) override {
     // K is rotated into scratch; Q is rotated last so that a q_out that
     // overlaps k or v cannot corrupt what gets stored.
-    std::vector<unsigned char> k_rot(num_rows * g_.num_kv_heads * g_.head_dim * elem_);
-    rope_rotate(g_.dtype, k, k_rot.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
+    // (The scratch is a member reused by every call: no allocation per layer.)
+    k_rot_.resize(num_rows * g_.num_kv_heads * g_.head_dim * elem_);
+    rope_rotate(g_.dtype, k, k_rot_.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
                 rotary_dim, rope_base);
-    scatter(k_base_, layer, rows, num_rows, k_rot.data());
+    scatter(k_base_, layer, rows, num_rows, k_rot_.data());
     scatter(v_base_, layer, rows, num_rows, static_cast<const unsigned char *>(v));
     rope_rotate(g_.dtype, q, q_out, num_rows, num_q_heads, g_.head_dim, positions, rotary_dim,
                 rope_base);
@@ -117,7 +118,8 @@ class CpuKvStorage final : public KvStorage {
     for (size_t l = 0; l < g_.num_layers; ++l)
       for (size_t i = 0; i < num_blocks; ++i) {
         const unsigned char *from = src + (l * num_blocks + i) * block_bytes;
-        unsigned char *to = base + (l * layer_stride_ + size_t(blocks[i]) * size_t(strides_[0])) * elem_;
+        unsigned char *to =
+            base + (l * layer_stride_ + size_t(blocks[i]) * size_t(strides_[0])) * elem_;
         if (!g_.external()) {
           std::memcpy(to, from, block_bytes);
           continue;
@@ -137,6 +139,7 @@ class CpuKvStorage final : public KvStorage {
   unsigned char *v_base_ = nullptr;
   size_t layer_stride_ = 0;  // elements
   int64_t strides_[4];
+  std::vector<unsigned char> k_rot_;  // write_layer_rope's rotated K
 };
 
 }  // namespace

@@ -54,11 +54,12 @@ void check_geometry_size(const KvGeometry &g) {
 void KvStorage::export_tables(size_t table_ints, size_t len_ints, int32_t *tables, int32_t *lens,
                               fd_stream, const std::function<void(int32_t *, int32_t *)> &fill) {
   // Host destinations: fill scratch first so that a throwing fill writes
-  // nothing, then copy.
-  std::vector<int32_t> t(table_ints), l(len_ints);
-  fill(t.data(), l.data());
-  if (tables != nullptr) std::copy(t.begin(), t.end(), tables);
-  if (lens != nullptr) std::copy(l.begin(), l.end(), lens);
+  // nothing, then copy. The scratch is kept for the next export.
+  export_scratch_.resize(table_ints + len_ints);
+  int32_t *t = export_scratch_.data(), *l = t + table_ints;
+  fill(t, l);
+  if (tables != nullptr) std::copy(t, t + table_ints, tables);
+  if (lens != nullptr) std::copy(l, l + len_ints, lens);
 }
 
 void resolve_external_storage(const fd_cache_config &c, KvGeometry &g) {
@@ -110,8 +111,7 @@ void resolve_external_storage(const fd_cache_config &c, KvGeometry &g) {
   } else {
     s[0] = given[0];
   }
-  const int64_t counts[5] = {g.num_layers, g.max_blocks, g.num_kv_heads, g.block_size,
-                             g.head_dim};
+  const int64_t counts[5] = {g.num_layers, g.max_blocks, g.num_kv_heads, g.block_size, g.head_dim};
   int64_t span = 1;
   for (int i = 0; i < 5; ++i) {
     int64_t term = 0;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "flashdec.h"
 
@@ -96,8 +97,7 @@ class KvStorage {
   // Checks what only this storage limits about a layer write's buffers
   // (e.g. forbidden overlaps on a device); throws FD_ERR_INVALID_ARGUMENT.
   virtual void check_write(size_t /*num_rows*/, const void * /*q*/, uint32_t /*num_q_heads*/,
-                           const void * /*k*/, const void * /*v*/,
-                           const void * /*q_out*/) const {}
+                           const void * /*k*/, const void * /*v*/, const void * /*q_out*/) const {}
 
   // Metadata export: `fill` writes `table_ints` block-table entries and
   // `len_ints` lengths into the host arrays it is given (and may throw
@@ -111,6 +111,9 @@ class KvStorage {
   // First asynchronous device fault seen in this storage's work (FD_OK when
   // none); never blocks.
   virtual fd_status async_error(std::string * /*message*/) const { return FD_OK; }
+
+ private:
+  std::vector<int32_t> export_scratch_;  // host export_tables' staging, reused
 };
 
 // Zero-initialised host storage (or the caller's external host storage).

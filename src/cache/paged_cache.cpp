@@ -148,18 +148,21 @@ uint32_t PagedCache::max_blocks_per_seq(const uint64_t *ids, uint32_t count) con
   return static_cast<uint32_t>(most);
 }
 
-void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
-                               int32_t *block_tables, int32_t *seq_lens) const {
+void PagedCache::check_export(const uint64_t *ids, uint32_t count, uint32_t table_stride,
+                              bool with_tables) const {
   check_active_ids(ids, count, false);
-  if (block_tables != nullptr) {
-    for (uint32_t i = 0; i < count; ++i) {
-      const size_t n = id_records_[i]->blocks.size();
-      if (n > table_stride)
-        fail(FD_ERR_INVALID_ARGUMENT,
-             "request %llu owns %zu blocks, more than table_stride %u (nothing written)",
-             ull(ids[i]), n, table_stride);
-    }
+  if (!with_tables) return;
+  for (uint32_t i = 0; i < count; ++i) {
+    const size_t n = id_records_[i]->blocks.size();
+    if (n > table_stride)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "request %llu owns %zu blocks, more than table_stride %u (nothing written)", ull(ids[i]),
+           n, table_stride);
   }
+}
+
+void PagedCache::fill_export(uint32_t count, uint32_t table_stride, int32_t *block_tables,
+                             int32_t *seq_lens) const {
   for (uint32_t i = 0; i < count; ++i) {
     const Request &r = *id_records_[i];
     if (block_tables != nullptr) {
@@ -169,6 +172,12 @@ void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t tab
     }
     if (seq_lens != nullptr) seq_lens[i] = r.seq_len;
   }
+}
+
+void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
+                               int32_t *block_tables, int32_t *seq_lens) const {
+  check_export(ids, count, table_stride, block_tables != nullptr);
+  fill_export(count, table_stride, block_tables, seq_lens);
 }
 
 LayerStorage PagedCache::layer_storage(uint32_t layer) const {

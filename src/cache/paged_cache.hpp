@@ -73,6 +73,14 @@ class PagedCache {
   uint32_t max_blocks_per_seq(const uint64_t *ids, uint32_t count) const;
   void export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
                      int32_t *block_tables, int32_t *seq_lens) const;
+  // export_tables in two halves, for exports that stage in between:
+  // check_export validates everything (the ids, and the stride when tables
+  // are wanted); fill_export then writes the rows of the ids it checked, as
+  // long as the cache has not been used in between.
+  void check_export(const uint64_t *ids, uint32_t count, uint32_t table_stride,
+                    bool with_tables) const;
+  void fill_export(uint32_t count, uint32_t table_stride, int32_t *block_tables,
+                   int32_t *seq_lens) const;
   LayerStorage layer_storage(uint32_t layer) const;
   void append(const uint64_t *ids, uint32_t count, const void *k, const void *v, fd_stream stream);
 

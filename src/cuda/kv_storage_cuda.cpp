@@ -99,18 +99,20 @@ void StagingRing::preallocate(size_t count, size_t bytes) {
 }
 
 StagingRing::Slot &StagingRing::acquire(size_t bytes) {
+  // Look from the slot after the last one handed out: slots are taken in
+  // turn, so the first one looked at is the one whose work was enqueued
+  // longest ago, the most likely to be done (one event query per acquire in
+  // a pipelined loop instead of one more per still-busy recent slot).
   Slot *pick = nullptr;
-  for (auto &s : slots_)
-    if (s->capacity >= bytes && idle(*s)) {
-      pick = s.get();
-      break;
-    }
-  if (pick == nullptr)
-    for (auto &s : slots_)
-      if (idle(*s)) {
-        pick = s.get();
-        break;
-      }
+  const size_t n = slots_.size();
+  for (size_t i = 0; i < n && pick == nullptr; ++i) {
+    Slot &s = *slots_[(next_ + i) % n];
+    if (s.capacity >= bytes && idle(s)) pick = &s;
+  }
+  for (size_t i = 0; i < n && pick == nullptr; ++i) {
+    Slot &s = *slots_[(next_ + i) % n];
+    if (idle(s)) pick = &s;
+  }
   if (pick == nullptr && slots_.size() < kMaxSlots) {
     auto slot = std::make_unique<Slot>();
     cuda_check(cudaEventCreateWithFlags(&slot->event, cudaEventDisableTiming), "cudaEventCreate");
@@ -137,6 +139,8 @@ StagingRing::Slot &StagingRing::acquire(size_t bytes) {
   }
   resize(*pick, bytes);
   pick->last_use = ++clock_;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].get() == pick) next_ = i + 1;
   return *pick;
 }
 

@@ -74,6 +74,7 @@ class StagingRing {
 
   bool with_device_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  size_t next_ = 0;  // where acquire starts looking: after the last slot handed out
   uint64_t clock_ = 0;
 };
 
