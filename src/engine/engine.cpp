@@ -42,10 +42,6 @@ Engine::Engine(fd_cache *cache, const fd_engine_config &config) : cache_(cache) 
   require_non_null(cache, "cache");
   cache_config_.struct_size = sizeof cache_config_;
   check(fd_cache_get_config(cache, &cache_config_));
-  if (cache_config_.device.type != FD_DEVICE_CPU) {
-    fail(FD_ERR_UNSUPPORTED, "the engine serves CPU caches only; this cache is on device type %d",
-         cache_config_.device.type);
-  }
   const uint32_t kv = cache_config_.num_kv_heads, d = cache_config_.head_dim;
   num_q_heads_ = config.num_q_heads == 0 ? kv : config.num_q_heads;
   if (num_q_heads_ % kv != 0) {
@@ -79,7 +75,67 @@ Engine::Engine(fd_cache *cache, const fd_engine_config &config) : cache_(cache) 
     layer_k_.push_back(k);
     layer_v_.push_back(v);
   }
+  if (cache_config_.device.type == FD_DEVICE_CUDA) create_device_scratch();
   sync_cache_version();
+}
+
+void Engine::create_device_scratch() {
+  // Rows of a step are bounded by max_blocks (each row's new token lies in a
+  // private block) and so is a row's table. Small caches get that bound at
+  // once; larger ones start at these sizes and grow (engine_device.hpp).
+  constexpr uint32_t kInitialRows = 256;
+  constexpr uint64_t kInitialTableEntries = uint64_t{1} << 20;  // 4 MiB
+  constexpr size_t kMaxWorkspaceBytes = size_t{128} << 20;
+  const uint32_t max_blocks = cache_config_.max_blocks;
+  DeviceScratchSizes sizes;
+  sizes.ordinal = cache_config_.device.ordinal;
+  sizes.q_row_bytes = size_t{num_q_heads_} * cache_config_.head_dim * element_size();
+  sizes.prefill_q_bytes =
+      size_t{cache_config_.num_kv_heads} * cache_config_.head_dim * element_size();
+  sizes.max_rows = max_blocks;
+  sizes.max_table_entries = uint64_t{max_blocks} * max_blocks;
+  sizes.initial_rows = std::min(max_blocks, kInitialRows);
+  sizes.initial_table_entries = std::min(sizes.max_table_entries, kInitialTableEntries);
+  device_ = std::make_unique<DeviceScratch>(sizes);
+  // Split-KV workspace: what fd_decode would use for one row and for a full
+  // initial batch at the longest context the cache can hold, capped. With
+  // less, fd_decode chooses fewer splits (never an error).
+  const uint64_t longest = uint64_t{max_blocks} * cache_config_.block_size;
+  unsigned char host_probe = 0;  // `out` is only range-checked, never touched
+  size_t bytes = 0;
+  for (uint32_t batch : {1u, sizes.initial_rows}) {
+    fd_decode_params p;
+    fd_decode_params_init(&p);
+    p.dtype = cache_config_.dtype;
+    p.layout = cache_config_.layout;
+    p.batch = batch;
+    p.num_q_heads = num_q_heads_;
+    p.num_kv_heads = cache_config_.num_kv_heads;
+    p.head_dim = cache_config_.head_dim;
+    p.block_size = cache_config_.block_size;
+    p.num_blocks = max_blocks;
+    p.max_blocks_per_seq = max_blocks;
+    p.q = device_->q_rotated();
+    p.k_cache = layer_k_[0];
+    p.v_cache = layer_v_[0];
+    p.stride_block = strides_[0];
+    p.stride_head = strides_[1];
+    p.stride_token = strides_[2];
+    p.stride_dim = strides_[3];
+    p.block_tables = device_->tables();
+    p.seq_lens = device_->lens();
+    p.out = &host_probe;
+    p.max_seq_len_hint = static_cast<int32_t>(std::min<uint64_t>(longest, INT32_MAX));
+    p.device = cache_config_.device;
+    size_t need = 0;
+    check(fd_decode_workspace_size(&p, &need), "sizing the engine's split-KV workspace: ");
+    bytes = std::max(bytes, need);
+  }
+  device_->allocate_workspace(std::min(bytes, kMaxWorkspaceBytes));
+}
+
+void Engine::require_device(const void *p, const char *what) const {
+  DeviceScratch::require_device_pointer(p, cache_config_.device.ordinal, what);
 }
 
 Engine::~Engine() {
@@ -285,8 +341,12 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
   }
   // Scratch is sized before the transaction opens, so nothing can fail
   // between begin and the bookkeeping below except out-of-memory on tables.
-  const size_t q_bytes = size_t{count} * num_q_heads_ * cache_config_.head_dim * element_size();
-  q_rotated_.resize(q_bytes);
+  if (on_cuda()) {
+    device_->reserve(count, 0);
+  } else {
+    const size_t q_bytes = size_t{count} * num_q_heads_ * cache_config_.head_dim * element_size();
+    q_rotated_.resize(q_bytes);
+  }
   step_ids_.assign(ids, ids + count);
   step_effective_lens_.resize(count);
   fd_tx tx{0, 0};
@@ -297,8 +357,13 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
     info.struct_size = sizeof info;
     check(fd_tx_get_info(cache_, tx, &info));
     table_stride_ = info.max_blocks_per_seq;
-    step_tables_.resize(size_t{count} * table_stride_);
-    check(fd_tx_block_tables(cache_, tx, table_stride_, step_tables_.data()));
+    if (on_cuda()) {
+      // The tables go to the device in the first step_layer, on its stream.
+      device_->reserve(count, uint64_t{count} * table_stride_);
+    } else {
+      step_tables_.resize(size_t{count} * table_stride_);
+      check(fd_tx_block_tables(cache_, tx, table_stride_, step_tables_.data()));
+    }
     check(fd_tx_get_rows(cache_, tx, count, nullptr, nullptr, nullptr, nullptr,
                          step_effective_lens_.data()));
   } catch (...) {
@@ -357,8 +422,24 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     require_non_null(k, "k");
     require_non_null(v, "v");
     require_non_null(out, "out_attention");
+    void *q_rot = q_rotated_.data();
+    const int32_t *tables = step_tables_.data();
+    const int32_t *lens = step_effective_lens_.data();
+    if (on_cuda()) {
+      require_device(q, "q");
+      require_device(k, "k");
+      require_device(v, "v");
+      require_device(out, "out_attention");
+      if (layer == 0) {
+        check(fd_tx_block_tables_async(cache_, tx, table_stride_, device_->tables(),
+                                       device_->lens(), stream));
+      }
+      q_rot = device_->q_rotated();
+      tables = device_->tables();
+      lens = device_->lens();
+    }
     check(fd_tx_write_layer_rope(cache_, tx, layer, q, num_q_heads_, k, v, rotary_dim_, rope_base_,
-                                 q_rotated_.data(), stream));
+                                 q_rot, stream));
     fd_decode_params p;
     fd_decode_params_init(&p);
     p.dtype = cache_config_.dtype;
@@ -371,20 +452,24 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     p.num_blocks = cache_config_.max_blocks;
     p.max_blocks_per_seq = table_stride_;
     p.sm_scale = sm_scale_;
-    p.q = q_rotated_.data();
+    p.q = q_rot;
     p.k_cache = layer_k_[layer];
     p.v_cache = layer_v_[layer];
     p.stride_block = strides_[0];
     p.stride_head = strides_[1];
     p.stride_token = strides_[2];
     p.stride_dim = strides_[3];
-    p.block_tables = step_tables_.data();
-    p.seq_lens = step_effective_lens_.data();
+    p.block_tables = tables;
+    p.seq_lens = lens;
     p.out = out;
     p.max_seq_len_hint = max_effective_len_;
     p.device = cache_config_.device;
     p.stream = stream;
     p.cpu_threads = cpu_threads_;
+    if (on_cuda()) {
+      p.workspace = device_->workspace();
+      p.workspace_size = device_->workspace_size();
+    }
     check(fd_decode(&p));
   } catch (...) {
     abort_and_rethrow(format("step_layer(layer %u)", layer).c_str());
@@ -441,23 +526,34 @@ void Engine::prefill(uint64_t id, const void *k, const void *v) {
          "prefill_request_layers: request %llu already holds its %u context tokens", ull(id),
          r.spec.initial_context_tokens);
   }
-  const int32_t position = r.scheduled ? r.seq_len : seq_len_of(id);
   const uint32_t L = cache_config_.num_layers, kv = cache_config_.num_kv_heads;
   const uint32_t d = cache_config_.head_dim;
   const size_t layer_bytes = size_t{kv} * d * element_size();
-  // K is rotated at the token's position, as in step_layer.
-  std::vector<unsigned char> k_rot(static_cast<const unsigned char *>(k),
-                                   static_cast<const unsigned char *>(k) + L * layer_bytes);
-  std::vector<int32_t> positions(L, position);
-  check(fd_rope_apply(cache_config_.dtype, k_rot.data(), L, kv, d, positions.data(), rotary_dim_,
-                      rope_base_),
-        "prefill_request_layers: ");
+  // K is rotated at the token's position, as in step_layer: on the host for
+  // CPU caches, by the cache's RoPE append for CUDA caches.
+  std::vector<unsigned char> k_rot;
+  if (on_cuda()) {
+    require_device(k, "k");
+    require_device(v, "v");
+  } else {
+    const int32_t position = r.scheduled ? r.seq_len : seq_len_of(id);
+    k_rot.assign(static_cast<const unsigned char *>(k),
+                 static_cast<const unsigned char *>(k) + L * layer_bytes);
+    std::vector<int32_t> positions(L, position);
+    check(fd_rope_apply(cache_config_.dtype, k_rot.data(), L, kv, d, positions.data(), rotary_dim_,
+                        rope_base_),
+          "prefill_request_layers: ");
+  }
   fd_tx tx{0, 0};
   check(fd_tx_begin(cache_, &id, 1, &tx), "prefill_request_layers: ");
   try {
-    for (uint32_t l = 0; l < L; ++l) {
-      check(fd_tx_write_layer(cache_, tx, l, k_rot.data() + l * layer_bytes,
-                              static_cast<const unsigned char *>(v) + l * layer_bytes, nullptr));
+    if (on_cuda()) {
+      prefill_cuda(tx, k, v);
+    } else {
+      for (uint32_t l = 0; l < L; ++l) {
+        check(fd_tx_write_layer(cache_, tx, l, k_rot.data() + l * layer_bytes,
+                                static_cast<const unsigned char *>(v) + l * layer_bytes, nullptr));
+      }
     }
     check(fd_tx_commit(cache_, tx));
   } catch (...) {
@@ -469,6 +565,22 @@ void Engine::prefill(uint64_t id, const void *k, const void *v) {
   prefill_tokens_ += 1;
   sync_cache_version();
   bump();
+}
+
+void Engine::prefill_cuda(fd_tx tx, const void *k, const void *v) {
+  // The RoPE append rotates K at the row's position; the Q it also rotates
+  // is the engine's dummy (num_kv_heads heads, rotated in place, unused).
+  const size_t layer_bytes =
+      size_t{cache_config_.num_kv_heads} * cache_config_.head_dim * element_size();
+  for (uint32_t l = 0; l < cache_config_.num_layers; ++l) {
+    check(fd_tx_write_layer_rope(cache_, tx, l, device_->prefill_q(), cache_config_.num_kv_heads,
+                                 static_cast<const unsigned char *>(k) + l * layer_bytes,
+                                 static_cast<const unsigned char *>(v) + l * layer_bytes,
+                                 rotary_dim_, rope_base_, device_->prefill_q(), nullptr));
+  }
+  // Prefill is off the step path: finishing here lets later steps on any
+  // stream read the token and the caller reuse k and v at once.
+  DeviceScratch::synchronize_default_stream(cache_config_.device.ordinal);
 }
 
 // ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/engine_device.hpp"
 #include "engine/scheduler.hpp"
 #include "flashdec.h"
 
@@ -92,6 +93,10 @@ class Engine {
   std::shared_ptr<Snapshot> build_snapshot(
       uint64_t step, const std::unordered_map<uint64_t, FairnessCounters> &fairness) const;
   size_t element_size() const { return cache_config_.dtype == FD_DTYPE_F32 ? 4 : 2; }
+  bool on_cuda() const { return device_ != nullptr; }
+  void create_device_scratch();
+  void require_device(const void *p, const char *what) const;
+  void prefill_cuda(fd_tx tx, const void *k, const void *v);
 
   fd_cache *cache_;
   fd_cache_config cache_config_{};
@@ -120,6 +125,9 @@ class Engine {
   std::vector<uint64_t> step_ids_;
   std::vector<int32_t> step_tables_, step_effective_lens_;
   std::vector<unsigned char> q_rotated_;
+  // CUDA caches only: device twins of q_rotated_, step_tables_ and
+  // step_effective_lens_, and the split-KV workspace (engine_device.hpp).
+  std::unique_ptr<DeviceScratch> device_;
 
   // The last applied decision (scheduler-managed mode).
   bool decision_unused_ = false;

@@ -1,0 +1,130 @@
+#include "engine/engine_device.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "flashdec.h"
+
+#if FLASHDEC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/kv_storage_cuda.hpp"
+#endif
+
+namespace fd {
+
+#if FLASHDEC_HAVE_CUDA
+
+DeviceScratch::DeviceScratch(const DeviceScratchSizes &sizes) : sizes_(sizes) {
+  try {
+    CudaDeviceScope scope(sizes_.ordinal);
+    prefill_q_ = allocate(sizes_.prefill_q_bytes, "cudaMalloc (engine prefill scratch)");
+    // RoPE runs over it: keep it finite.
+    cuda_check(cudaMemset(prefill_q_, 0, sizes_.prefill_q_bytes), "cudaMemset (engine scratch)");
+    reserve(sizes_.initial_rows, sizes_.initial_table_entries);
+  } catch (...) {
+    for (void *p : owned_) (void)cudaFree(p);
+    throw;
+  }
+}
+
+DeviceScratch::~DeviceScratch() {
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  (void)cudaSetDevice(sizes_.ordinal);
+  for (void *p : owned_) (void)cudaFree(p);
+  if (restore) (void)cudaSetDevice(previous);
+}
+
+void *DeviceScratch::allocate(size_t bytes, const char *what) {
+  void *p = nullptr;
+  owned_.reserve(owned_.size() + 1);  // so that recording p cannot throw
+  cuda_check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), what);
+  owned_.push_back(p);
+  return p;
+}
+
+void DeviceScratch::reserve(uint32_t rows, uint64_t table_entries) {
+  if (rows <= rows_ && table_entries <= table_entries_) return;
+  CudaDeviceScope scope(sizes_.ordinal);
+  if (rows > rows_) {
+    const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(
+        std::max<uint64_t>(rows, uint64_t{rows_} * 2), std::max(sizes_.max_rows, rows)));
+    void *q = allocate(size_t{want} * sizes_.q_row_bytes, "cudaMalloc (engine rotated-q scratch)");
+    void *lens = allocate(size_t{want} * sizeof(int32_t), "cudaMalloc (engine seq_lens scratch)");
+    q_rotated_ = q;
+    lens_ = static_cast<int32_t *>(lens);
+    rows_ = want;
+  }
+  if (table_entries > table_entries_) {
+    const uint64_t want = std::min(std::max(table_entries, table_entries_ * 2),
+                                   std::max(sizes_.max_table_entries, table_entries));
+    tables_ = static_cast<int32_t *>(
+        allocate(static_cast<size_t>(want) * sizeof(int32_t), "cudaMalloc (engine table scratch)"));
+    table_entries_ = want;
+  }
+}
+
+void DeviceScratch::allocate_workspace(size_t bytes) {
+  if (bytes == 0) return;
+  CudaDeviceScope scope(sizes_.ordinal);
+  workspace_ = allocate(bytes, "cudaMalloc (engine split-KV workspace)");
+  workspace_size_ = bytes;
+}
+
+void DeviceScratch::require_device_pointer(const void *p, int32_t ordinal, const char *what) {
+  cudaPointerAttributes attr;
+  std::memset(&attr, 0, sizeof attr);
+  // A pure query, but step_layer may run inside a caller's stream capture:
+  // relax this thread's capture mode around it so that no capture mode can
+  // count it as a prohibited call, then restore the caller's mode.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  const bool device =
+      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
+  if (!device || attr.device != ordinal) {
+    fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d (the cache's device)",
+         what, ordinal);
+  }
+}
+
+void DeviceScratch::synchronize_default_stream(int32_t ordinal) {
+  CudaDeviceScope scope(ordinal);
+  cuda_check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (prefill)");
+}
+
+#else  // !FLASHDEC_HAVE_CUDA
+
+namespace {
+[[noreturn]] void no_cuda() {
+  fail(FD_ERR_UNSUPPORTED, "this build of the library has no CUDA backend");
+}
+}  // namespace
+
+DeviceScratch::DeviceScratch(const DeviceScratchSizes &sizes) : sizes_(sizes) {
+  no_cuda();
+}
+DeviceScratch::~DeviceScratch() = default;
+void *DeviceScratch::allocate(size_t, const char *) {
+  no_cuda();
+}
+void DeviceScratch::reserve(uint32_t, uint64_t) {
+  no_cuda();
+}
+void DeviceScratch::allocate_workspace(size_t) {
+  no_cuda();
+}
+void DeviceScratch::require_device_pointer(const void *, int32_t, const char *) {
+  no_cuda();
+}
+void DeviceScratch::synchronize_default_stream(int32_t) {
+  no_cuda();
+}
+
+#endif
+
+}  // namespace fd
