@@ -1374,8 +1374,15 @@ FD_API fd_status fd_decision_copy_snapshot(const fd_decision *decision, fd_snaps
  *  last applied decision, and any change to the cache made behind the engine's
  *  back is detected (cache state version) and refused.
  *
- *  This version serves CPU caches (::FD_DEVICE_CPU); q, k, v and outputs are
- *  host memory in the cache's dtype.
+ *  Both backends are served. On a CPU cache (::FD_DEVICE_CPU) q, k, v and
+ *  outputs are host memory in the cache's dtype and every call finishes its
+ *  work before returning. On a CUDA cache (::FD_DEVICE_CUDA) they are device
+ *  memory of the cache's device: each ::fd_engine_step_layer only enqueues
+ *  its work on the caller's stream, and ::fd_engine_begin_step,
+ *  ::fd_engine_step_layer and ::fd_engine_commit_step never synchronise the
+ *  host, so a whole step can be captured in a CUDA graph. The engine then owns
+ *  device scratch (rotated Q, block tables, effective seq_lens, split-KV
+ *  workspace), allocated at ::fd_engine_create and reused by every step.
  *
  *  Thread contract: an ::fd_engine is externally synchronised, and so is its
  *  cache: while the engine lives, use the cache from the same thread as the
@@ -1402,6 +1409,17 @@ FD_API void fd_engine_config_init(fd_engine_config *config);
 
 /**
  * @brief Creates an engine on @p cache.
+ *
+ * On a CUDA cache the engine allocates its device scratch here, on the
+ * cache's device: rotated Q and effective seq_lens for min(max_blocks, 256)
+ * rows, block tables for min(max_blocks^2, 2^20) entries (a step never has
+ * more than max_blocks rows, nor a row more than max_blocks blocks), and the
+ * split-KV workspace ::fd_decode_workspace_size reports for one row and for
+ * that many rows at the longest context the cache can hold (at most 128 MiB;
+ * with less, decode uses fewer splits). A later step with more rows or a
+ * larger table than the scratch holds grows it in ::fd_engine_begin_step (to
+ * at least twice its size, within those bounds); replaced buffers are freed
+ * at ::fd_engine_destroy.
  * @param cache Borrowed until ::fd_engine_destroy: it must outlive the engine.
  *   It may already hold requests (usable in unscheduled mode only). Not NULL.
  * @param[in] config Borrowed for the call; NULL means defaults.
@@ -1410,9 +1428,10 @@ FD_API void fd_engine_config_init(fd_engine_config *config);
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL cache or out, struct_size
  *   too small or larger than this library's struct,
  *   num_q_heads not a multiple, odd or too large rotary_dim, bad rope_base,
- *   negative or non-finite sm_scale); ::FD_ERR_UNSUPPORTED (a CUDA cache);
- *   ::FD_ERR_INVALID_STATE (a cache transaction is open);
- *   ::FD_ERR_OUT_OF_MEMORY.
+ *   negative or non-finite sm_scale); ::FD_ERR_INVALID_STATE (a cache
+ *   transaction is open); ::FD_ERR_UNSUPPORTED (a CUDA cache whose shape
+ *   ::fd_decode does not serve on CUDA); ::FD_ERR_OUT_OF_MEMORY (host or
+ *   device scratch); ::FD_ERR_DEVICE (a CUDA call failed).
  */
 FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *config,
                                   fd_engine **out);
@@ -1420,6 +1439,8 @@ FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *confi
 /**
  * @brief Destroys an engine. NULL is a no-op. An open step is aborted (its
  * cache transaction rolled back); the cache and its requests stay as they are.
+ * On a CUDA cache the device scratch is freed (cudaFree, which waits for work
+ * still using it).
  * @param engine Owned by the caller, released here; may be NULL.
  */
 FD_API void fd_engine_destroy(fd_engine *engine);
@@ -1513,6 +1534,11 @@ typedef struct fd_engine_step {
  * not have been used by an earlier step, and every admitted request must have
  * its whole initial context (see ::fd_engine_prefill_request_layers); a
  * shortage of blocks is an invariant violation.
+ *
+ * Host bookkeeping only, on both backends. On a CUDA cache it may allocate
+ * (and so must run outside stream capture) only when the step has more rows
+ * or a larger block table than any step before (see ::fd_engine_create), and
+ * in the cache's staging the first time (see ::fd_tx_block_tables_async).
  * @param[in,out] engine Borrowed for the call; not NULL.
  * @param[in] request_ids Host memory, borrowed for the call; copied.
  * @param count Entries of @p request_ids (rows), >= 1.
@@ -1523,7 +1549,9 @@ typedef struct fd_engine_step {
  *   ids other than the decision's runnable ids); ::FD_ERR_NOT_FOUND;
  *   ::FD_ERR_INVALID_STATE (a step is open, an id not active, no unused
  *   applied decision, context not fully prefilled, cache changed behind the
- *   engine); ::FD_ERR_INVARIANT (scheduler-managed backpressure).
+ *   engine); ::FD_ERR_INVARIANT (scheduler-managed backpressure);
+ *   ::FD_ERR_OUT_OF_MEMORY / ::FD_ERR_DEVICE (CUDA cache: growing the device
+ *   scratch failed; no step is open).
  */
 FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request_ids,
                                       uint32_t count, fd_engine_step *step);
@@ -1536,16 +1564,33 @@ FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request
  * Layers go 0..num_layers-1 in order. Any failure (wrong layer, a refused
  * write, a decode error) aborts the whole step: its cache transaction is
  * rolled back, seq_lens are unchanged and transaction_abort_count + 1.
+ *
+ * CUDA cache: q, k, v and out_attention are device memory of the cache's
+ * device (checked with cudaPointerGetAttributes: a host pointer is
+ * ::FD_ERR_INVALID_ARGUMENT and aborts the step). The call enqueues its work
+ * on @p stream and returns: layer 0 first copies the step's block tables and
+ * effective seq_lens into the engine's device scratch on that stream, then
+ * every layer runs the RoPE append and the decode on it. The inputs must stay
+ * valid, and out_attention is ready, when @p stream reaches that point. Every
+ * layer of a step must use the stream of layer 0 (or one the caller orders
+ * after it), and so must the next step (the engine reuses its scratch), as
+ * ::fd_tx_block_tables_async requires. No host synchronisation happens here,
+ * and no allocation once the cache's staging has served a step of this size
+ * (see ::fd_tx_block_tables_async), so the call may run inside stream
+ * capture.
  * @param[in,out] engine Borrowed for the call; not NULL.
  * @param tx The handle from ::fd_engine_begin_step.
  * @param layer The next layer of the step.
  * @param[in] q [batch, num_q_heads, head_dim]; not modified.
  * @param[in] k,v [batch, num_kv_heads, head_dim]. All in the cache's dtype,
- *   host memory, borrowed for the call.
- * @param[out] out_attention [batch, num_q_heads, head_dim]; must not alias
- *   the inputs; written on success only.
- * @param stream Ignored by CPU caches.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL data, wrong layer);
+ *   borrowed for the call: host memory for a CPU cache, device memory of the
+ *   cache's device for a CUDA cache.
+ * @param[out] out_attention [batch, num_q_heads, head_dim], same memory kind
+ *   as @p q; must not alias the inputs; written on success only.
+ * @param stream CUDA stream the layer is enqueued on (NULL: legacy default
+ *   stream); ignored by CPU caches.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL data, wrong layer, a host
+ *   pointer for a CUDA cache);
  *   ::FD_ERR_STALE_HANDLE (@p tx is not the open step); ::FD_ERR_INVALID_STATE
  *   (no open step); any status of the cache or ::fd_decode (step aborted).
  */
@@ -1557,6 +1602,10 @@ FD_API fd_status fd_engine_step_layer(fd_engine *engine, fd_tx tx, uint32_t laye
  * @brief Publishes the step: every row's seq_len grows by one. In
  * scheduler-managed mode a request that reached initial_context_tokens +
  * max_new_tokens is finished.
+ *
+ * Host bookkeeping only: on a CUDA cache it does not wait for the step's
+ * work (the published tokens are in place once the step's stream reaches
+ * its last layer).
  * @param[in,out] engine Borrowed for the call; not NULL.
  * @param tx The handle from ::fd_engine_begin_step.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE (no open step, not every layer run:
@@ -1580,14 +1629,25 @@ FD_API fd_status fd_engine_abort_step(fd_engine *engine, fd_tx tx);
  * K is rotated with the engine's RoPE at the token's position, like
  * ::fd_engine_step_layer. In scheduler-managed mode only a request whose
  * seq_len is below its initial_context_tokens may be prefilled.
+ *
+ * CUDA cache: @p k and @p v are device memory of the cache's device (a host
+ * pointer is ::FD_ERR_INVALID_ARGUMENT and changes nothing), read on the
+ * legacy default stream; work that produces them on another stream must be
+ * complete (or ordered before that stream). The call synchronises the legacy
+ * default stream before it publishes the token, so on return @p k and @p v
+ * may be reused and later steps on any stream see the token. Prefill is
+ * therefore not capturable; it is off the step path.
  * @param[in,out] engine Borrowed for the call; not NULL.
  * @param request_id An active request.
- * @param[in] k,v [num_layers, num_kv_heads, head_dim], cache dtype, host
- *   memory, borrowed for the call.
- * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL); ::FD_ERR_NOT_FOUND;
+ * @param[in] k,v [num_layers, num_kv_heads, head_dim], cache dtype, borrowed
+ *   for the call: host memory for a CPU cache, device memory for a CUDA
+ *   cache.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, host pointers for a CUDA
+ *   cache); ::FD_ERR_NOT_FOUND;
  *   ::FD_ERR_INVALID_STATE (not active, context complete, a step is open,
- *   cache changed behind the engine); ::FD_ERR_OUT_OF_BLOCKS. On failure the
- *   request's seq_len and blocks are unchanged.
+ *   cache changed behind the engine); ::FD_ERR_OUT_OF_BLOCKS; ::FD_ERR_DEVICE
+ *   (CUDA: the queued work failed). On failure the request's seq_len and
+ *   blocks are unchanged.
  */
 FD_API fd_status fd_engine_prefill_request_layers(fd_engine *engine, uint64_t request_id,
                                                   const void *k, const void *v);
@@ -1612,10 +1672,10 @@ FD_API fd_status fd_engine_submit_request(fd_engine *engine, const fd_request_sp
  * Only before the first submission.
  * @param[in,out] engine Borrowed for the call; not NULL.
  * @param[in] prefix_id As ::fd_prefix_register.
- * @param[in] k_blocks,v_blocks As ::fd_prefix_register (host memory: the
- *   engine serves CPU caches).
+ * @param[in] k_blocks,v_blocks As ::fd_prefix_register (for a CUDA cache,
+ *   host or device memory, as it allows).
  * @param num_blocks Blocks of the prefix, >= 1.
- * @param stream Ignored by CPU caches.
+ * @param stream As ::fd_prefix_register; ignored by CPU caches.
  * @return As ::fd_prefix_register; ::FD_ERR_INVALID_STATE after a submission
  *   or while a step is open.
  */
