@@ -52,7 +52,7 @@ void check_geometry_size(const KvGeometry &g) {
 }
 
 void KvStorage::export_tables(size_t table_ints, size_t len_ints, int32_t *tables, int32_t *lens,
-                              fd_stream, const std::function<void(int32_t *, int32_t *)> &fill) {
+                              fd_stream, ExportFill fill) {
   // Host destinations: fill scratch first so that a throwing fill writes
   // nothing, then copy. The scratch is kept for the next export.
   export_scratch_.resize(table_ints + len_ints);

@@ -6,9 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "flashdec.h"
@@ -46,6 +46,24 @@ struct KvGeometry {
 // Throws FD_ERR_INVALID_ARGUMENT when the byte size of K (or V) or any
 // stride does not fit size_t / int64_t.
 void check_geometry_size(const KvGeometry &g);
+
+// A non-owning reference to a callable `void(int32_t *tables, int32_t *lens)`
+// (the metadata fill of KvStorage::export_tables). Unlike std::function,
+// making one never allocates: exports run on the step path. The callable
+// must outlive the call it is passed to (a lambda argument does).
+class ExportFill {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same<std::decay_t<F>, ExportFill>::value>>
+  ExportFill(const F &fill)  // NOLINT: implicit, so that a lambda can be passed
+      : fill_(&fill), call_([](const void *f, int32_t *tables, int32_t *lens) {
+          (*static_cast<const F *>(f))(tables, lens);
+        }) {}
+  void operator()(int32_t *tables, int32_t *lens) const { call_(fill_, tables, lens); }
+
+ private:
+  const void *fill_;
+  void (*call_)(const void *, int32_t *, int32_t *);
+};
 
 // Destination of one row of a layer write.
 struct RowLocation {
@@ -105,8 +123,7 @@ class KvStorage {
   // `lens` (host memory for the CPU storage, device memory enqueued on
   // `stream` for a device storage). Null destinations are skipped.
   virtual void export_tables(size_t table_ints, size_t len_ints, int32_t *tables, int32_t *lens,
-                             fd_stream stream,
-                             const std::function<void(int32_t *, int32_t *)> &fill);
+                             fd_stream stream, ExportFill fill);
 
   // First asynchronous device fault seen in this storage's work (FD_OK when
   // none); never blocks.

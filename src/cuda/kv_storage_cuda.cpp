@@ -216,7 +216,6 @@ class CudaKvStorage final : public KvStorage {
         free_owned();
         throw;
       }
-      owned_ = true;
       layer_stride_ = static_cast<int64_t>(g.layer_elements());
       g.strides(strides_);
     }
@@ -297,8 +296,7 @@ class CudaKvStorage final : public KvStorage {
   }
 
   void export_tables(size_t table_ints, size_t len_ints, int32_t *tables, int32_t *lens,
-                     fd_stream stream,
-                     const std::function<void(int32_t *, int32_t *)> &fill) override {
+                     fd_stream stream, ExportFill fill) override {
     CudaDeviceScope scope(ordinal_);
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const size_t bytes = (table_ints + len_ints) * sizeof(int32_t);
@@ -420,7 +418,6 @@ class CudaKvStorage final : public KvStorage {
   size_t elem_;
   unsigned char *k_ = nullptr;
   unsigned char *v_ = nullptr;
-  bool owned_ = false;
   bool block_packed_ = true;  // one block of one layer is contiguous
   int64_t layer_stride_ = 0;  // elements
   int64_t strides_[4] = {0, 0, 0, 0};
