@@ -9,6 +9,7 @@
 // half way through.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +33,10 @@ class BlockAllocator {
 
   // Takes the front block. The caller has checked free_blocks() > 0.
   int32_t allocate();
+
+  // The block `index` places behind the front of the free list (0 = front),
+  // i.e. the one the (index+1)-th next allocate() returns. index < free_blocks().
+  int32_t peek(size_t index) const { return stack_[stack_.size() - 1 - index]; }
 
   // Returns a block released by finish/cancel/eviction to the front.
   void release(int32_t block);

@@ -1,5 +1,6 @@
 // Shared prefix blocks of the paged cache (semantics.md S6).
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 #include "cache/paged_cache.hpp"
@@ -53,17 +54,44 @@ void PagedCache::register_prefix(const char *id, const void *k_blocks, const voi
          key.c_str(), static_cast<long long>(need));
   }
 
+  // All or nothing: the copy is the only step that can fail after the
+  // checks (a device copy error), so it goes first, into the blocks that the
+  // evictions and allocations below will produce; the registry, the free
+  // list and every counter change only once it has succeeded.
   PrefixRegistry::Node node = PrefixRegistry::make_node(key, num_blocks);
+  std::vector<int32_t> &blocks = node.mapped().blocks;
+  plan_prefix_blocks(victims, num_blocks, &blocks);
+  storage_->copy_blocks_in(blocks.data(), blocks.size(), k_blocks, v_blocks, stream);
+
+  // Nothing below can fail (no allocation: the node's blocks are reserved).
   for (const std::string &victim : victims) {
     release_blocks(reg.remove(victim), 0);
     ++reg.counters.eviction_count;
   }
-  std::vector<int32_t> &blocks = node.mapped().blocks;
-  for (uint32_t i = 0; i < num_blocks; ++i) blocks.push_back(s_.allocator.allocate());
-  storage_->copy_blocks_in(blocks.data(), blocks.size(), k_blocks, v_blocks, stream);
+  for (uint32_t i = 0; i < num_blocks; ++i) {
+    const int32_t block = s_.allocator.allocate();
+    assert(block == blocks[i] && "plan_prefix_blocks must predict the allocation");
+    (void)block;
+  }
   reg.insert(std::move(node));
   ++reg.counters.registration_count;
   ++s_.state_version;
+}
+
+void PagedCache::plan_prefix_blocks(const std::vector<std::string> &victims, uint32_t num_blocks,
+                                    std::vector<int32_t> *blocks) const {
+  // Evicting releases each victim's blocks in logical order to the front of
+  // the free list (release_blocks), so afterwards the front holds the
+  // released blocks last-released first, then the current free list.
+  std::vector<int32_t> released;
+  for (const std::string &victim : victims) {
+    const std::vector<int32_t> &b = s_.prefixes.find(victim)->blocks;
+    released.insert(released.end(), b.begin(), b.end());
+  }
+  blocks->clear();
+  for (size_t i = 0; i < num_blocks; ++i)
+    blocks->push_back(i < released.size() ? released[released.size() - 1 - i]
+                                          : s_.allocator.peek(i - released.size()));
 }
 
 void PagedCache::attach_prefix(uint64_t request_id, const char *prefix_id) {
@@ -99,7 +127,7 @@ void PagedCache::attach_prefix(uint64_t request_id, const char *prefix_id) {
 void PagedCache::evict_prefix(const char *prefix_id) {
   const std::string key = prefix_key(prefix_id);
   require_no_open_transaction("evict a prefix");
-  const Prefix &p = prefix_info(prefix_id);
+  const Prefix &p = resident_prefix(key);
   if (p.ref_count != 0)
     fail(FD_ERR_INVALID_STATE, "prefix \"%s\" is attached to %u active requests", key.c_str(),
          p.ref_count);
@@ -111,7 +139,10 @@ void PagedCache::evict_prefix(const char *prefix_id) {
 const Prefix &PagedCache::prefix_info(const char *prefix_id) const {
   // A read: allowed while a transaction is open (S5 refuses the prefix
   // mutations; the header lists no invalid-state status for get_info).
-  const std::string key = prefix_key(prefix_id);
+  return resident_prefix(prefix_key(prefix_id));
+}
+
+const Prefix &PagedCache::resident_prefix(const std::string &key) const {
   const Prefix *p = s_.prefixes.find(key);
   if (p == nullptr)
     fail(FD_ERR_NOT_FOUND, "unknown prefix \"%s\"%s", key.c_str(),

@@ -124,11 +124,18 @@ void PagedCache::write_rows(OpenTransaction &t, uint32_t layer, const void *q, u
                             const void *k, const void *v, uint32_t rotary_dim, float rope_base,
                             void *q_out, fd_stream stream) {
   // Locations and positions come from the cache's own copy made at begin.
-  if (q == nullptr)
-    storage_->write_layer(layer, t.locations.data(), t.locations.size(), k, v, stream);
-  else
-    storage_->write_layer_rope(layer, t.locations.data(), t.positions.data(), t.locations.size(), q,
-                               num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
+  // A storage failure (e.g. a device launch error) is a failed layer write
+  // too: counted, and the transaction stays where it was (S5).
+  try {
+    if (q == nullptr)
+      storage_->write_layer(layer, t.locations.data(), t.locations.size(), k, v, stream);
+    else
+      storage_->write_layer_rope(layer, t.locations.data(), t.positions.data(), t.locations.size(),
+                                 q, num_q_heads, k, v, rotary_dim, rope_base, q_out, stream);
+  } catch (...) {
+    ++s_.tx_counters.failure_count;
+    throw;
+  }
   ++t.next_layer;
   ++s_.tx_counters.layer_write_count;
 }

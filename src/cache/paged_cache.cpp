@@ -200,8 +200,20 @@ void PagedCache::append(const uint64_t *ids, uint32_t count, const void *k, cons
          "fd_tx_begin / fd_tx_write_layer / fd_tx_commit",
          s_.config.num_layers);
   const fd_tx tx = begin(ids, count);
-  write_layer(tx, 0, k, v, stream);
-  commit(tx);
+  try {
+    write_layer(tx, 0, k, v, stream);
+    commit(tx);
+  } catch (...) {
+    // Only the storage (a device error) or memory can still fail here. The
+    // caller never saw this transaction, so it must not stay open and block
+    // the cache: roll it back (the seq_lens and the free list are restored;
+    // the begin and abort counters show the attempt).
+    try {
+      abort(tx);
+    } catch (...) {
+    }
+    throw;
+  }
 }
 
 }  // namespace fd

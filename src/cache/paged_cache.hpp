@@ -110,8 +110,9 @@ class PagedCache {
   // Empty when every invariant holds, else the first violation in words.
   std::string find_invariant_violation() const;
 
-  // Internal test hook (see cache/cache_test_hook.hpp).
+  // Internal test hooks (see cache/cache_test_hook.hpp).
   CacheState &state_for_test() { return s_; }
+  std::unique_ptr<KvStorage> &storage_for_test() { return storage_; }
 
   // The K/V storage (device-side exports and fault queries use it).
   KvStorage &storage() const { return *storage_; }
@@ -144,6 +145,12 @@ class PagedCache {
   void end_transaction(int32_t state) noexcept;
   void release_blocks(const std::vector<int32_t> &blocks, size_t first);
   std::string prefix_key(const char *prefix_id) const;
+  // The resident prefix `key` (NOT_FOUND otherwise).
+  const Prefix &resident_prefix(const std::string &key) const;
+  // The physical blocks a registration of `num_blocks` blocks gets once
+  // `victims` are evicted (in that order), without changing anything.
+  void plan_prefix_blocks(const std::vector<std::string> &victims, uint32_t num_blocks,
+                          std::vector<int32_t> *blocks) const;
 
   CacheState s_;
   std::unique_ptr<KvStorage> storage_;
