@@ -281,14 +281,19 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
   require_non_null(ids, "request_ids");
   if (count == 0) fail(FD_ERR_INVALID_ARGUMENT, "count must be > 0");
   check_cache_version();
-  std::unordered_set<uint64_t> seen;
-  seen.reserve(count);
+  // Duplicates: each record is marked with this list's number (one lookup
+  // per id, no hash set). A repeated id was found at its first occurrence,
+  // so the errors come in the same order as with a set.
+  const uint64_t mark = ++id_check_mark_;
   for (uint32_t i = 0; i < count; ++i) {
-    if (!seen.insert(ids[i]).second) {
+    auto it = requests_.find(ids[i]);
+    if (it == requests_.end())
+      fail(FD_ERR_NOT_FOUND, "begin_step: unknown request %llu", ull(ids[i]));
+    EngineRequest *r = &it->second;
+    if (r->id_check_mark == mark) {
       fail(FD_ERR_INVALID_ARGUMENT, "request %llu appears twice in request_ids", ull(ids[i]));
     }
-    const EngineRequest *r = lookup(ids[i]);
-    if (r == nullptr) fail(FD_ERR_NOT_FOUND, "begin_step: unknown request %llu", ull(ids[i]));
+    r->id_check_mark = mark;
     if (r->state != FD_ENGINE_REQUEST_ACTIVE) {
       fail(FD_ERR_INVALID_STATE, "begin_step: request %llu is %s, not active", ull(ids[i]),
            state_name(r->state));
@@ -368,6 +373,9 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
                          step_effective_lens_.data()));
   } catch (...) {
     (void)fd_tx_abort(cache_, tx);
+    // begin and abort moved the cache's version: a scheduler-managed engine
+    // would otherwise take its own abort for an outside change.
+    sync_cache_version();
     throw;
   }
   max_effective_len_ = *std::max_element(step_effective_lens_.begin(), step_effective_lens_.end());

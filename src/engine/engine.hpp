@@ -23,6 +23,9 @@ struct EngineRequest {
   bool scheduled = false;
   RequestSpec spec;     // scheduled requests only
   int32_t seq_len = 0;  // scheduled requests: mirror of the cache's seq_len
+  // Scratch of begin_step's duplicate check: the mark of the last id list
+  // that contained this request (a mark per list instead of a hash set).
+  uint64_t id_check_mark = 0;
 };
 
 struct FairnessCounters {
@@ -133,6 +136,7 @@ class Engine {
   bool decision_unused_ = false;
   std::vector<uint64_t> authorised_runnable_;
 
+  uint64_t id_check_mark_ = 0;  // begin_step's current list mark
   uint64_t cache_version_ = 0;
   uint64_t state_version_ = 0;
   uint64_t counts_[6] = {0, 0, 0, 0, 0, 0};  // by fd_engine_request_state

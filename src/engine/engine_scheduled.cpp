@@ -73,8 +73,14 @@ void Engine::submit(const fd_request_spec *in) {
     fail(FD_ERR_ALREADY_EXISTS, "submit_request: submission_order %llu is already used",
          ull(spec.submission_order));
   }
-  used_orders_.insert(spec.submission_order);
+  // Both insertions may throw bad_alloc: undo the first if the second does.
   EngineRequest &r = requests_[spec.id];
+  try {
+    used_orders_.insert(spec.submission_order);
+  } catch (...) {
+    requests_.erase(spec.id);
+    throw;
+  }
   r.scheduled = true;
   r.spec = spec;
   scheduler_managed_ = true;
@@ -105,9 +111,14 @@ void Engine::register_prefix(const char *prefix_id, const void *k, const void *v
          "register_prefix: prefixes must be registered before the first submission");
   }
   require_non_null(prefix_id, "prefix_id");
-  check(fd_prefix_register(cache_, prefix_id, k, v, n, stream), "register_prefix: ");
+  // The engine's record is made first, so that nothing can fail once the
+  // cache holds the prefix (and dropped again if the cache refuses it).
+  const auto slot = prefixes_.try_emplace(prefix_id);
+  const fd_status s = fd_prefix_register(cache_, prefix_id, k, v, n, stream);
+  if (s != FD_OK && slot.second) prefixes_.erase(slot.first);
+  check(s, "register_prefix: ");
   sync_cache_version();
-  prefixes_[prefix_id].num_blocks = n;
+  slot.first->second.num_blocks = n;
   prune_evicted_prefixes();
   bump();
 }
@@ -115,6 +126,7 @@ void Engine::register_prefix(const char *prefix_id, const void *k, const void *v
 void Engine::evict_prefix(const char *prefix_id) {
   require_no_step("evict_prefix");
   require_non_null(prefix_id, "prefix_id");
+  const std::string key = prefix_id;  // allocated before the cache changes
   check_cache_version();
   const uint64_t busy = counts_[FD_ENGINE_REQUEST_WAITING] + counts_[FD_ENGINE_REQUEST_ACTIVE];
   if (busy != 0) {
@@ -124,7 +136,7 @@ void Engine::evict_prefix(const char *prefix_id) {
   }
   check(fd_prefix_evict(cache_, prefix_id), "evict_prefix: ");
   sync_cache_version();
-  prefixes_.erase(prefix_id);
+  prefixes_.erase(key);
   bump();
 }
 
