@@ -232,7 +232,18 @@ void prepare_two_victims(fd_cache *c) {
   FD_ASSERT_OK(fd_prefix_attach(c, 9, "keep"));
 }
 
+/* The victim ("a", 3 blocks) frees more than the 1-block registration
+ * needs: it takes a's last block, the rest stays at the free list's front. */
+void prepare_big_victim(fd_cache *c) {
+  register_ok(c, "a", 3, 1.f);
+  register_ok(c, "b", 1, 2.f);
+}
+
 }  // namespace
+
+static void register_copy_failure_victim_larger_than_needed(void **) {
+  failing_then_ok(8, 4, prepare_big_victim, 1, 1);
+}
 
 static void register_copy_failure_without_eviction(void **) {
   failing_then_ok(8, 4, prepare_roomy, 2, 0);
@@ -331,6 +342,7 @@ int main(void) {
       cmocka_unit_test(register_copy_failure_reusing_victim_blocks),
       cmocka_unit_test(register_copy_failure_victim_and_free_blocks),
       cmocka_unit_test(register_copy_failure_two_victims),
+      cmocka_unit_test(register_copy_failure_victim_larger_than_needed),
       cmocka_unit_test(write_failure_keeps_transaction),
       cmocka_unit_test(legacy_append_write_failure_rolls_back),
   };
