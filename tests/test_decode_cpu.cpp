@@ -469,6 +469,19 @@ void test_parameter_errors(void **state) {
                    "out must not overlap k_cache");
   EXPECT_BOTH_FAIL(prm->out = (void *)prm->seq_lens, FD_ERR_INVALID_ARGUMENT,
                    "out must not overlap seq_lens");
+  /* Typed reads need element-aligned arrays (f16: 2 bytes, int32: 4). */
+#define SHIFTED(ptr, bytes) ((char *)(ptr) + (bytes))
+  EXPECT_BOTH_FAIL(prm->q = SHIFTED(prm->q, 1), FD_ERR_INVALID_ARGUMENT,
+                   "must be aligned to 2 bytes");
+  EXPECT_BOTH_FAIL(prm->q = SHIFTED(prm->q, 1), FD_ERR_INVALID_ARGUMENT, "q (");
+  EXPECT_BOTH_FAIL(prm->k_cache = SHIFTED(prm->k_cache, 1), FD_ERR_INVALID_ARGUMENT, "k_cache (");
+  EXPECT_BOTH_FAIL(prm->v_cache = SHIFTED(prm->v_cache, 1), FD_ERR_INVALID_ARGUMENT, "v_cache (");
+  EXPECT_BOTH_FAIL(prm->out = SHIFTED(prm->out, 1), FD_ERR_INVALID_ARGUMENT, "out (");
+  EXPECT_BOTH_FAIL(prm->block_tables = (const int32_t *)SHIFTED(prm->block_tables, 2),
+                   FD_ERR_INVALID_ARGUMENT, "block_tables (");
+  EXPECT_BOTH_FAIL(prm->seq_lens = (const int32_t *)SHIFTED(prm->seq_lens, 2),
+                   FD_ERR_INVALID_ARGUMENT, "must be aligned to 4 bytes");
+#undef SHIFTED
 }
 
 /* f32 is a CPU-only element type: refused for CUDA before the device is looked at. */

@@ -229,6 +229,23 @@ void test_errors(void **state) {
   both_fail(p, [](fd_kv_append_params &a) { a.device.ordinal = 1; }, INV, "ordinal must be 0 for a CPU device", false);
   both_fail(p, [&](fd_kv_append_params &a) { a.q_out = p.q.data() + 2 * fd_test_dtype_size(p.dtype); }, INV, "q_out must equal q or not overlap it", true);
   both_fail(p, [&](fd_kv_append_params &a) { a.q_out = p.k.data(); }, INV, "q_out must not overlap k or v", true);
+  /* Typed reads need element-aligned arrays (bf16: 2 bytes, int32: 4). */
+  both_fail(p, [&](fd_kv_append_params &a) { a.k = p.k.data() + 1; }, INV, "params->k (", false);
+  both_fail(p, [&](fd_kv_append_params &a) { a.v = p.v.data() + 1; }, INV, "must be aligned to 2 bytes", false);
+  both_fail(p, [&](fd_kv_append_params &a) { a.k_cache = p.kc.data() + 1; }, INV, "params->k_cache (", false);
+  both_fail(p, [&](fd_kv_append_params &a) { a.v_cache = p.vc.data() + 1; }, INV, "params->v_cache (", false);
+  both_fail(p, [&](fd_kv_append_params &a) { a.block_ids = (const int32_t *)((const char *)p.ids.data() + 2); }, INV, "params->block_ids (", false);
+  both_fail(p, [&](fd_kv_append_params &a) { a.offsets = (const int32_t *)((const char *)p.offs.data() + 2); }, INV, "must be aligned to 4 bytes", false);
+  both_fail(p, [&](fd_kv_append_params &a) { a.q = p.q.data() + 1; }, INV, "params->q (", true);
+  both_fail(p, [&](fd_kv_append_params &a) { a.q_out = p.q_out.data() + 1; }, INV, "params->q_out (", true);
+  both_fail(p, [&](fd_kv_append_params &a) { a.positions = (const int32_t *)((const char *)p.pos.data() + 2); }, INV, "params->positions (", true);
+  /* Sizes and strides whose products overflow are refused, not wrapped. */
+  both_fail(p, [](fd_kv_append_params &a) { a.num_kv_heads = 0xffffffffu, a.num_q_heads = 0xffffffffu, a.head_dim = 0xffffffffu, a.rotary_dim = 16; }, INV, "k_cache/v_cache ([num_blocks, num_kv_heads, block_size, head_dim]) is too large to address", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.num_blocks = 0x7fffffffu, a.block_size = 0x7fffffffu; }, INV, "sizes and strides address) is too large", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.stride_block = INT64_MAX / 2, a.stride_head = 64, a.stride_token = 16, a.stride_dim = 1; }, INV, "k_cache/v_cache (the elements its sizes and strides address) is too large to address", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.stride_block = 256, a.stride_head = INT64_MAX, a.stride_token = 16, a.stride_dim = 1; }, INV, "too large to address", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.num_tokens = 0x80000000u, a.num_kv_heads = 0x80000000u, a.num_q_heads = 0x80000000u; }, INV, "params->k/v ([num_tokens, num_kv_heads, head_dim]) is too large to address", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.num_tokens = 0x80000000u, a.num_q_heads = 0x80000000u * 2u - 2u; }, INV, "params->q ([num_tokens, num_q_heads, head_dim]) is too large to address", true);
   // clang-format on
 
   /* Bad index values: named entry, nothing written (checked before any write). */

@@ -186,6 +186,16 @@ void test_errors(void **state) {
   EXPECT_REF_FAILS(d.lens[1] = -1, "seq_lens[1] = -1");
   EXPECT_REF_FAILS(d.lens[0] = 7, "seq_lens[0] = 7");
   EXPECT_REF_FAILS((d.batch = 0xffffffffu, d.hq = 0xffffffffu, d.hkv = 1), "too large");
+  /* Typed reads need element-aligned arrays (f16: 2 bytes, seq_lens: 4). */
+  EXPECT_REF_FAILS(q = d.q.data() + 1, "q (");
+  EXPECT_REF_FAILS(q = d.q.data() + 1, "must be aligned to 2 bytes");
+  EXPECT_REF_FAILS(k = d.k.data() + 1, "k (");
+  EXPECT_REF_FAILS(v = d.v.data() + 1, "v (");
+  EXPECT_REF_FAILS(out = d.out.data() + 1, "out (");
+  EXPECT_REF_FAILS(lens = (const int32_t *)((const char *)d.lens.data() + 2),
+                   "seq_lens (");
+  EXPECT_REF_FAILS(lens = (const int32_t *)((const char *)d.lens.data() + 2),
+                   "must be aligned to 4 bytes");
 #undef EXPECT_REF_FAILS
 }
 

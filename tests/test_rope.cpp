@@ -88,7 +88,11 @@ void test_matches_double(void **state) {
                 {3, 2, 64, 32, 10000.f, 100},
                 {4, 3, 40, 40, 500000.f, 131072},
                 {2, 1, 6, 2, 10.f, 7},
-                {7, 8, 80, 64, 1.5f, 1000}};
+                {7, 8, 80, 64, 1.5f, 1000},
+                /* Around the size where the tables move from the stack to the heap. */
+                {2, 2, 256, 256, 10000.f, 4096},
+                {2, 2, 272, 258, 10000.f, 4096},
+                {3, 1, 512, 512, 10000.f, 65536}};
   const int32_t dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
   uint64_t seed = 11;
   for (const auto &s : shapes)
@@ -144,6 +148,15 @@ void test_errors(void **state) {
   /* A bad position in the last token: the earlier tokens must not have been rotated. */
   EXPECT_ROPE_FAILS(r.positions[2] = -1, "positions[2] = -1");
   EXPECT_ROPE_FAILS(r.positions[0] = INT32_MIN, "positions[0]");
+  /* Sizes whose product overflows are refused before any position is read. */
+  EXPECT_ROPE_FAILS((r.tokens = 0xffffffffu, r.heads = 0xffffffffu, r.dim = 0xffffffffu),
+                    "x ([num_tokens, num_heads, head_dim]) is too large to address");
+  EXPECT_ROPE_FAILS((r.tokens = 0x80000000u, r.heads = 0x80000000u), "too large to address");
+  /* Misaligned arrays (bf16: 2 bytes; positions: 4 bytes). */
+  EXPECT_ROPE_FAILS(x = (char *)x + 1, "x (");
+  EXPECT_ROPE_FAILS(x = (char *)x + 1, "must be aligned to 2 bytes");
+  EXPECT_ROPE_FAILS(pos = (const int32_t *)((const char *)pos + 2), "positions (");
+  EXPECT_ROPE_FAILS(pos = (const int32_t *)((const char *)pos + 2), "must be aligned to 4 bytes");
 #undef EXPECT_ROPE_FAILS
 }
 

@@ -10,6 +10,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/versioned.hpp"
+#include "ops/arg_checks.hpp"
 #include "ops/decode_cpu_indices.hpp"
 #include "ops/decode_problem.hpp"
 
@@ -114,8 +115,7 @@ int64_t resolve_strides(const fd_decode_params &p, DecodeProblem &pb) {
 }
 
 bool overlaps(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
-  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
-  return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
+  return ranges_overlap(a, static_cast<size_t>(a_bytes), b, static_cast<size_t>(b_bytes));
 }
 
 }  // namespace
@@ -165,6 +165,14 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
   require_non_null(p.block_tables, "block_tables");
   require_non_null(p.seq_lens, "seq_lens");
   require_non_null(p.out, "out");
+
+  const size_t e = dtype_size(p.dtype);
+  require_aligned(p.q, e, "q");
+  require_aligned(p.k_cache, e, "k_cache");
+  require_aligned(p.v_cache, e, "v_cache");
+  require_aligned(p.out, e, "out");
+  require_aligned(p.block_tables, sizeof(int32_t), "block_tables");
+  require_aligned(p.seq_lens, sizeof(int32_t), "seq_lens");
 
   const int64_t cache_elems = resolve_strides(p, pb);
   const int64_t elem = static_cast<int64_t>(dtype_size(p.dtype));

@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -218,9 +217,13 @@ void run(const DecodeProblem &pb) {
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
   for (size_t w = 1; w < threads; ++w) {
+    // Whatever starting a thread throws (std::system_error, or bad_alloc for
+    // its state), the call carries on with the threads it has: letting it
+    // escape would destroy `pool` with running threads (std::terminate), and
+    // they may already have written part of the output.
     try {
       pool.emplace_back(worker, w);
-    } catch (const std::system_error &) {
+    } catch (...) {
       break;  // no more threads available: the ones running (and this one) finish the work
     }
   }

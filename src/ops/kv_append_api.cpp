@@ -8,6 +8,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "ops/arg_checks.hpp"
 #include "ops/kv_append.hpp"
 #include "ops/rope.hpp"
 
@@ -54,9 +55,17 @@ void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be > 0", name);
 }
 
-bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
+// Elements a cache spans with the resolved strides (largest offset + 1), so
+// that the backends' index arithmetic (block * stride_block + ...) cannot
+// overflow int64.
+void check_cache_extent(const fd_kv_append_params &p, const int64_t *strides) {
+  const char *what = "params->k_cache/v_cache (the elements its sizes and strides address)";
+  const uint64_t counts[4] = {p.num_blocks, p.num_kv_heads, p.block_size, p.head_dim};
+  uint64_t last = 0;
+  for (int i = 0; i < 4; ++i)
+    last = checked_extent_add(
+        last, checked_extent_mul(counts[i] - 1, static_cast<uint64_t>(strides[i]), what), what);
+  (void)checked_extent_add(last, 1, what);
 }
 
 AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
@@ -98,9 +107,12 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   const char *names[4] = {"stride_block", "stride_head", "stride_token", "stride_dim"};
   const bool dim_major = p.layout == FD_LAYOUT_DIM_MAJOR;
   if (given[0] == 0 && given[1] == 0 && given[2] == 0 && given[3] == 0) {
-    const int64_t B = p.block_size, D = p.head_dim, H = p.num_kv_heads;
-    pb.strides[0] = H * B * D;
-    pb.strides[1] = B * D;
+    const char *what = "params->k_cache/v_cache ([num_blocks, num_kv_heads, block_size, head_dim])";
+    const uint64_t per_head = checked_extent_mul(p.block_size, p.head_dim, what);
+    const uint64_t per_block = checked_extent_mul(per_head, p.num_kv_heads, what);
+    const int64_t B = p.block_size, D = p.head_dim;
+    pb.strides[0] = static_cast<int64_t>(per_block);
+    pb.strides[1] = static_cast<int64_t>(per_head);
     pb.strides[2] = dim_major ? 1 : D;
     pb.strides[3] = dim_major ? B : 1;
   } else {
@@ -117,6 +129,7 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
            names[contiguous], dim_major ? "dim-major" : "token-major",
            static_cast<long long>(given[contiguous]));
   }
+  check_cache_extent(p, pb.strides);
   if (p.device.type == FD_DEVICE_CPU) {
     if (p.device.ordinal != 0)
       fail(FD_ERR_INVALID_ARGUMENT, "params->device.ordinal must be 0 for a CPU device, got %d",
@@ -129,12 +142,35 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
     fail(FD_ERR_INVALID_ARGUMENT, "params->device.type %d is not an fd_device_type", p.device.type);
   }
   const size_t e = dtype_size(p.dtype);
+  const char *kv_what = "params->k/v ([num_tokens, num_kv_heads, head_dim])";
+  const size_t kv_bytes = checked_extent_mul(
+      checked_extent_mul(checked_extent_mul(p.num_tokens, p.num_kv_heads, kv_what), p.head_dim,
+                         kv_what),
+      e, kv_what);
+  const struct {
+    const void *ptr;
+    size_t alignment;
+    const char *name;
+  } arrays[] = {{p.k, e, "params->k"},
+                {p.v, e, "params->v"},
+                {p.k_cache, e, "params->k_cache"},
+                {p.v_cache, e, "params->v_cache"},
+                {p.block_ids, 4, "params->block_ids"},
+                {p.offsets, 4, "params->offsets"},
+                {rope ? p.q : nullptr, e, "params->q"},
+                {rope ? p.q_out : nullptr, e, "params->q_out"},
+                {rope ? p.positions : nullptr, 4, "params->positions"}};
+  for (const auto &a : arrays) require_aligned(a.ptr, a.alignment, a.name);
   if (rope) {
-    const size_t q_bytes = size_t{p.num_tokens} * p.num_q_heads * p.head_dim * e;
-    const size_t kv_bytes = size_t{p.num_tokens} * p.num_kv_heads * p.head_dim * e;
-    if (p.q_out != p.q && overlap(p.q_out, q_bytes, p.q, q_bytes))
+    const char *q_what = "params->q ([num_tokens, num_q_heads, head_dim])";
+    const size_t q_bytes = checked_extent_mul(
+        checked_extent_mul(checked_extent_mul(p.num_tokens, p.num_q_heads, q_what), p.head_dim,
+                           q_what),
+        e, q_what);
+    if (p.q_out != p.q && ranges_overlap(p.q_out, q_bytes, p.q, q_bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "params->q_out must equal q or not overlap it");
-    if (overlap(p.q_out, q_bytes, p.k, kv_bytes) || overlap(p.q_out, q_bytes, p.v, kv_bytes))
+    if (ranges_overlap(p.q_out, q_bytes, p.k, kv_bytes) ||
+        ranges_overlap(p.q_out, q_bytes, p.v, kv_bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "params->q_out must not overlap k or v");
   }
 

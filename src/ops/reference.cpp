@@ -7,6 +7,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "ops/arg_checks.hpp"
 
 namespace fd {
 namespace {
@@ -45,6 +46,12 @@ float check_dense_attention_args(const DenseAttentionArgs &a) {
   require_non_null(a.v, "v");
   require_non_null(a.seq_lens, "seq_lens");
   require_non_null(a.out, "out");
+  const size_t e = dtype_size(a.dtype);
+  require_aligned(a.q, e, "q");
+  require_aligned(a.k, e, "k");
+  require_aligned(a.v, e, "v");
+  require_aligned(a.out, e, "out");
+  require_aligned(a.seq_lens, sizeof(int32_t), "seq_lens");
   if (!std::isfinite(a.sm_scale) || a.sm_scale < 0.f)
     fail(FD_ERR_INVALID_ARGUMENT, "sm_scale must be finite and >= 0, got %g",
          static_cast<double>(a.sm_scale));

@@ -20,7 +20,20 @@ void check_rope_args(uint32_t head_dim, uint32_t rotary_dim, float base) {
 void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
                  uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base) {
   const uint32_t half = rotary_dim / 2;
-  std::vector<float> inv_freq(half), cos_t(half), sin_t(half);
+  // The per-call tables (inv_freq, then cos and sin of the current token)
+  // live on the stack for the usual rotary dims (<= 256) and in one heap
+  // block otherwise: this runs once per layer per step, and three vectors
+  // per call used to cost more than the rotation of a small batch.
+  constexpr uint32_t kStackHalf = 128;
+  float stack_tables[3 * kStackHalf];
+  std::vector<float> heap_tables;
+  float *inv_freq = stack_tables;
+  if (half > kStackHalf) {
+    heap_tables.resize(size_t{3} * half);
+    inv_freq = heap_tables.data();
+  }
+  float *const cos_t = inv_freq + half;
+  float *const sin_t = cos_t + half;
   for (uint32_t i = 0; i < half; ++i)
     inv_freq[i] = std::pow(base, -2.0f * static_cast<float>(i) / static_cast<float>(rotary_dim));
   for (size_t t = 0; t < num_tokens; ++t) {

@@ -4,6 +4,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "ops/arg_checks.hpp"
 #include "ops/rope.hpp"
 
 extern "C" FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens,
@@ -20,6 +21,11 @@ extern "C" FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_t
     if (num_heads == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "num_heads must be > 0");
     if (head_dim == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "head_dim must be > 0");
     fd::check_rope_args(head_dim, rotary_dim, rope_base);
+    const char *what = "x ([num_tokens, num_heads, head_dim])";
+    (void)fd::checked_extent_mul(fd::checked_extent_mul(num_tokens, num_heads, what), head_dim,
+                                 what);
+    fd::require_aligned(x, fd::dtype_size(dtype), "x");
+    fd::require_aligned(positions, sizeof(int32_t), "positions");
     // Every position is checked before the first element is rotated, so a
     // failure leaves x untouched.
     for (uint32_t t = 0; t < num_tokens; ++t)
