@@ -13,6 +13,7 @@
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "decode_launch.hpp"
+#include "ops/decode_cpu_indices.hpp"
 #include "ops/decode_problem.hpp"
 
 namespace fd {
@@ -182,22 +183,10 @@ void check_indices_on_host(const DecodeProblem &pb, cudaStream_t stream) {
                              cudaMemcpyDefault, stream),
              "copying block_tables to the host");
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  const int64_t max_len = static_cast<int64_t>(pb.max_blocks_per_seq) * pb.block_size;
-  for (uint32_t r = 0; r < pb.batch; ++r) {
-    const int32_t len = lens[r];
-    if (len < 0 || len > max_len)
-      fail(FD_ERR_INVALID_ARGUMENT,
-           "seq_lens[%u] = %d is out of range [0, %lld] (max_blocks_per_seq * block_size)", r, len,
-           static_cast<long long>(max_len));
-    const uint32_t used = (static_cast<uint32_t>(len) + pb.block_size - 1) / pb.block_size;
-    for (uint32_t b = 0; b < used; ++b) {
-      const int32_t id = tables[static_cast<size_t>(r) * pb.max_blocks_per_seq + b];
-      if (id < 0 || static_cast<uint32_t>(id) >= pb.num_blocks)
-        fail(FD_ERR_INVALID_ARGUMENT,
-             "block_tables[%u][%u] = %d is out of range [0, %u) (num_blocks)", r, b, id,
-             pb.num_blocks);
-    }
-  }
+  // The same checks as the CPU backend's, including seq_len <= the resolved
+  // max_seq_len_hint: the split plan covers only that many tokens, so a
+  // longer row would otherwise be cut short silently.
+  check_decode_indices(pb, lens.data(), tables.data());
 }
 
 // Makes `ordinal` the calling thread's current device for the scope and
