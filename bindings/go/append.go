@@ -56,13 +56,25 @@ func appendShape[T Elem](dtype DType, pages KVPages[T], k, v []T, blockIDs, offs
 	if len(offsets) != n {
 		return p, invalid("offsets: expected %d entries (one per token), got %d", n, len(offsets))
 	}
-	token := int(pages.NumKVHeads) * int(pages.HeadDim)
-	if len(k) != n*token || len(v) != n*token {
-		return p, invalid("k/v: expected %d elements (%d x %d x %d), got %d and %d", n*token, n, pages.NumKVHeads, pages.HeadDim, len(k), len(v))
+	if !fitsU32(n) {
+		return p, invalid("block_ids: %d tokens do not fit in uint32", n)
 	}
-	block := token * int(pages.BlockSize)
+	kvElems, ok := elemCount(n, int(pages.NumKVHeads), int(pages.HeadDim))
+	if !ok {
+		return p, invalid("k/v: %d x %d x %d elements overflow", n, pages.NumKVHeads, pages.HeadDim)
+	}
+	if len(k) != kvElems || len(v) != kvElems {
+		return p, invalid("k/v: expected %d elements (%d x %d x %d), got %d and %d", kvElems, n, pages.NumKVHeads, pages.HeadDim, len(k), len(v))
+	}
+	block, ok := elemCount(int(pages.NumKVHeads), int(pages.HeadDim), int(pages.BlockSize))
+	if !ok {
+		return p, invalid("pages: a block of %d x %d x %d elements overflows", pages.NumKVHeads, pages.BlockSize, pages.HeadDim)
+	}
 	if block == 0 || len(pages.K) == 0 || len(pages.K)%block != 0 {
 		return p, invalid("pages.K: %d elements is not a positive multiple of a block (%d)", len(pages.K), block)
+	}
+	if !fitsU32(len(pages.K) / block) {
+		return p, invalid("pages.K: %d blocks do not fit in uint32", len(pages.K)/block)
 	}
 	if len(pages.V) != len(pages.K) {
 		return p, invalid("pages.V: expected %d elements like pages.K, got %d", len(pages.K), len(pages.V))
@@ -109,7 +121,11 @@ func RopeKVAppend[T Elem](dtype DType, pages KVPages[T], q []T, numQHeads uint32
 	if len(positions) != n {
 		return invalid("positions: expected %d entries (one per token), got %d", n, len(positions))
 	}
-	if want := n * int(numQHeads) * int(pages.HeadDim); len(q) != want || len(qOut) != want {
+	want, ok := elemCount(n, int(numQHeads), int(pages.HeadDim))
+	if !ok {
+		return invalid("q/q_out: %d x %d x %d elements overflow", n, numQHeads, pages.HeadDim)
+	}
+	if len(q) != want || len(qOut) != want {
 		return invalid("q/q_out: expected %d elements, got %d and %d", want, len(q), len(qOut))
 	}
 	p.num_q_heads, p.rotary_dim, p.rope_base = C.uint32_t(numQHeads), C.uint32_t(rotaryDim), C.float(ropeBase)

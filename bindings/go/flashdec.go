@@ -25,6 +25,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -133,3 +134,25 @@ func checkElem[T Elem](dtype DType, what string) error {
 	}
 	return nil
 }
+
+// elemCount multiplies dimension sizes, refusing a product that does not fit
+// in an int (or a negative size): Go integer arithmetic wraps silently, and a
+// wrapped count could match a short slice while C, given the real sizes,
+// reads far past its end.
+func elemCount(dims ...int) (int, bool) {
+	n := 1
+	for _, d := range dims {
+		if d < 0 {
+			return 0, false
+		}
+		if d != 0 && n > math.MaxInt/d {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
+}
+
+// fitsU32 reports whether a Go length can be passed as a C uint32_t
+// without truncation.
+func fitsU32(n int) bool { return n >= 0 && uint64(n) <= math.MaxUint32 }

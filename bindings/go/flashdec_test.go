@@ -217,3 +217,47 @@ func TestFinalizerBackstop(t *testing.T) {
 	runtime.GC()
 	runtime.GC()
 }
+
+// Sizes whose products overflow must be refused by the binding, not wrapped:
+// a wrapped block size once let a 65536-element slice pass for blocks of
+// 65537 x 65536 elements, and C then read far past its end.
+func TestSizeProductsDoNotWrap(t *testing.T) {
+	k := make([]float32, 65536)
+	v := make([]float32, 65536)
+	q := make([]float32, 65537)
+	out := make([]float32, 65537)
+	err := Decode(F32, q, 65537, k, v, 65537, 1, 65536, TokenMajor, []int32{0}, []int32{1}, out, DecodeOptions{})
+	asError(t, err, InvalidArgument, "k/v: need equal positive multiples of a block (4295032832 elements)")
+
+	x := make([]uint16, 16)
+	err = RopeApply(BF16, x, math.MaxUint32, 1<<31+1, []int32{0, 1}, 2, 10000)
+	asError(t, err, InvalidArgument, "overflow")
+
+	err = ReferenceAttentionDense(F32, make([]float32, 4), math.MaxUint32, make([]float32, 4), make([]float32, 4),
+		math.MaxUint32, math.MaxUint32, []int32{1}, 0, make([]float32, 4))
+	asError(t, err, InvalidArgument, "overflow")
+
+	pages := KVPages[uint16]{K: make([]uint16, 64), V: make([]uint16, 64), NumKVHeads: math.MaxUint32, HeadDim: math.MaxUint32, BlockSize: 4}
+	err = KVAppend(BF16, pages, make([]uint16, 16), make([]uint16, 16), []int32{0}, []int32{0})
+	asError(t, err, InvalidArgument, "overflow")
+	pages.NumKVHeads, pages.HeadDim = 2, 8
+	err = RopeKVAppend(BF16, pages, make([]uint16, 16), math.MaxUint32, make([]uint16, 16), make([]uint16, 16),
+		[]int32{0, 1}, []int32{0, 1}, []int32{0, 1}, 8, 10000, make([]uint16, 16))
+	asError(t, err, InvalidArgument, "k/v: expected 32 elements")
+	err = RopeKVAppend(BF16, pages, make([]uint16, 16), math.MaxUint32, make([]uint16, 32), make([]uint16, 32),
+		[]int32{0, 1}, []int32{0, 1}, []int32{0, 1}, 8, 10000, make([]uint16, 16))
+	asError(t, err, InvalidArgument, "q/q_out: expected")
+
+	if n, ok := elemCount(math.MaxInt/2+1, 2); ok {
+		t.Fatalf("elemCount(MaxInt/2+1, 2) = %d, want overflow", n)
+	}
+	if n, ok := elemCount(3, 0, math.MaxInt); !ok || n != 0 {
+		t.Fatalf("elemCount(3, 0, MaxInt) = %d, %v; want 0, true", n, ok)
+	}
+	if _, ok := elemCount(2, -1); ok {
+		t.Fatalf("elemCount accepted a negative size")
+	}
+	if fitsU32(math.MaxUint32+1) || !fitsU32(math.MaxUint32) {
+		t.Fatalf("fitsU32 is wrong at the uint32 limit")
+	}
+}

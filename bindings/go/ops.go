@@ -53,15 +53,24 @@ type DecodeOptions struct {
 func decodeCall[T Elem](dtype DType, q []T, numQHeads, numKVHeads, headDim, blockSize, numBlocks uint32, layout Layout,
 	k, v unsafe.Pointer, strides [4]int64, tables, lens []int32, out []T, opt DecodeOptions) error {
 	batch := len(lens)
-	qElems := batch * int(numQHeads) * int(headDim)
 	if batch == 0 {
 		return invalid("seq_lens: batch must be at least 1")
+	}
+	if !fitsU32(batch) {
+		return invalid("seq_lens: batch %d does not fit in uint32", batch)
+	}
+	qElems, ok := elemCount(batch, int(numQHeads), int(headDim))
+	if !ok {
+		return invalid("q/out: %d x %d x %d elements overflow", batch, numQHeads, headDim)
 	}
 	if len(q) != qElems || len(out) != qElems {
 		return invalid("q/out: expected %d elements (%d x %d x %d), got %d and %d", qElems, batch, numQHeads, headDim, len(q), len(out))
 	}
 	if len(tables) == 0 || len(tables)%batch != 0 {
 		return invalid("block_tables: %d entries is not a positive multiple of batch %d", len(tables), batch)
+	}
+	if !fitsU32(len(tables) / batch) {
+		return invalid("block_tables: %d entries per row do not fit in uint32", len(tables)/batch)
 	}
 	var a cArena
 	defer a.free()
@@ -134,9 +143,17 @@ func Decode[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, numKVHeads, 
 	if err := checkElem[T](dtype, "q"); err != nil {
 		return err
 	}
-	block := int(numKVHeads * blockSize * headDim)
+	// int arithmetic: the uint32 product used to wrap, so a short k could pass
+	// for many huge blocks.
+	block, ok := elemCount(int(numKVHeads), int(blockSize), int(headDim))
+	if !ok {
+		return invalid("k/v: a block of %d x %d x %d elements overflows", numKVHeads, blockSize, headDim)
+	}
 	if block == 0 || len(k) == 0 || len(k)%block != 0 || len(v) != len(k) {
 		return invalid("k/v: need equal positive multiples of a block (%d elements), got %d and %d", block, len(k), len(v))
+	}
+	if !fitsU32(len(k) / block) {
+		return invalid("k/v: %d blocks do not fit in uint32", len(k)/block)
 	}
 	var a cArena
 	defer a.free()
@@ -151,7 +168,14 @@ func RopeApply[T Elem](dtype DType, x []T, numHeads, headDim uint32, positions [
 	if err := checkElem[T](dtype, "x"); err != nil {
 		return err
 	}
-	if want := len(positions) * int(numHeads) * int(headDim); len(x) != want {
+	if !fitsU32(len(positions)) {
+		return invalid("positions: %d tokens do not fit in uint32", len(positions))
+	}
+	want, ok := elemCount(len(positions), int(numHeads), int(headDim))
+	if !ok {
+		return invalid("x: %d x %d x %d elements overflow", len(positions), numHeads, headDim)
+	}
+	if len(x) != want {
 		return invalid("x: expected %d elements, got %d", want, len(x))
 	}
 	err := call(func() C.fd_status {
@@ -169,11 +193,24 @@ func ReferenceAttentionDense[T Elem](dtype DType, q []T, numQHeads uint32, k, v 
 		return err
 	}
 	batch := len(lens)
-	perRow := batch * int(numKVHeads) * int(headDim)
+	if !fitsU32(batch) {
+		return invalid("seq_lens: batch %d does not fit in uint32", batch)
+	}
+	perRow, ok := elemCount(batch, int(numKVHeads), int(headDim))
+	if !ok {
+		return invalid("k/v: %d x %d x %d elements per token overflow", batch, numKVHeads, headDim)
+	}
 	if perRow == 0 || len(k)%perRow != 0 || len(v) != len(k) {
 		return invalid("k/v: %d and %d elements do not form [batch, num_kv_heads, max_seq_len, head_dim]", len(k), len(v))
 	}
-	if want := batch * int(numQHeads) * int(headDim); len(q) != want || len(out) != want {
+	if !fitsU32(len(k) / perRow) {
+		return invalid("k/v: max_seq_len %d does not fit in uint32", len(k)/perRow)
+	}
+	want, ok := elemCount(batch, int(numQHeads), int(headDim))
+	if !ok {
+		return invalid("q/out: %d x %d x %d elements overflow", batch, numQHeads, headDim)
+	}
+	if len(q) != want || len(out) != want {
 		return invalid("q/out: expected %d elements, got %d and %d", want, len(q), len(out))
 	}
 	err := call(func() C.fd_status {

@@ -78,6 +78,10 @@ def _describe(x: Any, name: str) -> Buffer:
         else:
             dt = x.dtype.name
         item = x.dtype.itemsize
+        if not x.flags.aligned:
+            # The library reads elements through typed pointers: a misaligned
+            # buffer (e.g. np.frombuffer at an odd offset) is refused here.
+            raise argument_error(f"{name}: data at {x.ctypes.data:#x} is not aligned to its item size {item}")
         if any(s % item for s in x.strides):
             raise argument_error(f"{name}: strides {x.strides} are not multiples of the item size")
         return Buffer(
@@ -90,6 +94,10 @@ def _describe(x: Any, name: str) -> Buffer:
         )
     if is_torch_tensor(x):
         dt = _torch_dtype_map().get(x.dtype, str(x.dtype))
+        if int(x.data_ptr()) % x.element_size():
+            raise argument_error(
+                f"{name}: data at {int(x.data_ptr()):#x} is not aligned to its item size {x.element_size()}"
+            )
         stream = None
         if x.device.type == "cuda":
             import torch

@@ -151,3 +151,51 @@ def test_rope_apply_matches_formula(rng):
         fd.rope_apply(x, pos, rotary_dim=3)
     assert "rotary_dim" in e.value.message
     np.testing.assert_array_equal(x, before)
+
+
+def _unaligned(shape, dtype):
+    """A writable array whose data starts one byte past an aligned address."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape))
+    raw = bytearray(n * dtype.itemsize + 1)
+    arr = np.frombuffer(raw, dtype=dtype, count=n, offset=1).reshape(shape)
+    assert not arr.flags.aligned
+    return arr
+
+
+def test_misaligned_arrays_raise_before_the_call(rng, monkeypatch):
+    """The library reads through typed pointers: misaligned buffers must be
+    refused by the binding, without reaching C and without writing."""
+    from flashdec import _lib
+
+    def not_called(*_args):
+        raise AssertionError("the C function must not be called")
+
+    for name in ("fd_decode", "fd_rope_apply", "fd_reference_attention_dense", "fd_kv_append"):
+        monkeypatch.setattr(_lib, name, not_called)
+    q, kc, vc, tables, lens, _, _ = paged_problem(rng, dtype=np.float16)
+    out = np.full(q.shape, 7.0, np.float16)
+    bad_q = _unaligned(q.shape, np.float16)
+    bad_q[...] = q
+    bad_tables = _unaligned(tables.shape, np.int32)
+    bad_tables[...] = tables
+    for args in ((bad_q, kc, vc, tables, lens), (q, kc, vc, bad_tables, lens)):
+        with pytest.raises(fd.FlashDecError) as e:
+            fd.decode(*args, out=out)
+        assert e.value.status == fd.Status.INVALID_ARGUMENT
+        assert "not aligned" in e.value.message
+    assert (out == 7.0).all()
+    x = _unaligned((2, 1, 4), np.float32)
+    x[...] = 1.0
+    with pytest.raises(fd.FlashDecError) as e:
+        fd.rope_apply(x, [0, 1], rotary_dim=4)
+    assert e.value.message.startswith("x: data at") and "not aligned to its item size 4" in e.value.message
+    assert (x == 1.0).all()
+    k = np.zeros((1, 1, 2, 4), np.float16)
+    with pytest.raises(fd.FlashDecError) as e:
+        fd.reference_attention_dense(bad_q[:1, :1, :4].copy(), k, _unaligned(k.shape, np.float16), [1])
+    assert "v: data at" in e.value.message
+    kv = _unaligned((1, 2, 16), np.float16)
+    with pytest.raises(fd.FlashDecError) as e:
+        fd.kv_append(kv, kv, np.zeros((3, 2, 4, 16), np.float16), np.zeros((3, 2, 4, 16), np.float16), [0], [0])
+    assert "k: data at" in e.value.message

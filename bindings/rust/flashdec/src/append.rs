@@ -2,6 +2,7 @@
 //! (S3.2): K/V of new tokens written at explicit (block, offset) slots of
 //! caller-owned paged storage, with no allocator or request state.
 use crate::error::{check, Error, Result};
+use crate::sizes::elem_count;
 use crate::types::{Element, Layout};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
@@ -67,18 +68,21 @@ fn base_params<T: Element>(
     if offsets.len() != n {
         return Err(Error::invalid(format!("offsets: expected {n} entries (one per token), got {}", offsets.len())));
     }
-    let token = pages.num_kv_heads as usize * pages.head_dim as usize;
-    if k.len() != n * token || v.len() != n * token {
+    let kv_elems = elem_count(&[n, pages.num_kv_heads as usize, pages.head_dim as usize], "k/v")?;
+    if k.len() != kv_elems || v.len() != kv_elems {
         return Err(Error::invalid(format!(
             "k/v: expected {} elements ({n} x {} x {}), got {} and {}",
-            n * token,
+            kv_elems,
             pages.num_kv_heads,
             pages.head_dim,
             k.len(),
             v.len()
         )));
     }
-    let block = token * pages.block_size as usize;
+    let block = elem_count(
+        &[pages.num_kv_heads as usize, pages.head_dim as usize, pages.block_size as usize],
+        "pages: a block",
+    )?;
     if block == 0 || pages.k.is_empty() || pages.k.len() % block != 0 {
         return Err(Error::invalid(format!(
             "pages.k: {} elements is not a positive multiple of a block ({block})",
@@ -138,7 +142,7 @@ pub fn rope_kv_append<T: Element>(
     if positions.len() != n {
         return Err(Error::invalid(format!("positions: expected {n} entries (one per token), got {}", positions.len())));
     }
-    let want = n * num_q_heads as usize * pages.head_dim as usize;
+    let want = elem_count(&[n, num_q_heads as usize, pages.head_dim as usize], "q/q_out")?;
     if q.len() != want || q_out.len() != want {
         return Err(Error::invalid(format!("q/q_out: expected {want} elements, got {} and {}", q.len(), q_out.len())));
     }

@@ -25,6 +25,7 @@ mod cache;
 mod engine;
 mod error;
 mod ops;
+mod sizes;
 mod types;
 
 pub use append::{default_kv_append_params, kv_append, rope_kv_append, run_kv_append, run_rope_kv_append, PagedKvMut};

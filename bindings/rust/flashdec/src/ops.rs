@@ -1,5 +1,6 @@
 //! Stateless operations: paged decode, RoPE, dense reference, devices.
 use crate::error::{check, Error, Result};
+use crate::sizes::{elem_count, to_u32};
 use crate::types::{Element, Layout};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
@@ -43,7 +44,7 @@ pub(crate) fn decode_params_base<T: Element>(
     if batch == 0 {
         return Err(Error::invalid("seq_lens: batch must be at least 1"));
     }
-    let q_elems = batch * num_q_heads as usize * head_dim as usize;
+    let q_elems = elem_count(&[batch, num_q_heads as usize, head_dim as usize], "q/out")?;
     if q.len() != q_elems {
         return Err(Error::invalid(format!("q: expected {q_elems} elements ({batch} x {num_q_heads} x {head_dim}), got {}", q.len())));
     }
@@ -55,11 +56,11 @@ pub(crate) fn decode_params_base<T: Element>(
     }
     let mut p = default_decode_params();
     p.dtype = T::DTYPE.raw();
-    p.batch = batch as u32;
+    p.batch = to_u32(batch, "seq_lens: batch")?;
     p.num_q_heads = num_q_heads;
     p.num_kv_heads = num_kv_heads;
     p.head_dim = head_dim;
-    p.max_blocks_per_seq = (block_tables.len() / batch) as u32;
+    p.max_blocks_per_seq = to_u32(block_tables.len() / batch, "block_tables: entries per row")?;
     p.q = q.as_ptr().cast();
     p.block_tables = block_tables.as_ptr();
     p.seq_lens = seq_lens.as_ptr();
@@ -100,7 +101,7 @@ pub fn decode<T: Element>(
     out: &mut [T],
     options: DecodeOptions,
 ) -> Result<()> {
-    let block_elems = kv.num_kv_heads as usize * kv.block_size as usize * kv.head_dim as usize;
+    let block_elems = elem_count(&[kv.num_kv_heads as usize, kv.block_size as usize, kv.head_dim as usize], "k: a block")?;
     if block_elems == 0 || kv.k.len() % block_elems != 0 || kv.k.is_empty() {
         return Err(Error::invalid(format!("k: {} elements is not a positive multiple of a block ({block_elems})", kv.k.len())));
     }
@@ -132,7 +133,7 @@ pub fn decode<T: Element>(
 
 /// RoPE in place (S3.1): x is [positions.len(), num_heads, head_dim].
 pub fn rope_apply<T: Element>(x: &mut [T], num_heads: u32, head_dim: u32, positions: &[i32], rotary_dim: u32, rope_base: f32) -> Result<()> {
-    let want = positions.len() * num_heads as usize * head_dim as usize;
+    let want = elem_count(&[positions.len(), num_heads as usize, head_dim as usize], "x")?;
     if x.len() != want {
         return Err(Error::invalid(format!("x: expected {want} elements, got {}", x.len())));
     }
@@ -156,19 +157,19 @@ pub fn reference_attention_dense<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let batch = seq_lens.len();
-    let per_row = batch * num_kv_heads as usize * head_dim as usize;
+    let per_row = elem_count(&[batch, num_kv_heads as usize, head_dim as usize], "k/v")?;
     if per_row == 0 || k.len() % per_row != 0 || v.len() != k.len() {
         return Err(Error::invalid(format!("k/v: {} and {} elements do not form [batch, num_kv_heads, max_seq_len, head_dim]", k.len(), v.len())));
     }
-    let max_seq_len = (k.len() / per_row) as u32;
-    let q_elems = batch * num_q_heads as usize * head_dim as usize;
+    let max_seq_len = to_u32(k.len() / per_row, "k/v: max_seq_len")?;
+    let q_elems = elem_count(&[batch, num_q_heads as usize, head_dim as usize], "q/out")?;
     if q.len() != q_elems || out.len() != q_elems {
         return Err(Error::invalid(format!("q/out: expected {q_elems} elements, got {} and {}", q.len(), out.len())));
     }
     check(unsafe {
         sys::fd_reference_attention_dense(
             T::DTYPE.raw(),
-            batch as u32,
+            to_u32(batch, "seq_lens: batch")?,
             num_q_heads,
             num_kv_heads,
             head_dim,

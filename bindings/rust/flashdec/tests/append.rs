@@ -164,3 +164,36 @@ fn export_async_on_cpu_matches_export_and_fails_cleanly() {
     assert_eq!(lens, [6]);
     assert_eq!(tables.to_vec(), tx.block_tables(Some(2)).unwrap().1);
 }
+
+/// Sizes whose products overflow usize are refused by the wrapper (with the
+/// invalid-argument status) instead of panicking or wrapping.
+#[test]
+fn size_products_do_not_wrap() {
+    let mut k = vec![0f32; 64];
+    let mut v = vec![0f32; 64];
+    let k0 = k.clone();
+    let big = PagedKvMut { k: &mut k, v: &mut v, num_kv_heads: u32::MAX, head_dim: u32::MAX, block_size: u32::MAX, layout: Layout::TokenMajor };
+    let mut pages = big;
+    let e = kv_append(&mut pages, &[0f32; 16], &[0f32; 16], &[0, 1], &[0, 0]).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("overflow"), "{e}");
+    pages.num_kv_heads = H;
+    pages.head_dim = D;
+    pages.block_size = BS;
+    let mut q_out = vec![0f32; 16];
+    let e = rope_kv_append(&mut pages, &[0f32; 16], u32::MAX, &[0f32; 16], &[0f32; 16], &[0], &[0], &[0], D, 10000.0, &mut q_out)
+        .unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    drop(pages);
+    assert_eq!(k, k0);
+
+    let mut x = vec![0f32; 16];
+    let e = rope_apply(&mut x, u32::MAX, u32::MAX, &[0, 1, 2], 2, 10000.0).unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+    let e = reference_attention_dense(&[0f32; 4], u32::MAX, &[0f32; 4], &[0f32; 4], u32::MAX, u32::MAX, &[1, 1], 0.0, &mut [0f32; 4])
+        .unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+    let kv = PagedKv { k: &k, v: &v, num_kv_heads: u32::MAX, head_dim: u32::MAX, block_size: u32::MAX, layout: Layout::TokenMajor };
+    let e = decode(&[0f32; 4], u32::MAX, &kv, &[0], &[1], &mut [0f32; 4], DecodeOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+}
