@@ -493,6 +493,11 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "block_tables[0][1]");
   expect_untouched(h, d);
   CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
+  /* A row longer than the hint: the split plan would cover only the hint. */
+  p = base, p.flags = FD_DECODE_CHECK_INDICES, p.max_seq_len_hint = h.lens[0] - 1;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "exceeds max_seq_len_hint");
+  expect_untouched(h, d);
+  CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
   /* The checked path succeeds on valid indices. */
   const std::vector<uint16_t> ref = cpu_reference(h);
   const std::vector<uint16_t> got = run_gpu(h, d, p);

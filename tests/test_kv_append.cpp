@@ -163,6 +163,15 @@ void test_matches_reference(void **state) {
           ++cases;
         }
       }
+  /* A rotary_dim past the rotation's stack tables (256): the caller-provided
+   * scratch path, same bits as fd_rope_apply. */
+  for (int32_t dt : dtypes) {
+    Problem p;
+    p.dtype = dt, p.dim = 272, p.rotary = 264, p.tokens = 3;
+    check_case(p, seed++, false);
+    check_case(p, seed++, true);
+    ++cases;
+  }
   print_message("test_kv_append: %d cases x {plain, fused} x {q_out, in place}\n", cases);
 }
 

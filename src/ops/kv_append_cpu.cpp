@@ -39,15 +39,18 @@ void kv_append_cpu(const AppendProblem &p) {
     scatter(p, p.v_cache, p.v);
     return;
   }
-  // K is rotated into scratch; Q last, so an in-place q_out is safe.
+  // K is rotated into scratch; Q last, so an in-place q_out is safe. All
+  // scratch is allocated before the first write, so running out of memory
+  // fails the call with the caches and q_out untouched.
   std::vector<unsigned char> k_rot(size_t{p.num_tokens} * p.num_kv_heads * p.head_dim *
                                    dtype_size(p.dtype));
+  std::vector<float> tables(rope_scratch_floats(p.rotary_dim));
   rope_rotate(p.dtype, p.k, k_rot.data(), p.num_tokens, p.num_kv_heads, p.head_dim, p.positions,
-              p.rotary_dim, p.rope_base);
+              p.rotary_dim, p.rope_base, tables.data());
   scatter(p, p.k_cache, k_rot.data());
   scatter(p, p.v_cache, p.v);
   rope_rotate(p.dtype, p.q, p.q_out, p.num_tokens, p.num_q_heads, p.head_dim, p.positions,
-              p.rotary_dim, p.rope_base);
+              p.rotary_dim, p.rope_base, tables.data());
 }
 
 }  // namespace fd

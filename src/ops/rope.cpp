@@ -19,19 +19,27 @@ void check_rope_args(uint32_t head_dim, uint32_t rotary_dim, float base) {
 
 void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
                  uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base) {
-  const uint32_t half = rotary_dim / 2;
   // The per-call tables (inv_freq, then cos and sin of the current token)
   // live on the stack for the usual rotary dims (<= 256) and in one heap
   // block otherwise: this runs once per layer per step, and three vectors
   // per call used to cost more than the rotation of a small batch.
-  constexpr uint32_t kStackHalf = 128;
-  float stack_tables[3 * kStackHalf];
+  constexpr uint32_t kStackRotaryDim = 256;
+  float stack_tables[3 * kStackRotaryDim / 2];
   std::vector<float> heap_tables;
-  float *inv_freq = stack_tables;
-  if (half > kStackHalf) {
-    heap_tables.resize(size_t{3} * half);
-    inv_freq = heap_tables.data();
+  float *tables = stack_tables;
+  if (rotary_dim > kStackRotaryDim) {
+    heap_tables.resize(rope_scratch_floats(rotary_dim));
+    tables = heap_tables.data();
   }
+  rope_rotate(dtype, src, dst, num_tokens, num_heads, head_dim, positions, rotary_dim, base,
+              tables);
+}
+
+void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
+                 uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base,
+                 float *scratch) {
+  const uint32_t half = rotary_dim / 2;
+  float *const inv_freq = scratch;
   float *const cos_t = inv_freq + half;
   float *const sin_t = cos_t + half;
   for (uint32_t i = 0; i < half; ++i)

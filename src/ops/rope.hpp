@@ -16,4 +16,16 @@ void check_rope_args(uint32_t head_dim, uint32_t rotary_dim, float base);
 void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
                  uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base);
 
+// Floats of scratch the overload below needs: 3 * rotary_dim / 2.
+inline size_t rope_scratch_floats(uint32_t rotary_dim) {
+  return size_t{3} * (rotary_dim / 2);
+}
+
+// As above with caller-provided scratch (rope_scratch_floats(rotary_dim)
+// floats), so it allocates nothing and cannot fail: for callers that rotate
+// after they have started writing their outputs.
+void rope_rotate(int32_t dtype, const void *src, void *dst, size_t num_tokens, uint32_t num_heads,
+                 uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim, float base,
+                 float *scratch);
+
 }  // namespace fd
