@@ -22,7 +22,9 @@
  *   for inputs and fine for results (the extra bytes are left alone). Fields
  *   are read and written whole; struct_size itself is never written.
  * - Pointer parameters are borrowed for the duration of the call unless their
- *   documentation says otherwise.
+ *   documentation says otherwise. Tensor and index arrays must be aligned to
+ *   their element size (2 bytes for f16/bf16, 4 for f32 and int32); a
+ *   misaligned array is ::FD_ERR_INVALID_ARGUMENT naming the parameter.
  * - Element counts and ids are fixed-width integers; request ids are
  *   caller-chosen `uint64_t`; sequence lengths and block ids are `int32_t`.
  */
