@@ -57,13 +57,16 @@ class CpuKvStorage final : public KvStorage {
     // K is rotated into scratch; Q is rotated last so that a q_out that
     // overlaps k or v cannot corrupt what gets stored.
     // (The scratch is a member reused by every call: no allocation per layer.)
+    // Every allocation happens before the first store, so a failure (out of
+    // memory) leaves the cache unchanged.
     k_rot_.resize(num_rows * g_.num_kv_heads * g_.head_dim * elem_);
+    rope_scratch_.resize(rope_scratch_floats(rotary_dim));
     rope_rotate(g_.dtype, k, k_rot_.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
-                rotary_dim, rope_base);
+                rotary_dim, rope_base, rope_scratch_.data());
     scatter(k_base_, layer, rows, num_rows, k_rot_.data());
     scatter(v_base_, layer, rows, num_rows, static_cast<const unsigned char *>(v));
     rope_rotate(g_.dtype, q, q_out, num_rows, num_q_heads, g_.head_dim, positions, rotary_dim,
-                rope_base);
+                rope_base, rope_scratch_.data());
   }
 
   void copy_blocks_in(const int32_t *blocks, size_t num_blocks, const void *k_blocks,
@@ -140,6 +143,7 @@ class CpuKvStorage final : public KvStorage {
   size_t layer_stride_ = 0;  // elements
   int64_t strides_[4];
   std::vector<unsigned char> k_rot_;  // write_layer_rope's rotated K
+  std::vector<float> rope_scratch_;   // write_layer_rope's RoPE tables (see rope_rotate)
 };
 
 }  // namespace
