@@ -78,19 +78,19 @@ extern "C" {
  * are only appended.
  */
 typedef enum fd_status {
-  FD_OK = 0,                     /**< Success. */
-  FD_ERR_INVALID_ARGUMENT = 1,   /**< A parameter is NULL, out of range or inconsistent. */
-  FD_ERR_OUT_OF_BLOCKS = 2,      /**< Not enough free KV blocks (capacity). */
-  FD_ERR_NOT_FOUND = 3,          /**< Unknown request id, prefix id or transaction. */
-  FD_ERR_INVALID_STATE = 4,      /**< The object is in a state that forbids the call. */
-  FD_ERR_STALE_HANDLE = 5,       /**< A value handle that no longer matches its object. */
-  FD_ERR_UNSUPPORTED = 6,        /**< Valid, but not supported by this backend or build. */
-  FD_ERR_NO_DEVICE = 7,          /**< A CUDA device was asked for and none is usable. */
-  FD_ERR_DEVICE = 8,             /**< The CUDA runtime reported an error. */
-  FD_ERR_OUT_OF_MEMORY = 9,      /**< Host or device allocation failed. */
-  FD_ERR_INTERNAL = 10,          /**< A bug in FlashDec; please report it. */
-  FD_ERR_ALREADY_EXISTS = 11,    /**< An object with this id already exists. */
-  FD_ERR_INVARIANT = 12,         /**< An internal invariant check failed (see message). */
+  FD_OK = 0,                         /**< Success. */
+  FD_ERR_INVALID_ARGUMENT = 1,       /**< A parameter is NULL, out of range or inconsistent. */
+  FD_ERR_OUT_OF_BLOCKS = 2,          /**< Not enough free KV blocks (capacity). */
+  FD_ERR_NOT_FOUND = 3,              /**< Unknown request id, prefix id or transaction. */
+  FD_ERR_INVALID_STATE = 4,          /**< The object is in a state that forbids the call. */
+  FD_ERR_STALE_HANDLE = 5,           /**< A value handle that no longer matches its object. */
+  FD_ERR_UNSUPPORTED = 6,            /**< Valid, but not supported by this backend or build. */
+  FD_ERR_NO_DEVICE = 7,              /**< A CUDA device was asked for and none is usable. */
+  FD_ERR_DEVICE = 8,                 /**< The CUDA runtime reported an error. */
+  FD_ERR_OUT_OF_MEMORY = 9,          /**< Host or device allocation failed. */
+  FD_ERR_INTERNAL = 10,              /**< A bug in FlashDec; please report it. */
+  FD_ERR_ALREADY_EXISTS = 11,        /**< An object with this id already exists. */
+  FD_ERR_INVARIANT = 12,             /**< An internal invariant check failed (see message). */
   FD_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces the enum to 32 bits; never returned. */
 } fd_status;
 
@@ -135,9 +135,9 @@ FD_API uint32_t fd_version_number(void);
 
 /** @brief Element type of Q, K, V and output tensors. Values pinned. */
 typedef enum fd_dtype {
-  FD_DTYPE_F32 = 0,  /**< IEEE binary32 (CPU backend only). */
-  FD_DTYPE_F16 = 1,  /**< IEEE binary16. */
-  FD_DTYPE_BF16 = 2, /**< bfloat16 (upper half of binary32). */
+  FD_DTYPE_F32 = 0,                 /**< IEEE binary32 (CPU backend only). */
+  FD_DTYPE_F16 = 1,                 /**< IEEE binary16. */
+  FD_DTYPE_BF16 = 2,                /**< bfloat16 (upper half of binary32). */
   FD_DTYPE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a type. */
 } fd_dtype;
 
@@ -155,8 +155,8 @@ typedef enum fd_kv_layout {
 
 /** @brief Kind of device that holds memory or runs work. Values pinned. */
 typedef enum fd_device_type {
-  FD_DEVICE_CPU = 0,  /**< Host memory; work runs on the CPU backend. */
-  FD_DEVICE_CUDA = 1, /**< CUDA device memory; work runs on the CUDA backend. */
+  FD_DEVICE_CPU = 0,                 /**< Host memory; work runs on the CPU backend. */
+  FD_DEVICE_CUDA = 1,                /**< CUDA device memory; work runs on the CUDA backend. */
   FD_DEVICE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a device. */
 } fd_device_type;
 
@@ -204,36 +204,37 @@ typedef struct fd_cache fd_cache;
 
 /** @brief Parameters of ::fd_cache_create. Initialise with ::fd_cache_config_init. */
 typedef struct fd_cache_config {
-  uint32_t struct_size;          /**< sizeof(fd_cache_config) as compiled by the caller. */
-  uint32_t num_layers;           /**< Layers, > 0. Default 1. */
-  uint32_t num_kv_heads;         /**< KV heads per layer, > 0. Default 8. */
-  uint32_t head_dim;             /**< Elements per head, > 0. Default 128. */
-  uint32_t block_size;           /**< Tokens per block, > 0. Default 16. */
-  uint32_t max_blocks;           /**< Physical blocks per layer, > 0. Default 1024. */
-  uint32_t prefix_cache_capacity_blocks; /**< Blocks usable by shared prefixes, <= max_blocks; 0 (default) disables prefixes. */
-  int32_t dtype;                 /**< ::fd_dtype of stored K/V. Default ::FD_DTYPE_F16. */
-  int32_t layout;                /**< ::fd_kv_layout of storage. Default ::FD_LAYOUT_TOKEN_MAJOR. */
-  fd_device device;              /**< Where K/V live. Default CPU. */
+  uint32_t struct_size;                  /**< sizeof(fd_cache_config) as compiled by the caller. */
+  uint32_t num_layers;                   /**< Layers, > 0. Default 1. */
+  uint32_t num_kv_heads;                 /**< KV heads per layer, > 0. Default 8. */
+  uint32_t head_dim;                     /**< Elements per head, > 0. Default 128. */
+  uint32_t block_size;                   /**< Tokens per block, > 0. Default 16. */
+  uint32_t max_blocks;                   /**< Physical blocks per layer, > 0. Default 1024. */
+  uint32_t prefix_cache_capacity_blocks; /**< Blocks usable by shared prefixes, <= max_blocks; 0
+                                            (default) disables prefixes. */
+  int32_t dtype;                         /**< ::fd_dtype of stored K/V. Default ::FD_DTYPE_F16. */
+  int32_t layout;   /**< ::fd_kv_layout of storage. Default ::FD_LAYOUT_TOKEN_MAJOR. */
+  fd_device device; /**< Where K/V live. Default CPU. */
   /* Appended in 0.1: external K/V storage. An engine that already owns its
    * KV memory lets the cache manage blocks inside it. All NULL / 0 (the
    * default): the cache allocates and zeroes its own storage. */
-  uint32_t reserved0;            /**< Must be 0 (keeps the pointers below 8-byte aligned). */
-  void *k_storage;               /**< External K storage or NULL (default: owned). Caller-owned; must
-                                      stay valid until ::fd_cache_destroy and hold every element the
-                                      strides below address for num_layers layers and max_blocks
-                                      blocks; in @p device's memory (CUDA: device memory of that
-                                      ordinal). Not cleared by the cache. Set together with v_storage. */
-  void *v_storage;               /**< External V storage, same strides as K; NULL with k_storage. */
-  int64_t stride_layer;          /**< Elements between layers of external storage; 0: max_blocks *
-                                      stride_block. Must be 0 without external storage. */
-  int64_t stride_block;          /**< Elements between blocks. These four are all 0 (packed storage
-                                      of @p layout) or all > 0, with the layout's contiguous axis at
-                                      stride 1 (dim for token-major, token for dim-major), as in
-                                      ::fd_decode_params; e.g. NHD pages [blocks, block_size, heads,
-                                      head_dim] are token-major {block_size*H*D, D, H*D, 1}. */
-  int64_t stride_head;           /**< Elements between KV heads (see stride_block). */
-  int64_t stride_token;          /**< Elements between tokens of a block (see stride_block). */
-  int64_t stride_dim;            /**< Elements between dims (see stride_block). */
+  uint32_t reserved0;   /**< Must be 0 (keeps the pointers below 8-byte aligned). */
+  void *k_storage;      /**< External K storage or NULL (default: owned). Caller-owned; must
+                             stay valid until ::fd_cache_destroy and hold every element the
+                             strides below address for num_layers layers and max_blocks
+                             blocks; in @p device's memory (CUDA: device memory of that
+                             ordinal). Not cleared by the cache. Set together with v_storage. */
+  void *v_storage;      /**< External V storage, same strides as K; NULL with k_storage. */
+  int64_t stride_layer; /**< Elements between layers of external storage; 0: max_blocks *
+                             stride_block. Must be 0 without external storage. */
+  int64_t stride_block; /**< Elements between blocks. These four are all 0 (packed storage
+                             of @p layout) or all > 0, with the layout's contiguous axis at
+                             stride 1 (dim for token-major, token for dim-major), as in
+                             ::fd_decode_params; e.g. NHD pages [blocks, block_size, heads,
+                             head_dim] are token-major {block_size*H*D, D, H*D, 1}. */
+  int64_t stride_head;  /**< Elements between KV heads (see stride_block). */
+  int64_t stride_token; /**< Elements between tokens of a block (see stride_block). */
+  int64_t stride_dim;   /**< Elements between dims (see stride_block). */
 } fd_cache_config;
 
 /**
@@ -278,10 +279,10 @@ FD_API fd_status fd_cache_get_config(const fd_cache *cache, fd_cache_config *con
 
 /** @brief Lifecycle state of a request id in a cache. Values pinned. */
 typedef enum fd_request_state {
-  FD_REQUEST_UNKNOWN = 0,   /**< Never added to this cache. */
-  FD_REQUEST_ACTIVE = 1,    /**< Added and neither finished nor cancelled. */
-  FD_REQUEST_FINISHED = 2,  /**< Finished (terminal). */
-  FD_REQUEST_CANCELLED = 3, /**< Cancelled (terminal). */
+  FD_REQUEST_UNKNOWN = 0,                   /**< Never added to this cache. */
+  FD_REQUEST_ACTIVE = 1,                    /**< Added and neither finished nor cancelled. */
+  FD_REQUEST_FINISHED = 2,                  /**< Finished (terminal). */
+  FD_REQUEST_CANCELLED = 3,                 /**< Cancelled (terminal). */
   FD_REQUEST_STATE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
 } fd_request_state;
 
@@ -321,8 +322,7 @@ FD_API fd_status fd_cache_cancel_request(fd_cache *cache, uint64_t request_id);
  *   ids give ::FD_REQUEST_UNKNOWN, which is not an error).
  * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL).
  */
-FD_API fd_status fd_cache_request_state(const fd_cache *cache, uint64_t request_id,
-                                        int32_t *state);
+FD_API fd_status fd_cache_request_state(const fd_cache *cache, uint64_t request_id, int32_t *state);
 
 /**
  * @brief Number of new blocks growing every listed request by one token needs.
@@ -338,8 +338,7 @@ FD_API fd_status fd_cache_request_state(const fd_cache *cache, uint64_t request_
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (a terminal id).
  */
 FD_API fd_status fd_cache_blocks_needed(const fd_cache *cache, const uint64_t *request_ids,
-                                        uint32_t count, uint32_t *needed,
-                                        uint32_t *free_blocks);
+                                        uint32_t count, uint32_t *needed, uint32_t *free_blocks);
 
 /**
  * @brief Largest number of blocks owned by any of the listed requests: the
@@ -351,9 +350,8 @@ FD_API fd_status fd_cache_blocks_needed(const fd_cache *cache, const uint64_t *r
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0);
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (a terminal id).
  */
-FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache,
-                                             const uint64_t *request_ids, uint32_t count,
-                                             uint32_t *max_blocks_per_seq);
+FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache, const uint64_t *request_ids,
+                                             uint32_t count, uint32_t *max_blocks_per_seq);
 
 /**
  * @brief Exports committed block tables and seq_lens of active requests, in
@@ -374,9 +372,8 @@ FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache,
  *   than table_stride: nothing is written); ::FD_ERR_NOT_FOUND;
  *   ::FD_ERR_INVALID_STATE (a terminal id).
  */
-FD_API fd_status fd_cache_export(const fd_cache *cache, const uint64_t *request_ids,
-                                 uint32_t count, uint32_t table_stride, int32_t *block_tables,
-                                 int32_t *seq_lens);
+FD_API fd_status fd_cache_export(const fd_cache *cache, const uint64_t *request_ids, uint32_t count,
+                                 uint32_t table_stride, int32_t *block_tables, int32_t *seq_lens);
 
 /**
  * @brief Current state version: grows on every ownership or seq_len change.
@@ -432,57 +429,59 @@ typedef struct fd_cache_metrics {
   uint32_t struct_size; /**< sizeof(fd_cache_metrics) as compiled by the caller. */
   uint32_t reserved0;   /**< Padding; written as 0. */
   /* capacity */
-  uint64_t max_blocks;                   /**< Physical blocks. */
-  uint64_t used_blocks;                  /**< Private + prefix + open-transaction blocks. */
-  uint64_t free_blocks;                  /**< Blocks on the free list. */
-  double block_utilization;              /**< used_blocks / max_blocks. */
-  uint64_t active_tokens;                /**< Sum of active requests' committed seq_len. */
-  uint64_t physical_data_tokens;         /**< Tokens stored in used blocks (shared prefix tokens counted once). */
-  uint64_t reserved_tokens;              /**< used_blocks * block_size. */
-  uint64_t internal_fragmentation_tokens;/**< reserved_tokens - physical_data_tokens. */
-  double internal_fragmentation_ratio;   /**< fragmentation / reserved_tokens (0 when none reserved). */
+  uint64_t max_blocks;           /**< Physical blocks. */
+  uint64_t used_blocks;          /**< Private + prefix + open-transaction blocks. */
+  uint64_t free_blocks;          /**< Blocks on the free list. */
+  double block_utilization;      /**< used_blocks / max_blocks. */
+  uint64_t active_tokens;        /**< Sum of active requests' committed seq_len. */
+  uint64_t physical_data_tokens; /**< Tokens stored in used blocks (shared prefix tokens counted
+                                    once). */
+  uint64_t reserved_tokens;      /**< used_blocks * block_size. */
+  uint64_t internal_fragmentation_tokens; /**< reserved_tokens - physical_data_tokens. */
+  double
+      internal_fragmentation_ratio; /**< fragmentation / reserved_tokens (0 when none reserved). */
   /* allocator (S4.2) */
-  uint64_t allocation_count;             /**< Blocks taken from the free list (rollback undoes nothing here). */
-  uint64_t fresh_allocation_count;       /**< Allocations of a block never allocated before. */
-  uint64_t reuse_count;                  /**< Allocations of a previously used block. */
-  uint64_t free_count;                   /**< Blocks released by finish/cancel/prefix eviction. */
-  uint64_t capacity_failure_count;       /**< Calls refused for lack of blocks. */
+  uint64_t allocation_count; /**< Blocks taken from the free list (rollback undoes nothing here). */
+  uint64_t fresh_allocation_count; /**< Allocations of a block never allocated before. */
+  uint64_t reuse_count;            /**< Allocations of a previously used block. */
+  uint64_t free_count;             /**< Blocks released by finish/cancel/prefix eviction. */
+  uint64_t capacity_failure_count; /**< Calls refused for lack of blocks. */
   /* requests */
-  uint64_t active_request_count;         /**< Requests in state active. */
-  uint64_t finished_request_count;       /**< Requests in state finished. */
-  uint64_t cancelled_request_count;      /**< Requests in state cancelled. */
+  uint64_t active_request_count;    /**< Requests in state active. */
+  uint64_t finished_request_count;  /**< Requests in state finished. */
+  uint64_t cancelled_request_count; /**< Requests in state cancelled. */
   /* transactions (S5) */
-  uint64_t transaction_begin_count;      /**< Successful begins. */
-  uint64_t transaction_commit_count;     /**< Commits. */
-  uint64_t transaction_abort_count;      /**< Aborts. */
-  uint64_t open_transaction_count;       /**< 0 or 1. */
-  uint64_t pending_request_count;        /**< Rows of the open transaction. */
-  uint64_t reserved_transaction_blocks;  /**< Blocks allocated by the open transaction. */
-  uint64_t transaction_layer_write_count;/**< Successful layer writes. */
-  uint64_t transaction_rollback_block_count; /**< Blocks returned by aborts. */
-  uint64_t transaction_failure_count;    /**< Failed begins and layer writes. */
-  uint64_t retained_transaction_state_count;  /**< 0 or 1: full states held. */
-  uint64_t terminal_transaction_history_count;/**< Entries in the terminal history. */
-  uint64_t terminal_transaction_history_limit;/**< 256. */
+  uint64_t transaction_begin_count;            /**< Successful begins. */
+  uint64_t transaction_commit_count;           /**< Commits. */
+  uint64_t transaction_abort_count;            /**< Aborts. */
+  uint64_t open_transaction_count;             /**< 0 or 1. */
+  uint64_t pending_request_count;              /**< Rows of the open transaction. */
+  uint64_t reserved_transaction_blocks;        /**< Blocks allocated by the open transaction. */
+  uint64_t transaction_layer_write_count;      /**< Successful layer writes. */
+  uint64_t transaction_rollback_block_count;   /**< Blocks returned by aborts. */
+  uint64_t transaction_failure_count;          /**< Failed begins and layer writes. */
+  uint64_t retained_transaction_state_count;   /**< 0 or 1: full states held. */
+  uint64_t terminal_transaction_history_count; /**< Entries in the terminal history. */
+  uint64_t terminal_transaction_history_limit; /**< 256. */
   /* bytes */
-  uint64_t bytes_per_block;              /**< num_layers * 2 * kv_heads * block_size * head_dim * elem size. */
-  uint64_t allocated_kv_bytes;           /**< used_blocks * bytes_per_block. */
-  uint64_t reserved_transaction_bytes;   /**< reserved_transaction_blocks * bytes_per_block. */
+  uint64_t bytes_per_block; /**< num_layers * 2 * kv_heads * block_size * head_dim * elem size. */
+  uint64_t allocated_kv_bytes;         /**< used_blocks * bytes_per_block. */
+  uint64_t reserved_transaction_bytes; /**< reserved_transaction_blocks * bytes_per_block. */
   /* shared prefixes (S6) */
-  uint64_t prefix_cache_capacity_blocks; /**< From the config. */
-  uint64_t resident_prefix_count;        /**< Registered, not evicted prefixes. */
-  uint64_t resident_prefix_blocks;       /**< Blocks held by them. */
-  uint64_t active_prefix_references;     /**< Sum of prefix reference counts. */
-  uint64_t shared_prefix_blocks;         /**< Blocks of prefixes with >= 1 reference. */
-  uint64_t saved_prefix_blocks;          /**< Sum of max(0, refs - 1) * n. */
-  uint64_t saved_prefix_bytes;           /**< saved_prefix_blocks * bytes_per_block. */
-  uint64_t prefix_registration_count;    /**< Successful registrations. */
-  uint64_t prefix_hit_count;             /**< Successful attaches. */
-  uint64_t prefix_miss_count;            /**< Attaches of unknown ids. */
-  double prefix_hit_ratio;               /**< hits / (hits + misses), 0 when none. */
-  uint64_t prefix_eviction_count;        /**< Evictions (explicit and LRU). */
-  uint64_t prefix_capacity_failure_count;/**< Registrations refused for capacity. */
-  uint64_t state_version;                /**< As ::fd_cache_state_version. */
+  uint64_t prefix_cache_capacity_blocks;  /**< From the config. */
+  uint64_t resident_prefix_count;         /**< Registered, not evicted prefixes. */
+  uint64_t resident_prefix_blocks;        /**< Blocks held by them. */
+  uint64_t active_prefix_references;      /**< Sum of prefix reference counts. */
+  uint64_t shared_prefix_blocks;          /**< Blocks of prefixes with >= 1 reference. */
+  uint64_t saved_prefix_blocks;           /**< Sum of max(0, refs - 1) * n. */
+  uint64_t saved_prefix_bytes;            /**< saved_prefix_blocks * bytes_per_block. */
+  uint64_t prefix_registration_count;     /**< Successful registrations. */
+  uint64_t prefix_hit_count;              /**< Successful attaches. */
+  uint64_t prefix_miss_count;             /**< Attaches of unknown ids. */
+  double prefix_hit_ratio;                /**< hits / (hits + misses), 0 when none. */
+  uint64_t prefix_eviction_count;         /**< Evictions (explicit and LRU). */
+  uint64_t prefix_capacity_failure_count; /**< Registrations refused for capacity. */
+  uint64_t state_version;                 /**< As ::fd_cache_state_version. */
 } fd_cache_metrics;
 
 /**
@@ -530,9 +529,8 @@ FD_API fd_status fd_cache_validate(const fd_cache *cache);
  *   ::FD_ERR_DEVICE (a CUDA call failed); ::FD_ERR_OUT_OF_MEMORY (staging).
  */
 FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *request_ids,
-                                       uint32_t count, uint32_t table_stride,
-                                       int32_t *block_tables, int32_t *seq_lens,
-                                       fd_stream stream);
+                                       uint32_t count, uint32_t table_stride, int32_t *block_tables,
+                                       int32_t *seq_lens, fd_stream stream);
 
 /**
  * @brief Reports an asynchronous device fault of work the cache enqueued
@@ -569,9 +567,9 @@ typedef struct fd_tx {
 
 /** @brief State of a transaction. Values pinned. */
 typedef enum fd_tx_state {
-  FD_TX_OPEN = 0,      /**< Begun, neither committed nor aborted. */
-  FD_TX_COMMITTED = 1, /**< Published. */
-  FD_TX_ABORTED = 2,   /**< Rolled back. */
+  FD_TX_OPEN = 0,                      /**< Begun, neither committed nor aborted. */
+  FD_TX_COMMITTED = 1,                 /**< Published. */
+  FD_TX_ABORTED = 2,                   /**< Rolled back. */
   FD_TX_STATE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
 } fd_tx_state;
 
@@ -633,10 +631,10 @@ FD_API fd_status fd_tx_write_layer(fd_cache *cache, fd_tx tx, uint32_t layer, co
  * @param stream As ::fd_tx_write_layer.
  * @return As ::fd_tx_write_layer.
  */
-FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t layer,
-                                        const void *q, uint32_t num_q_heads, const void *k,
-                                        const void *v, uint32_t rotary_dim, float rope_base,
-                                        void *q_out, fd_stream stream);
+FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t layer, const void *q,
+                                        uint32_t num_q_heads, const void *k, const void *v,
+                                        uint32_t rotary_dim, float rope_base, void *q_out,
+                                        fd_stream stream);
 
 /**
  * @brief Publishes the token: every row's seq_len grows by exactly one.
@@ -746,9 +744,9 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
  * device memory; q_out may equal q but must not otherwise overlap q, k or v
  * (::FD_ERR_INVALID_ARGUMENT).
  */
-FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx,
-                                          uint32_t table_stride, int32_t *block_tables,
-                                          int32_t *effective_seq_lens, fd_stream stream);
+FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint32_t table_stride,
+                                          int32_t *block_tables, int32_t *effective_seq_lens,
+                                          fd_stream stream);
 
 /** @} */
 
@@ -780,9 +778,8 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx,
  *   ::FD_ERR_INVALID_STATE (a transaction is open); ::FD_ERR_UNSUPPORTED
  *   (prefixes disabled).
  */
-FD_API fd_status fd_prefix_register(fd_cache *cache, const char *prefix_id,
-                                    const void *k_blocks, const void *v_blocks,
-                                    uint32_t num_blocks, fd_stream stream);
+FD_API fd_status fd_prefix_register(fd_cache *cache, const char *prefix_id, const void *k_blocks,
+                                    const void *v_blocks, uint32_t num_blocks, fd_stream stream);
 
 /**
  * @brief Attaches a registered prefix to an active, empty request with no
@@ -807,13 +804,13 @@ FD_API fd_status fd_prefix_evict(fd_cache *cache, const char *prefix_id);
 
 /** @brief State of one resident prefix. */
 typedef struct fd_prefix_info {
-  uint32_t struct_size;     /**< sizeof(fd_prefix_info) as compiled by the caller. */
-  uint32_t num_blocks;      /**< Blocks of the prefix. */
-  uint32_t ref_count;       /**< Attached active requests. */
-  uint32_t reserved0;       /**< Padding; written as 0. */
-  uint64_t last_use;        /**< LRU clock value of the last touch (larger = more recent). */
-  int32_t first_block;      /**< Physical id of the prefix's first block. */
-  uint32_t reserved1;       /**< Padding; written as 0. */
+  uint32_t struct_size; /**< sizeof(fd_prefix_info) as compiled by the caller. */
+  uint32_t num_blocks;  /**< Blocks of the prefix. */
+  uint32_t ref_count;   /**< Attached active requests. */
+  uint32_t reserved0;   /**< Padding; written as 0. */
+  uint64_t last_use;    /**< LRU clock value of the last touch (larger = more recent). */
+  int32_t first_block;  /**< Physical id of the prefix's first block. */
+  uint32_t reserved1;   /**< Padding; written as 0. */
 } fd_prefix_info;
 
 /**
@@ -879,14 +876,15 @@ typedef struct fd_decode_params {
   const int32_t *block_tables; /**< [batch, max_blocks_per_seq]; unused slots -1. */
   const int32_t *seq_lens;     /**< [batch]; each in [0, max_blocks_per_seq*block_size]. */
   void *out;                   /**< [batch, num_q_heads, head_dim]; must not alias inputs. */
-  int32_t max_seq_len_hint;    /**< Host-known upper bound of seq_lens (0: max_blocks_per_seq*block_size). */
-  int32_t num_splits;          /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
-  void *workspace;             /**< Scratch for split-KV partials (device memory for CUDA); may be NULL. */
-  size_t workspace_size;       /**< Bytes at workspace. */
-  fd_device device;            /**< Where every pointer above lives and where the work runs. */
-  fd_stream stream;            /**< CUDA stream the work is enqueued on (ignored on CPU). */
-  uint32_t cpu_threads;        /**< CPU backend worker threads; 0 = all hardware threads. */
-  uint32_t reserved0;          /**< Must be 0. */
+  int32_t max_seq_len_hint;    /**< Host-known upper bound of seq_lens (0:
+                                  max_blocks_per_seq*block_size). */
+  int32_t num_splits; /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
+  void *workspace;    /**< Scratch for split-KV partials (device memory for CUDA); may be NULL. */
+  size_t workspace_size; /**< Bytes at workspace. */
+  fd_device device;      /**< Where every pointer above lives and where the work runs. */
+  fd_stream stream;      /**< CUDA stream the work is enqueued on (ignored on CPU). */
+  uint32_t cpu_threads;  /**< CPU backend worker threads; 0 = all hardware threads. */
+  uint32_t reserved0;    /**< Must be 0. */
 } fd_decode_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16,
@@ -972,12 +970,11 @@ FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens, uint
  * @param[out] out [batch, num_q_heads, head_dim].
  * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT.
  */
-FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch,
-                                              uint32_t num_q_heads, uint32_t num_kv_heads,
-                                              uint32_t head_dim, uint32_t max_seq_len,
-                                              const void *q, const void *k, const void *v,
-                                              const int32_t *seq_lens, float sm_scale,
-                                              void *out);
+FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch, uint32_t num_q_heads,
+                                              uint32_t num_kv_heads, uint32_t head_dim,
+                                              uint32_t max_seq_len, const void *q, const void *k,
+                                              const void *v, const int32_t *seq_lens,
+                                              float sm_scale, void *out);
 
 /**
  * @brief Parameters of ::fd_kv_append and ::fd_rope_kv_append (appended in
@@ -990,35 +987,35 @@ FD_API fd_status fd_reference_attention_dense(int32_t dtype, uint32_t batch,
  * in ::fd_decode_params). The primitives own no allocator or request state.
  */
 typedef struct fd_kv_append_params {
-  uint32_t struct_size;    /**< sizeof(fd_kv_append_params) as compiled by the caller. */
-  int32_t dtype;           /**< ::fd_dtype of q, k, v, q_out and the caches (f32: CPU only). */
-  int32_t layout;          /**< ::fd_kv_layout of the caches. */
-  uint32_t num_tokens;     /**< Tokens to append (>= 1). */
-  uint32_t num_q_heads;    /**< Query heads (::fd_rope_kv_append only): a positive multiple of
-                                num_kv_heads. */
-  uint32_t num_kv_heads;   /**< KV heads (>= 1). */
-  uint32_t head_dim;       /**< Elements per head (>= 1; CUDA: <= 1024). */
-  uint32_t block_size;     /**< Tokens per block (>= 1). */
-  uint32_t num_blocks;     /**< Physical blocks addressable through k_cache / v_cache. */
-  uint32_t rotary_dim;     /**< ::fd_rope_kv_append: even, 0 < rotary_dim <= head_dim. */
-  float rope_base;         /**< ::fd_rope_kv_append: finite, > 0 (e.g. 10000). */
-  uint32_t reserved0;      /**< Must be 0. */
-  const void *q;           /**< ::fd_rope_kv_append: [num_tokens, num_q_heads, head_dim]. */
-  void *q_out;             /**< ::fd_rope_kv_append: rotated Q, same shape; may equal q, must not
-                                otherwise overlap q, k or v. */
-  const void *k;           /**< [num_tokens, num_kv_heads, head_dim]. */
-  const void *v;           /**< [num_tokens, num_kv_heads, head_dim]. */
-  void *k_cache;           /**< K storage of one layer (see strides). */
-  void *v_cache;           /**< V storage of one layer, same strides. */
-  int64_t stride_block;    /**< Elements between blocks (0: packed). */
-  int64_t stride_head;     /**< Elements between KV heads (0: packed). */
-  int64_t stride_token;    /**< Elements between tokens (0: packed). */
-  int64_t stride_dim;      /**< Elements between dims (0: packed). */
-  const int32_t *block_ids;/**< [num_tokens] destination blocks, each in [0, num_blocks). */
-  const int32_t *offsets;  /**< [num_tokens] offsets, each in [0, block_size). */
-  const int32_t *positions;/**< ::fd_rope_kv_append: [num_tokens] RoPE positions, each >= 0. */
-  fd_device device;        /**< Where every pointer above lives and where the work runs. */
-  fd_stream stream;        /**< CUDA stream the work is enqueued on (ignored on CPU). */
+  uint32_t struct_size;     /**< sizeof(fd_kv_append_params) as compiled by the caller. */
+  int32_t dtype;            /**< ::fd_dtype of q, k, v, q_out and the caches (f32: CPU only). */
+  int32_t layout;           /**< ::fd_kv_layout of the caches. */
+  uint32_t num_tokens;      /**< Tokens to append (>= 1). */
+  uint32_t num_q_heads;     /**< Query heads (::fd_rope_kv_append only): a positive multiple of
+                                 num_kv_heads. */
+  uint32_t num_kv_heads;    /**< KV heads (>= 1). */
+  uint32_t head_dim;        /**< Elements per head (>= 1; CUDA: <= 1024). */
+  uint32_t block_size;      /**< Tokens per block (>= 1). */
+  uint32_t num_blocks;      /**< Physical blocks addressable through k_cache / v_cache. */
+  uint32_t rotary_dim;      /**< ::fd_rope_kv_append: even, 0 < rotary_dim <= head_dim. */
+  float rope_base;          /**< ::fd_rope_kv_append: finite, > 0 (e.g. 10000). */
+  uint32_t reserved0;       /**< Must be 0. */
+  const void *q;            /**< ::fd_rope_kv_append: [num_tokens, num_q_heads, head_dim]. */
+  void *q_out;              /**< ::fd_rope_kv_append: rotated Q, same shape; may equal q, must not
+                                 otherwise overlap q, k or v. */
+  const void *k;            /**< [num_tokens, num_kv_heads, head_dim]. */
+  const void *v;            /**< [num_tokens, num_kv_heads, head_dim]. */
+  void *k_cache;            /**< K storage of one layer (see strides). */
+  void *v_cache;            /**< V storage of one layer, same strides. */
+  int64_t stride_block;     /**< Elements between blocks (0: packed). */
+  int64_t stride_head;      /**< Elements between KV heads (0: packed). */
+  int64_t stride_token;     /**< Elements between tokens (0: packed). */
+  int64_t stride_dim;       /**< Elements between dims (0: packed). */
+  const int32_t *block_ids; /**< [num_tokens] destination blocks, each in [0, num_blocks). */
+  const int32_t *offsets;   /**< [num_tokens] offsets, each in [0, block_size). */
+  const int32_t *positions; /**< ::fd_rope_kv_append: [num_tokens] RoPE positions, each >= 0. */
+  fd_device device;         /**< Where every pointer above lives and where the work runs. */
+  fd_stream stream;         /**< CUDA stream the work is enqueued on (ignored on CPU). */
 } fd_kv_append_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16, packed
@@ -1089,11 +1086,12 @@ typedef struct fd_decision fd_decision;
 /** @brief Parameters of ::fd_scheduler_create. Initialise with
  *  ::fd_scheduler_config_init. */
 typedef struct fd_scheduler_config {
-  uint32_t struct_size;           /**< sizeof(fd_scheduler_config) as compiled by the caller. */
-  uint32_t max_active_requests;   /**< Requests that may hold blocks at once, >= 1. Default 64. */
-  uint32_t max_batch_requests;    /**< Rows per step, 1..max_active_requests. Default 64. */
-  uint32_t reserve_blocks;        /**< Blocks never committed, < the snapshot's max_blocks. Default 0. */
-  uint32_t aging_threshold_steps; /**< wait_steps at which a waiting request drains the queue, >= 1. Default 8. */
+  uint32_t struct_size;         /**< sizeof(fd_scheduler_config) as compiled by the caller. */
+  uint32_t max_active_requests; /**< Requests that may hold blocks at once, >= 1. Default 64. */
+  uint32_t max_batch_requests;  /**< Rows per step, 1..max_active_requests. Default 64. */
+  uint32_t reserve_blocks; /**< Blocks never committed, < the snapshot's max_blocks. Default 0. */
+  uint32_t aging_threshold_steps; /**< wait_steps at which a waiting request drains the queue, >= 1.
+                                     Default 8. */
 } fd_scheduler_config;
 
 /**
@@ -1140,14 +1138,15 @@ typedef struct fd_request_spec {
   uint32_t struct_size;            /**< sizeof(fd_request_spec) as compiled by the caller. */
   uint32_t initial_context_tokens; /**< Prompt tokens present before generation, >= 0. */
   uint64_t id;                     /**< Caller-chosen request id. */
-  uint64_t submission_order;       /**< Position in the queue; unique among the requests planned together. */
-  uint32_t max_new_tokens;         /**< Tokens to generate, >= 1. */
-  uint32_t prefix_blocks;          /**< Shared prefix blocks (0 without a prefix). A prefix must cover the
-                                        whole initial context: initial_context_tokens == prefix_blocks *
-                                        block_size. ::fd_engine_submit_request fills it from the registered
-                                        prefix when 0. */
-  const char *prefix_id;           /**< NUL-terminated prefix id, or NULL / "" for none; borrowed for the
-                                        call and copied. */
+  uint64_t
+      submission_order; /**< Position in the queue; unique among the requests planned together. */
+  uint32_t max_new_tokens; /**< Tokens to generate, >= 1. */
+  uint32_t prefix_blocks;  /**< Shared prefix blocks (0 without a prefix). A prefix must cover the
+                                whole initial context: initial_context_tokens == prefix_blocks *
+                                block_size. ::fd_engine_submit_request fills it from the registered
+                                prefix when 0. */
+  const char *prefix_id;   /**< NUL-terminated prefix id, or NULL / "" for none; borrowed for the
+                                call and copied. */
 } fd_request_spec;
 
 /** @brief Zeroes @p spec and sets struct_size and max_new_tokens = 1. NULL is ignored.
@@ -1162,9 +1161,9 @@ typedef struct fd_snapshot_info {
   uint32_t free_blocks;            /**< Blocks on the free list, <= max_blocks. Default 1024. */
   uint32_t resident_prefix_blocks; /**< Blocks held by resident shared prefixes. Default 0. */
   uint32_t reserved0;              /**< Must be 0. */
-  uint64_t step;                   /**< Caller's step counter; informational, copied into decisions. */
-  uint64_t version;                /**< State version the snapshot describes (::fd_engine_snapshot writes the
-                                        engine's state_version); compared when a decision is applied. */
+  uint64_t step;    /**< Caller's step counter; informational, copied into decisions. */
+  uint64_t version; /**< State version the snapshot describes (::fd_engine_snapshot writes the
+                         engine's state_version); compared when a decision is applied. */
 } fd_snapshot_info;
 
 /** @brief Fills @p info with defaults and sets struct_size. NULL is ignored.
@@ -1241,12 +1240,12 @@ FD_API fd_status fd_snapshot_add_active(fd_snapshot *snapshot, const fd_request_
  *  fixed order (semantics.md S9 step 8). Values pinned. */
 typedef enum fd_schedule_reason {
   FD_REASON_REQUEST_EXCEEDS_CAPACITY = 0, /**< A request can never fit: rejected. */
-  FD_REASON_AGING_DRAIN = 1,   /**< An aged request does not fit yet: nothing admitted. */
-  FD_REASON_ACTIVE_LIMIT = 2,  /**< max_active_requests reached with requests waiting. */
+  FD_REASON_AGING_DRAIN = 1,       /**< An aged request does not fit yet: nothing admitted. */
+  FD_REASON_ACTIVE_LIMIT = 2,      /**< max_active_requests reached with requests waiting. */
   FD_REASON_CAPACITY_DEFERRED = 3, /**< A request was skipped for lack of uncommitted blocks. */
-  FD_REASON_ADMITTED = 4,      /**< At least one request was admitted. */
-  FD_REASON_BATCH_LIMIT = 5,   /**< Runnable requests beyond max_batch_requests were deferred. */
-  FD_REASON_IDLE = 6,          /**< Nothing to run this step. */
+  FD_REASON_ADMITTED = 4,          /**< At least one request was admitted. */
+  FD_REASON_BATCH_LIMIT = 5, /**< Runnable requests beyond max_batch_requests were deferred. */
+  FD_REASON_IDLE = 6,        /**< Nothing to run this step. */
   FD_REASON_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
 } fd_schedule_reason;
 
@@ -1301,17 +1300,20 @@ FD_API fd_status fd_decision_ids(const fd_decision *decision, int32_t list, uint
 
 /** @brief Numbers of a decision. */
 typedef struct fd_decision_summary {
-  uint32_t struct_size;             /**< sizeof(fd_decision_summary) as compiled by the caller. */
-  uint32_t has_drain;               /**< 1 when drain_for_request_id is set (aging drain). */
-  uint64_t step;                    /**< The snapshot's step. */
-  uint64_t snapshot_version;        /**< The snapshot's version. */
-  uint64_t drain_for_request_id;    /**< The aged request the queue drains for (valid when has_drain). */
-  uint32_t committed_blocks_before; /**< Resident prefix blocks + active commitments before admission. */
-  uint32_t committed_blocks_after;  /**< The same after admission. */
-  uint32_t needed_physical_blocks_now; /**< Blocks this step allocates: admitted context + boundary rows. */
-  uint32_t free_blocks_before;      /**< The snapshot's free blocks. */
-  uint32_t schedulable_blocks;      /**< max_blocks - reserve_blocks. */
-  uint32_t reason_count;            /**< Entries ::fd_decision_reasons returns. */
+  uint32_t struct_size;      /**< sizeof(fd_decision_summary) as compiled by the caller. */
+  uint32_t has_drain;        /**< 1 when drain_for_request_id is set (aging drain). */
+  uint64_t step;             /**< The snapshot's step. */
+  uint64_t snapshot_version; /**< The snapshot's version. */
+  uint64_t
+      drain_for_request_id; /**< The aged request the queue drains for (valid when has_drain). */
+  uint32_t
+      committed_blocks_before; /**< Resident prefix blocks + active commitments before admission. */
+  uint32_t committed_blocks_after;     /**< The same after admission. */
+  uint32_t needed_physical_blocks_now; /**< Blocks this step allocates: admitted context + boundary
+                                          rows. */
+  uint32_t free_blocks_before;         /**< The snapshot's free blocks. */
+  uint32_t schedulable_blocks;         /**< max_blocks - reserve_blocks. */
+  uint32_t reason_count;               /**< Entries ::fd_decision_reasons returns. */
 } fd_decision_summary;
 
 /**
@@ -1321,8 +1323,7 @@ typedef struct fd_decision_summary {
  *   struct_size (at least through has_drain); the library fills what fits.
  * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
-FD_API fd_status fd_decision_get_summary(const fd_decision *decision,
-                                         fd_decision_summary *summary);
+FD_API fd_status fd_decision_get_summary(const fd_decision *decision, fd_decision_summary *summary);
 
 /**
  * @brief Copies a decision's reasons (::fd_schedule_reason values, each at
@@ -1344,8 +1345,7 @@ FD_API fd_status fd_decision_reasons(const fd_decision *decision, int32_t *reaso
  * @param[in,out] config As ::fd_scheduler_get_config.
  * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL, too-small struct_size).
  */
-FD_API fd_status fd_decision_get_config(const fd_decision *decision,
-                                        fd_scheduler_config *config);
+FD_API fd_status fd_decision_get_config(const fd_decision *decision, fd_scheduler_config *config);
 
 /**
  * @brief Copies the snapshot a decision was planned from.
@@ -1397,8 +1397,8 @@ typedef struct fd_engine fd_engine;
 /** @brief Parameters of ::fd_engine_create. Initialise with ::fd_engine_config_init. */
 typedef struct fd_engine_config {
   uint32_t struct_size; /**< sizeof(fd_engine_config) as compiled by the caller. */
-  uint32_t num_q_heads; /**< Query heads, a positive multiple of the cache's num_kv_heads; 0 (default) =
-                             num_kv_heads. */
+  uint32_t num_q_heads; /**< Query heads, a positive multiple of the cache's num_kv_heads; 0
+                           (default) = num_kv_heads. */
   uint32_t rotary_dim;  /**< RoPE dims, even and <= head_dim; 0 (default) = head_dim. */
   float rope_base;      /**< RoPE base, finite and > 0. Default 10000. */
   float sm_scale;       /**< Softmax scale; 0 (default) = 1/sqrt(head_dim). */
@@ -1435,8 +1435,7 @@ FD_API void fd_engine_config_init(fd_engine_config *config);
  *   ::fd_decode does not serve on CUDA); ::FD_ERR_OUT_OF_MEMORY (host or
  *   device scratch); ::FD_ERR_DEVICE (a CUDA call failed).
  */
-FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *config,
-                                  fd_engine **out);
+FD_API fd_status fd_engine_create(fd_cache *cache, const fd_engine_config *config, fd_engine **out);
 
 /**
  * @brief Destroys an engine. NULL is a no-op. An open step is aborted (its
@@ -1510,7 +1509,7 @@ FD_API fd_status fd_engine_get_request_state(const fd_engine *engine, uint64_t r
 
 /** @brief Outcome of ::fd_engine_begin_step. Values pinned. */
 typedef enum fd_engine_step_outcome {
-  FD_STEP_OPENED = 0,       /**< A step transaction is open; run every layer, then commit or abort. */
+  FD_STEP_OPENED = 0, /**< A step transaction is open; run every layer, then commit or abort. */
   FD_STEP_BACKPRESSURE = 1, /**< Not enough free blocks; nothing changed but backpressure_count. */
   FD_STEP_OUTCOME_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
 } fd_engine_step_outcome;
@@ -1596,9 +1595,9 @@ FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request
  *   ::FD_ERR_STALE_HANDLE (@p tx is not the open step); ::FD_ERR_INVALID_STATE
  *   (no open step); any status of the cache or ::fd_decode (step aborted).
  */
-FD_API fd_status fd_engine_step_layer(fd_engine *engine, fd_tx tx, uint32_t layer,
-                                      const void *q, const void *k, const void *v,
-                                      void *out_attention, fd_stream stream);
+FD_API fd_status fd_engine_step_layer(fd_engine *engine, fd_tx tx, uint32_t layer, const void *q,
+                                      const void *k, const void *v, void *out_attention,
+                                      fd_stream stream);
 
 /**
  * @brief Publishes the step: every row's seq_len grows by one. In
@@ -1751,22 +1750,23 @@ FD_API fd_status fd_engine_apply_decision(fd_engine *engine, const fd_scheduler 
 /** @brief Counters and gauges of an engine (semantics.md S8). Caller sets
  *  struct_size; the library fills the fields that fit. */
 typedef struct fd_engine_metrics {
-  uint32_t struct_size;                  /**< sizeof(fd_engine_metrics) as compiled by the caller. */
-  uint32_t scheduler_managed;            /**< 1 in scheduler-managed mode. */
-  uint64_t waiting_request_count;        /**< Requests waiting. */
-  uint64_t active_request_count;         /**< Requests active. */
-  uint64_t finished_request_count;       /**< Requests finished. */
-  uint64_t cancelled_request_count;      /**< Requests cancelled. */
-  uint64_t rejected_request_count;       /**< Requests rejected. */
-  uint64_t completed_step_count;         /**< Committed steps. */
-  uint64_t appended_token_count;         /**< Tokens published by steps (rows of committed steps). */
-  uint64_t prefill_token_count;          /**< Tokens published by ::fd_engine_prefill_request_layers. */
-  uint64_t backpressure_count;           /**< Steps refused for lack of blocks (unscheduled mode). */
-  uint64_t state_version;                /**< Grows on every change the engine makes. */
-  uint64_t cache_state_version;          /**< Cache state version the engine last saw. */
-  uint64_t committed_blocks;             /**< Scheduler-managed: resident prefix blocks + active lifetime
-                                              commitments; 0 otherwise. */
-  uint64_t committed_but_unallocated_blocks; /**< committed_blocks - blocks held (scheduler-managed). */
+  uint32_t struct_size;             /**< sizeof(fd_engine_metrics) as compiled by the caller. */
+  uint32_t scheduler_managed;       /**< 1 in scheduler-managed mode. */
+  uint64_t waiting_request_count;   /**< Requests waiting. */
+  uint64_t active_request_count;    /**< Requests active. */
+  uint64_t finished_request_count;  /**< Requests finished. */
+  uint64_t cancelled_request_count; /**< Requests cancelled. */
+  uint64_t rejected_request_count;  /**< Requests rejected. */
+  uint64_t completed_step_count;    /**< Committed steps. */
+  uint64_t appended_token_count;    /**< Tokens published by steps (rows of committed steps). */
+  uint64_t prefill_token_count;     /**< Tokens published by ::fd_engine_prefill_request_layers. */
+  uint64_t backpressure_count;      /**< Steps refused for lack of blocks (unscheduled mode). */
+  uint64_t state_version;           /**< Grows on every change the engine makes. */
+  uint64_t cache_state_version;     /**< Cache state version the engine last saw. */
+  uint64_t committed_blocks;        /**< Scheduler-managed: resident prefix blocks + active lifetime
+                                         commitments; 0 otherwise. */
+  uint64_t
+      committed_but_unallocated_blocks;  /**< committed_blocks - blocks held (scheduler-managed). */
   uint64_t stale_decision_count;         /**< Refused ::fd_engine_apply_decision calls. */
   uint64_t applied_decision_count;       /**< Applied decisions. */
   uint64_t open_step_transaction_count;  /**< 0 or 1. */
@@ -1805,7 +1805,8 @@ FD_API fd_status fd_engine_validate(const fd_engine *engine);
 
 /** @brief Workload families. Values pinned. */
 typedef enum fd_workload_kind {
-  FD_WORKLOAD_SYNTHETIC = 0,  /**< Single layer, unscheduled: arrivals, cancellations, backpressure. */
+  FD_WORKLOAD_SYNTHETIC =
+      0, /**< Single layer, unscheduled: arrivals, cancellations, backpressure. */
   FD_WORKLOAD_SCHEDULER = 1,  /**< Lifetime scheduler vs greedy vs cancel-on-backpressure. */
   FD_WORKLOAD_INTEGRATED = 2, /**< Multi-layer, scheduler-managed, prefixes, injected failure. */
   FD_WORKLOAD_KIND_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
@@ -1816,7 +1817,8 @@ typedef enum fd_workload_policy {
   FD_POLICY_UNSCHEDULED = 0, /**< FIFO admission, backpressure stalls (synthetic workloads). */
   FD_POLICY_LIFETIME = 1,    /**< ::fd_scheduler_plan + ::fd_engine_apply_decision. */
   FD_POLICY_GREEDY = 2,      /**< Admit while the context fits; deadlock after stalled steps. */
-  FD_POLICY_CANCEL_ON_BACKPRESSURE = 3, /**< Greedy, cancelling the oldest active request on a stall. */
+  FD_POLICY_CANCEL_ON_BACKPRESSURE =
+      3, /**< Greedy, cancelling the oldest active request on a stall. */
   FD_POLICY_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits. */
 } fd_workload_policy;
 
@@ -1825,14 +1827,15 @@ typedef void (*fd_workload_progress_fn)(void *user_data, uint64_t done, uint64_t
 
 /** @brief Parameters of ::fd_workload_run. Initialise with ::fd_workload_options_init. */
 typedef struct fd_workload_options {
-  uint32_t struct_size;            /**< sizeof(fd_workload_options) as compiled by the caller. */
-  int32_t kind;                    /**< An ::fd_workload_kind. Default ::FD_WORKLOAD_SCHEDULER. */
-  const char *case_name;           /**< A case of @p kind (::fd_workload_case_name); borrowed for the call. */
-  uint64_t seed;                   /**< Seed of every random choice. Default 0. */
-  fd_workload_progress_fn progress;/**< Called now and then from the calling thread; may be NULL. */
-  void *progress_user_data;        /**< Passed to @p progress. */
-  uint32_t cpu_threads;            /**< Decode threads; 0 = all hardware threads. Default 1. */
-  uint32_t reserved0;              /**< Must be 0. */
+  uint32_t struct_size;  /**< sizeof(fd_workload_options) as compiled by the caller. */
+  int32_t kind;          /**< An ::fd_workload_kind. Default ::FD_WORKLOAD_SCHEDULER. */
+  const char *case_name; /**< A case of @p kind (::fd_workload_case_name); borrowed for the call. */
+  uint64_t seed;         /**< Seed of every random choice. Default 0. */
+  fd_workload_progress_fn
+      progress;             /**< Called now and then from the calling thread; may be NULL. */
+  void *progress_user_data; /**< Passed to @p progress. */
+  uint32_t cpu_threads;     /**< Decode threads; 0 = all hardware threads. Default 1. */
+  uint32_t reserved0;       /**< Must be 0. */
 } fd_workload_options;
 
 /** @brief Fills @p options with defaults and sets struct_size. NULL is ignored.
@@ -1880,40 +1883,42 @@ FD_API fd_status fd_workload_result_count(const fd_workload_result *result, uint
 /** @brief Report of one policy run (semantics.md S10). Latencies are wall
  *  clock; every other field is deterministic for a given case and seed. */
 typedef struct fd_workload_report {
-  uint32_t struct_size;            /**< sizeof(fd_workload_report) as compiled by the caller. */
-  int32_t kind;                    /**< ::fd_workload_kind. */
-  int32_t policy;                  /**< ::fd_workload_policy. */
-  uint32_t max_blocks;             /**< Pool size. */
-  char case_name[32];              /**< NUL-terminated case name. */
-  uint64_t seed;                   /**< Seed used. */
-  uint64_t steps;                  /**< Loop iterations driven (including stalled ones). */
-  uint64_t executed_steps;         /**< Committed steps. */
-  uint64_t requests_submitted;     /**< Requests offered. */
-  uint64_t requests_completed;     /**< Requests that generated every new token. */
-  double completion_rate;          /**< requests_completed / requests_submitted. */
-  uint64_t useful_tokens;          /**< Tokens generated by completed requests. */
-  uint64_t generated_tokens;       /**< Tokens generated by any request (including cancelled ones). */
-  double tokens_per_second;        /**< generated_tokens / wall time of executed steps. */
-  double step_latency_p50_us;      /**< Nearest-rank percentiles of executed step wall time. */
-  double step_latency_p90_us;      /**< See step_latency_p50_us. */
-  double step_latency_p99_us;      /**< See step_latency_p50_us. */
-  uint64_t stalled_steps;          /**< Iterations in which active requests could not run. */
-  uint64_t backpressure_steps;     /**< Steps refused for lack of blocks. */
-  uint64_t deadlocks;              /**< Runs stopped as deadlocked (0 or 1). */
-  uint64_t forced_cancellations;   /**< Requests cancelled by the policy. */
-  uint64_t user_cancellations;     /**< Requests cancelled by the workload script. */
-  uint64_t rejected_requests;      /**< Requests rejected as never fitting. */
-  uint64_t aborted_steps;          /**< Steps rolled back (injected failures). */
-  double mean_admission_wait_steps;/**< Mean iterations from arrival to admission (admitted requests). */
+  uint32_t struct_size;          /**< sizeof(fd_workload_report) as compiled by the caller. */
+  int32_t kind;                  /**< ::fd_workload_kind. */
+  int32_t policy;                /**< ::fd_workload_policy. */
+  uint32_t max_blocks;           /**< Pool size. */
+  char case_name[32];            /**< NUL-terminated case name. */
+  uint64_t seed;                 /**< Seed used. */
+  uint64_t steps;                /**< Loop iterations driven (including stalled ones). */
+  uint64_t executed_steps;       /**< Committed steps. */
+  uint64_t requests_submitted;   /**< Requests offered. */
+  uint64_t requests_completed;   /**< Requests that generated every new token. */
+  double completion_rate;        /**< requests_completed / requests_submitted. */
+  uint64_t useful_tokens;        /**< Tokens generated by completed requests. */
+  uint64_t generated_tokens;     /**< Tokens generated by any request (including cancelled ones). */
+  double tokens_per_second;      /**< generated_tokens / wall time of executed steps. */
+  double step_latency_p50_us;    /**< Nearest-rank percentiles of executed step wall time. */
+  double step_latency_p90_us;    /**< See step_latency_p50_us. */
+  double step_latency_p99_us;    /**< See step_latency_p50_us. */
+  uint64_t stalled_steps;        /**< Iterations in which active requests could not run. */
+  uint64_t backpressure_steps;   /**< Steps refused for lack of blocks. */
+  uint64_t deadlocks;            /**< Runs stopped as deadlocked (0 or 1). */
+  uint64_t forced_cancellations; /**< Requests cancelled by the policy. */
+  uint64_t user_cancellations;   /**< Requests cancelled by the workload script. */
+  uint64_t rejected_requests;    /**< Requests rejected as never fitting. */
+  uint64_t aborted_steps;        /**< Steps rolled back (injected failures). */
+  double mean_admission_wait_steps;  /**< Mean iterations from arrival to admission (admitted
+                                        requests). */
   uint64_t max_admission_wait_steps; /**< Largest such wait. */
   uint64_t max_service_wait_steps; /**< Largest run of iterations an active request did not run. */
-  double fairness;                 /**< Jain's index of completed requests' tokens / (finish - arrival) (1 = fair). */
-  uint64_t peak_used_blocks;       /**< Largest used block count after a step. */
-  double mean_used_blocks;         /**< Mean used blocks over iterations. */
-  uint64_t prefix_hits;            /**< Prefix attaches. */
-  uint64_t prefix_misses;          /**< Prefixed requests served without a resident prefix. */
+  double
+      fairness; /**< Jain's index of completed requests' tokens / (finish - arrival) (1 = fair). */
+  uint64_t peak_used_blocks;         /**< Largest used block count after a step. */
+  double mean_used_blocks;           /**< Mean used blocks over iterations. */
+  uint64_t prefix_hits;              /**< Prefix attaches. */
+  uint64_t prefix_misses;            /**< Prefixed requests served without a resident prefix. */
   uint64_t peak_saved_prefix_blocks; /**< Largest saved_prefix_blocks seen. */
-  uint64_t trajectory_hash;        /**< FNV-1a hash of the deterministic trajectory. */
+  uint64_t trajectory_hash;          /**< FNV-1a hash of the deterministic trajectory. */
 } fd_workload_report;
 
 /**
@@ -1931,12 +1936,12 @@ FD_API fd_status fd_workload_result_report(const fd_workload_result *result, uin
 
 /** @brief One iteration of a workload run (for plots). */
 typedef struct fd_workload_trace_point {
-  uint64_t step;          /**< Iteration number. */
-  double latency_us;      /**< Wall time of the iteration's step (0 when nothing ran). */
-  uint32_t used_blocks;   /**< Blocks in use after the iteration. */
+  uint64_t step;             /**< Iteration number. */
+  double latency_us;         /**< Wall time of the iteration's step (0 when nothing ran). */
+  uint32_t used_blocks;      /**< Blocks in use after the iteration. */
   uint32_t committed_blocks; /**< Lifetime commitments (lifetime policy), else used_blocks. */
-  uint32_t active;        /**< Active requests after the iteration. */
-  uint32_t waiting;       /**< Waiting requests after the iteration. */
+  uint32_t active;           /**< Active requests after the iteration. */
+  uint32_t waiting;          /**< Waiting requests after the iteration. */
 } fd_workload_trace_point;
 
 /**

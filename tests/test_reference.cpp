@@ -192,8 +192,7 @@ void test_errors(void **state) {
   EXPECT_REF_FAILS(k = d.k.data() + 1, "k (");
   EXPECT_REF_FAILS(v = d.v.data() + 1, "v (");
   EXPECT_REF_FAILS(out = d.out.data() + 1, "out (");
-  EXPECT_REF_FAILS(lens = (const int32_t *)((const char *)d.lens.data() + 2),
-                   "seq_lens (");
+  EXPECT_REF_FAILS(lens = (const int32_t *)((const char *)d.lens.data() + 2), "seq_lens (");
   EXPECT_REF_FAILS(lens = (const int32_t *)((const char *)d.lens.data() + 2),
                    "must be aligned to 4 bytes");
 #undef EXPECT_REF_FAILS

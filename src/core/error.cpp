@@ -50,7 +50,9 @@ fd_status set_last_error(fd_status status, const std::string &message) noexcept 
 
 extern "C" {
 
-FD_API const char *fd_last_error_message(void) { return fd::t_last_error.c_str(); }
+FD_API const char *fd_last_error_message(void) {
+  return fd::t_last_error.c_str();
+}
 
 FD_API const char *fd_status_string(fd_status status) {
   switch (status) {

@@ -32,7 +32,8 @@ std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string vformat(const char *fmt, va_list args);
 
 // Throws fd::Error(status, formatted message).
-[[noreturn]] void fail(fd_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+[[noreturn]] void fail(fd_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 // Stores `message` as the calling thread's last error and returns `status`.
 fd_status set_last_error(fd_status status, const std::string &message) noexcept;

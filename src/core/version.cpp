@@ -9,6 +9,8 @@ FD_API const char *fd_version_string(void) {
   return FD_STR(FD_VERSION_MAJOR) "." FD_STR(FD_VERSION_MINOR) "." FD_STR(FD_VERSION_PATCH);
 }
 
-FD_API uint32_t fd_version_number(void) { return FD_VERSION_NUMBER; }
+FD_API uint32_t fd_version_number(void) {
+  return FD_VERSION_NUMBER;
+}
 
 }  // extern "C"

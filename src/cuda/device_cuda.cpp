@@ -18,9 +18,11 @@ int32_t cuda_device_count() noexcept {
 
 void require_cuda_device(int32_t ordinal) {
   const int32_t n = cuda_device_count();
-  if (n == 0) fail(FD_ERR_NO_DEVICE, "CUDA device %d requested, but no CUDA device is usable", ordinal);
+  if (n == 0)
+    fail(FD_ERR_NO_DEVICE, "CUDA device %d requested, but no CUDA device is usable", ordinal);
   if (ordinal < 0 || ordinal >= n)
-    fail(FD_ERR_NO_DEVICE, "CUDA device %d requested, but only %d device(s) are visible", ordinal, n);
+    fail(FD_ERR_NO_DEVICE, "CUDA device %d requested, but only %d device(s) are visible", ordinal,
+         n);
 }
 
 }  // namespace fd

@@ -6,14 +6,18 @@
 
 namespace fd {
 
-int32_t cuda_device_count() noexcept { return 0; }
+int32_t cuda_device_count() noexcept {
+  return 0;
+}
 
 void require_cuda_device(int32_t ordinal) {
   fail(FD_ERR_NO_DEVICE, "CUDA device %d requested, but libflashdec was built without CUDA",
        ordinal);
 }
 
-void decode_cuda(const DecodeProblem &problem) { require_cuda_device(problem.device_ordinal); }
+void decode_cuda(const DecodeProblem &problem) {
+  require_cuda_device(problem.device_ordinal);
+}
 
 size_t decode_cuda_workspace_size(const DecodeProblem &problem) {
   require_cuda_device(problem.device_ordinal);

@@ -12,29 +12,29 @@
 
 /* Asserts that `expr` returns FD_OK; on failure prints the status and
  * fd_last_error_message() before failing the test. */
-#define FD_ASSERT_OK(expr)                                                              \
-  do {                                                                                  \
-    fd_status fd_assert_s_ = (expr);                                                    \
-    if (fd_assert_s_ != FD_OK) {                                                        \
-      print_error("%s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #expr,            \
-                  fd_status_string(fd_assert_s_), fd_last_error_message());             \
-      fail();                                                                           \
-    }                                                                                   \
+#define FD_ASSERT_OK(expr)                                                   \
+  do {                                                                       \
+    fd_status fd_assert_s_ = (expr);                                         \
+    if (fd_assert_s_ != FD_OK) {                                             \
+      print_error("%s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #expr, \
+                  fd_status_string(fd_assert_s_), fd_last_error_message());  \
+      fail();                                                                \
+    }                                                                        \
   } while (0)
 
 /* Asserts that `expr` returns `status` and that fd_last_error_message()
  * contains `substring` (pass "" to only require a non-empty message). */
-#define FD_ASSERT_FAILS(expr, status, substring)                                        \
-  do {                                                                                  \
-    fd_status fd_assert_s_ = (expr);                                                    \
-    const char *fd_assert_m_ = fd_last_error_message();                                 \
-    if (fd_assert_s_ != (status) || fd_assert_m_[0] == '\0' ||                          \
-        strstr(fd_assert_m_, (substring)) == NULL) {                                    \
-      print_error("%s:%d: %s returned %s with message \"%s\"; expected %s with \"%s\"\n", \
-                  __FILE__, __LINE__, #expr, fd_status_string(fd_assert_s_),            \
-                  fd_assert_m_, fd_status_string(status), (substring));                 \
-      fail();                                                                           \
-    }                                                                                   \
+#define FD_ASSERT_FAILS(expr, status, substring)                                           \
+  do {                                                                                     \
+    fd_status fd_assert_s_ = (expr);                                                       \
+    const char *fd_assert_m_ = fd_last_error_message();                                    \
+    if (fd_assert_s_ != (status) || fd_assert_m_[0] == '\0' ||                             \
+        strstr(fd_assert_m_, (substring)) == NULL) {                                       \
+      print_error("%s:%d: %s returned %s with message \"%s\"; expected %s with \"%s\"\n",  \
+                  __FILE__, __LINE__, #expr, fd_status_string(fd_assert_s_), fd_assert_m_, \
+                  fd_status_string(status), (substring));                                  \
+      fail();                                                                              \
+    }                                                                                      \
   } while (0)
 
 /* Deterministic RNG (splitmix64) so failures reproduce from the seed. */
@@ -77,7 +77,9 @@ static inline float fd_test_bits_f32(uint32_t u) {
   memcpy(&f, &u, sizeof f);
   return f;
 }
-static inline float fd_test_bf16_to_f32(uint16_t h) { return fd_test_bits_f32((uint32_t)h << 16); }
+static inline float fd_test_bf16_to_f32(uint16_t h) {
+  return fd_test_bits_f32((uint32_t)h << 16);
+}
 static inline uint16_t fd_test_f32_to_bf16(float f) {
   uint32_t u = fd_test_f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
@@ -115,6 +117,8 @@ static inline void fd_test_store(void *base, size_t i, int32_t dtype, float x) {
   else
     ((uint16_t *)base)[i] = fd_test_f32_to_bf16(x);
 }
-static inline size_t fd_test_dtype_size(int32_t dtype) { return dtype == FD_DTYPE_F32 ? 4 : 2; }
+static inline size_t fd_test_dtype_size(int32_t dtype) {
+  return dtype == FD_DTYPE_F32 ? 4 : 2;
+}
 
 #endif /* FD_TEST_H */
