@@ -20,29 +20,8 @@ from __future__ import annotations
 from . import _lib
 from .append import kv_append, rope_kv_append
 from .cache import Cache, LayerStorage, Metrics, PrefixInfo, Transaction, TxInfo, TxRows
-from .engine import (
-    Decision,
-    DecisionList,
-    DecisionSummary,
-    Engine,
-    EngineConfig,
-    EngineMetrics,
-    EngineRequestState,
-    Fairness,
-    RequestSpec,
-    ScheduleReason,
-    Scheduler,
-    SchedulerConfig,
-    Snapshot,
-    SnapshotInfo,
-    Step,
-    StepOutcome,
-    WorkloadKind,
-    WorkloadPolicy,
-    WorkloadReport,
-    run_workload,
-    workload_cases,
-)
+from . import engine as _engine
+from .engine import *  # noqa: F401,F403  (names listed in engine.__all__)
 from .errors import FlashDecError, Status, check, status_string
 from .ops import cuda_device_count, decode, decode_workspace_size, reference_attention_dense, rope_apply
 from .types import CacheConfig, Device, DeviceType, DType, Layout, RequestState, TxState
@@ -73,28 +52,7 @@ def library_path() -> str:
     return _lib.library_path
 
 
-__all__ = [
-    "Decision",
-    "DecisionList",
-    "DecisionSummary",
-    "Engine",
-    "EngineConfig",
-    "EngineMetrics",
-    "EngineRequestState",
-    "Fairness",
-    "RequestSpec",
-    "ScheduleReason",
-    "Scheduler",
-    "SchedulerConfig",
-    "Snapshot",
-    "SnapshotInfo",
-    "Step",
-    "StepOutcome",
-    "WorkloadKind",
-    "WorkloadPolicy",
-    "WorkloadReport",
-    "run_workload",
-    "workload_cases",
+__all__ = list(_engine.__all__) + [
     "Cache",
     "CacheConfig",
     "Device",
