@@ -16,13 +16,7 @@ namespace fd {
 namespace {
 
 void require_device_pointer(const void *p, int32_t ordinal, const char *what) {
-  cudaPointerAttributes attr;
-  std::memset(&attr, 0, sizeof attr);
-  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  const bool device =
-      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
-  if (!device || attr.device != ordinal)
+  if (!is_cuda_device_memory(p, ordinal))
     fail(FD_ERR_INVALID_ARGUMENT, "params->%s is not device memory of CUDA device %d", what,
          ordinal);
 }

@@ -175,13 +175,7 @@ bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
 }
 
 void require_device_memory(const void *p, int32_t ordinal, const char *what) {
-  cudaPointerAttributes attr;
-  std::memset(&attr, 0, sizeof attr);
-  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  const bool device =
-      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
-  if (!device || attr.device != ordinal)
+  if (!is_cuda_device_memory(p, ordinal))
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d", what, ordinal);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/device.hpp"
 #include "core/error.hpp"
 #include "flashdec.h"
 
@@ -74,19 +75,7 @@ void DeviceScratch::allocate_workspace(size_t bytes) {
 }
 
 void DeviceScratch::require_device_pointer(const void *p, int32_t ordinal, const char *what) {
-  cudaPointerAttributes attr;
-  std::memset(&attr, 0, sizeof attr);
-  // A pure query, but step_layer may run inside a caller's stream capture:
-  // relax this thread's capture mode around it so that no capture mode can
-  // count it as a prohibited call, then restore the caller's mode.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
-  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  const bool device =
-      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
-  if (!device || attr.device != ordinal) {
+  if (!is_cuda_device_memory(p, ordinal)) {
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d (the cache's device)",
          what, ordinal);
   }

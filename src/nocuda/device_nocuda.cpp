@@ -15,6 +15,10 @@ void require_cuda_device(int32_t ordinal) {
        ordinal);
 }
 
+bool is_cuda_device_memory(const void *, int32_t) noexcept {
+  return false;
+}
+
 void decode_cuda(const DecodeProblem &problem) {
   require_cuda_device(problem.device_ordinal);
 }
