@@ -13,6 +13,7 @@
 #include "append_launch.hpp"
 #include "cache/kv_storage.hpp"
 #include "core/device.hpp"
+#include "ops/arg_checks.hpp"
 #include "core/error.hpp"
 
 namespace fd {
@@ -169,11 +170,6 @@ cudaError_t StagingRing::query_errors() const {
 
 namespace {
 
-bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 void require_device_memory(const void *p, int32_t ordinal, const char *what) {
   if (!is_cuda_device_memory(p, ordinal))
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d", what, ordinal);
@@ -283,9 +279,9 @@ class CudaKvStorage final : public KvStorage {
     if (q == nullptr) return;
     const size_t q_bytes = num_rows * num_q_heads * g_.head_dim * elem_;
     const size_t kv_bytes = num_rows * g_.num_kv_heads * g_.head_dim * elem_;
-    if (q_out != q && overlap(q_out, q_bytes, q, q_bytes))
+    if (q_out != q && ranges_overlap(q_out, q_bytes, q, q_bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "q_out must equal q or not overlap it on a CUDA cache");
-    if (overlap(q_out, q_bytes, k, kv_bytes) || overlap(q_out, q_bytes, v, kv_bytes))
+    if (ranges_overlap(q_out, q_bytes, k, kv_bytes) || ranges_overlap(q_out, q_bytes, v, kv_bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "q_out must not overlap k or v on a CUDA cache");
   }
 
