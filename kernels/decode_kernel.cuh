@@ -148,6 +148,33 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Timing probe (bench/trace_probe.cu defines FD_DECODE_TRACE; the library
+// never does): thread 0 of every CTA stamps %globaltimer at fixed points into
+// fd_trace_attn[cta * 8 + point] / fd_trace_merge[cta * 4 + point]. `dep` is a
+// register the stamp waits for, so a stamp after a load marks its arrival.
+#ifdef FD_DECODE_TRACE
+__device__ unsigned long long *fd_trace_attn;
+__device__ unsigned long long *fd_trace_merge;
+__device__ __forceinline__ void trace_stamp(unsigned long long *buf, int point, uint32_t dep) {
+  unsigned long long t;
+  asm volatile("{\n\t.reg .u32 d;\n\tmov.u32 d, %1;\n\tmov.u64 %0, %%globaltimer;\n\t}"
+               : "=l"(t)
+               : "r"(dep)
+               : "memory");
+  buf[point] = t;
+}
+#define FD_TRACE(buf, stride, point, dep)                                 \
+  do {                                                                    \
+    if (threadIdx.x == 0 && buf != nullptr)                               \
+      trace_stamp(buf + static_cast<int64_t>(blockIdx.x) * stride, point, \
+                  static_cast<uint32_t>(dep));                            \
+  } while (0)
+#else
+#define FD_TRACE(buf, stride, point, dep) \
+  do {                                    \
+  } while (0)
+#endif
+
 // Element offset of 16-byte chunk c of row r in a staged tile whose rows hold
 // `chunks` chunks (8 or 16): chunks are XOR-swizzled by the row's low 3 bits.
 __device__ __forceinline__ int tile_offset(int r, int c, int chunks) {
@@ -338,8 +365,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // what it wrote), then let the next one be scheduled: it waits for this
   // grid to complete, and the merge kernel may read seq_lens before that
   // because this point is past everything written before this kernel.
+  FD_TRACE(fd_trace_attn, 8, 0, 0);
   pdl_wait();
   pdl_launch_dependents();
+  FD_TRACE(fd_trace_attn, 8, 1, 0);
 
   const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
   const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
@@ -366,6 +395,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
 
   seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
+  FD_TRACE(fd_trace_attn, 8, 2, seq_len);
   const int row_tiles = (seq_len + kTile - 1) / kTile;
   int n_tiles = row_tiles - tile_begin;
   // The last partition takes every remaining tile, so a seq_len above the
@@ -460,6 +490,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<kS - 2>();
     __syncthreads();
+    if (j == 0) FD_TRACE(fd_trace_attn, 8, 3, 0);
     if (j + kS - 1 < n_tiles) {
       issue(j + kS - 1, ids);
       if (j + kS < n_tiles) fetch_ids(j + kS, ids);  // consumed next iteration
@@ -575,6 +606,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   }
   cp_async_wait<0>();
   __syncthreads();
+  FD_TRACE(fd_trace_attn, 8, 4, 0);
 
   // Merge the warps (fixed order) through shared memory.
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -630,6 +662,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       }
     }
   }
+  FD_TRACE(fd_trace_attn, 8, 5, 0);
   if (!fused || direct) return;
 
   // Fused merge: publish this partial, count the arrival; the CTA that
@@ -645,10 +678,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     if (is_last) *counter = 0u;
   }
   __syncthreads();
+  FD_TRACE(fd_trace_attn, 8, 6, is_last);
   if (!is_last) return;
   __threadfence();
   fused_merge<T, D>(p, reinterpret_cast<float *>(smem),
                     static_cast<int64_t>(row) * num_q_heads + kvh * group, n_parts, group);
+  FD_TRACE(fd_trace_attn, 8, 7, 0);
 }
 
 __device__ __forceinline__ void add_weighted(float acc[4], float w, const float4 &v) {
@@ -692,8 +727,10 @@ __global__ void __launch_bounds__(256)
   // This kernel follows the attention kernel directly and is scheduled only
   // once all its CTAs are past their own wait, so seq_lens (written before
   // that kernel) is safe to read above; the partials need it to complete.
+  FD_TRACE(fd_trace_merge, 4, 0, nv);
   pdl_wait();
   pdl_launch_dependents();
+  FD_TRACE(fd_trace_merge, 4, 1, 0);
   float acc[kPer];
 #pragma unroll
   for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
@@ -760,6 +797,7 @@ __global__ void __launch_bounds__(256)
       acc[e] = sum;
     }
   }
+  FD_TRACE(fd_trace_merge, 4, 2, acc[0] != 0.f);
   if (!active) return;
   uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * D + lane * kPer;
   const float inv = total > 0.f ? 1.f / total : 0.f;
