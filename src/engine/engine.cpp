@@ -101,7 +101,7 @@ void Engine::create_device_scratch() {
   // initial batch at the longest context the cache can hold, capped. With
   // less, fd_decode chooses fewer splits (never an error).
   const uint64_t longest = uint64_t{max_blocks} * cache_config_.block_size;
-  unsigned char host_probe = 0;  // `out` is only range-checked, never touched
+  alignas(16) uint16_t host_probe = 0;  // `out` is only checked (range, alignment), never touched
   size_t bytes = 0;
   for (uint32_t batch : {1u, sizes.initial_rows}) {
     fd_decode_params p;
