@@ -468,8 +468,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       const int d = ks * 16 + 2 * tig;
       auto pair = [&](int h, int dd) -> uint32_t {
         if (h >= group) return 0u;
-        const uint16_t *src = qbits + static_cast<int64_t>(h) * D + dd;
-        return static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 16);
+        // One 4-byte load per pair (the host requires q 4-byte aligned).
+        return __ldg(reinterpret_cast<const uint32_t *>(qbits + static_cast<int64_t>(h) * D + dd));
       };
       qa[ks][0] = pair(h0, d);
       qa[ks][1] = pair(h1, d);

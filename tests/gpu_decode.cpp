@@ -511,6 +511,8 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "f32");
   p = base, p.k_cache = static_cast<const uint8_t *>(d.k) + 2;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "aligned");
+  p = base, p.q = static_cast<const uint8_t *>(d.q) + 2;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "q must be 4-byte aligned");
   /* NHD-like strides that break 16-byte rows. */
   p = base, p.stride_block = h.sb + 4, p.stride_head = h.sh, p.stride_token = h.st,
   p.stride_dim = 1;
@@ -550,6 +552,7 @@ void test_errors(void **state) {
   expect_untouched(h, d);
   CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
   /* The checked path succeeds on valid indices. */
+  p = base, p.flags = FD_DECODE_CHECK_INDICES;
   const std::vector<uint16_t> ref = cpu_reference(h);
   const std::vector<uint16_t> got = run_gpu(h, d, p);
   assert_true(compare(h, got, ref) <= tolerance(c.dtype));

@@ -75,6 +75,9 @@ void check_supported(const DecodeProblem &pb) {
   // axis, so each copy must start 16-byte aligned.
   if (!aligned16(pb.k) || !aligned16(pb.v))
     fail(FD_ERR_UNSUPPORTED, "k_cache and v_cache must be 16-byte aligned on CUDA");
+  // q is read as pairs of elements (4 bytes).
+  if (reinterpret_cast<uintptr_t>(pb.q) % 4 != 0)
+    fail(FD_ERR_UNSUPPORTED, "q must be 4-byte aligned on CUDA");
   const bool dim_major = pb.layout == FD_LAYOUT_DIM_MAJOR;
   const struct {
     const char *name;
