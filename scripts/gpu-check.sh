@@ -13,7 +13,9 @@
 #                     gpu_cache_step and the CPU suites of the append primitives
 #                     (test_kv_append, test_kv_append_cache), the append
 #                     benchmark (bench/append_bench: JSON, Markdown), then
-#                     memcheck over both GPU suites. Sized for a 5-minute run.
+#                     memcheck, racecheck and initcheck over both GPU suites
+#                     (reduced). Sized for a 7-minute run: about 2.5 minutes
+#                     of build, tests and benchmark, then at most 6 x 45 s.
 # The benchmark runs before the sanitizers so its results come back even if
 # they run long.
 #
@@ -25,7 +27,9 @@
 # "--filter A,B"), GPU_ONLY=1 (decode mode: ctest runs only the "gpu" label),
 # BUILD_TARGETS (e.g. "gpu_decode decode_bench": build only these; implies
 # GPU_ONLY; append mode builds only its own targets unless this is set),
-# SANITIZER_TIMEOUT (seconds per compute-sanitizer run: 240 decode, 70 append).
+# SANITIZER_TIMEOUT (seconds per compute-sanitizer run: 240 decode, 45 append),
+# SANITIZER_TOOLS (space-separated compute-sanitizer tools, default
+# "memcheck racecheck initcheck"; e.g. "memcheck" for a quick run).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 MODE=${MODE:-decode}
@@ -46,7 +50,6 @@ case "$MODE" in
     bench_timeout=0
     bench_tail=12
     sanitizer_suites=(gpu_decode)
-    sanitizer_tools=(memcheck racecheck initcheck)
     sanitizer_timeout=${SANITIZER_TIMEOUT:-240}
     ;;
   append)
@@ -55,17 +58,27 @@ case "$MODE" in
     tests_timeout=240
     bench=append_bench
     bench_args=()
-    bench_timeout=100
+    bench_timeout=120
     bench_tail=40
     sanitizer_suites=(gpu_cache_step gpu_append)
-    sanitizer_tools=(memcheck)
-    sanitizer_timeout=${SANITIZER_TIMEOUT:-70}
+    sanitizer_timeout=${SANITIZER_TIMEOUT:-45}
     ;;
   *)
     echo "gpu-check.sh: MODE must be decode or append, not '$MODE'" >&2
     exit 2
     ;;
 esac
+
+read -ra sanitizer_tools <<<"${SANITIZER_TOOLS:-memcheck racecheck initcheck}"
+for tool in "${sanitizer_tools[@]}"; do
+  case "$tool" in
+    memcheck | racecheck | initcheck | synccheck) ;;
+    *)
+      echo "gpu-check.sh: SANITIZER_TOOLS: unknown tool '$tool'" >&2
+      exit 2
+      ;;
+  esac
+done
 
 mkdir -p "$OUT"
 status=0
@@ -129,21 +142,27 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   : >"$OUT/sanitizer.log"
+  run_log=$(mktemp)
   for suite in "${sanitizer_suites[@]}"; do
     for tool in "${sanitizer_tools[@]}"; do
       start=$SECONDS
-      extra=()
       # API errors are not memory errors: gpu_cache_step provokes a failing
-      # cudaMalloc on purpose (out-of-memory at cache creation must be a status).
-      [ "$tool" = memcheck ] && extra=(--leak-check full --report-api-errors no)
+      # cudaMalloc on purpose (out-of-memory at cache creation must be a
+      # status), which every tool would report as an error.
+      extra=(--report-api-errors no)
+      [ "$tool" = memcheck ] && extra+=(--leak-check full)
       FD_GPU_TEST_REDUCED=1 CMOCKA_MESSAGE_OUTPUT=stdout timeout "$sanitizer_timeout" \
         compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$BUILD_DIR/tests/$suite" \
-        >>"$OUT/sanitizer.log" 2>&1
+        >"$run_log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && status=1
-      note "compute-sanitizer $tool $suite: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - start)) s)"
+      { echo "### compute-sanitizer --tool $tool $suite (rc=$rc)"; cat "$run_log"; } >>"$OUT/sanitizer.log"
+      summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$run_log" | tr '\n' ' ')
+      [ $rc -eq 124 ] && summary="TIMED OUT after $sanitizer_timeout s $summary"
+      note "compute-sanitizer $tool $suite: rc=$rc, ${summary:-no summary} ($((SECONDS - start)) s)"
     done
   done
+  rm -f "$run_log"
 fi
 
 note "overall status $status"
