@@ -10,6 +10,8 @@
 //    and written for the RoPE forms) as a fraction of a 1 GiB device copy
 //    (read + written) measured in the same run; buffers rotate among sets
 //    larger than L2.
+//  - 8192 tokens, each launch shape (AppendLaunch's overrides) side by side,
+//    each checked to write the same bytes as the automatic one.
 //  - Launches per step (32 layers) and the host time of fd_tx_begin, 32 x
 //    fd_tx_write_layer_rope and fd_tx_commit on a CUDA cache for batch 1, 64
 //    and 256 (median of 300 steps; the GPU work runs asynchronously).
@@ -115,9 +117,17 @@ fd::cuda::AppendLaunch base(const Set &s, cudaStream_t stream) {
   return a;
 }
 
+// A launch shape (AppendLaunch's benchmark-only overrides; all 0: automatic).
+struct Shape {
+  const char *name;
+  int schedule, tokens_per_group;
+};
+const Shape kAuto = {"automatic", 0, 0};
+
 // Enqueues one "launch" of a mode (two kernels for the separate form).
-void enqueue(int mode, const Set &s, cudaStream_t stream) {
+void enqueue(int mode, const Set &s, cudaStream_t stream, const Shape &shape = kAuto) {
   fd::cuda::AppendLaunch a = base(s, stream);
+  a.schedule = shape.schedule, a.tokens_per_group = shape.tokens_per_group;
   if (mode == kAppend) {
     CHECK_CUDA(fd::cuda::launch_append(a));
     return;
@@ -137,6 +147,7 @@ void enqueue(int mode, const Set &s, cudaStream_t stream) {
   r.block_ids = nullptr;
   CHECK_CUDA(fd::cuda::launch_append(r));
   fd::cuda::AppendLaunch w = base(s, stream);
+  w.schedule = shape.schedule, w.tokens_per_group = shape.tokens_per_group;
   w.k = s.k_rot;
   CHECK_CUDA(fd::cuda::launch_append(w));
 }
@@ -146,12 +157,13 @@ struct Timing {
   double stream_us;
 };
 
-Timing time_mode(int mode, const std::vector<Set> &sets, int launches, cudaStream_t stream) {
+Timing time_mode(int mode, const std::vector<Set> &sets, int launches, cudaStream_t stream,
+                 const Shape &shape = kAuto) {
   EventTimer timer(stream);
-  for (int i = 0; i < 5; ++i) enqueue(mode, sets[i % sets.size()], stream);
+  for (int i = 0; i < 5; ++i) enqueue(mode, sets[i % sets.size()], stream, shape);
   cudaGraph_t graph;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < launches; ++i) enqueue(mode, sets[i % sets.size()], stream);
+  for (int i = 0; i < launches; ++i) enqueue(mode, sets[i % sets.size()], stream, shape);
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -168,7 +180,8 @@ Timing time_mode(int mode, const std::vector<Set> &sets, int launches, cudaStrea
   }
   std::vector<double> v;
   for (int r = 0; r < 200; ++r)
-    v.push_back(1000.0 * timer.time_ms([&] { enqueue(mode, sets[r % sets.size()], stream); }));
+    v.push_back(1000.0 *
+                timer.time_ms([&] { enqueue(mode, sets[r % sets.size()], stream, shape); }));
   t.stream_us = upper_median(v);
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
@@ -192,6 +205,31 @@ bool check_fused_equals_separate(const Set &s, cudaStream_t stream) {
   size_t nonzero = 0;
   for (uint16_t x : a) nonzero += x != 0;
   return a == b && qa == qb && nonzero >= size_t(s.tokens) * HKV * D / 2;
+}
+
+// A launch shape writes the same bytes as the automatic one (K cache, V
+// cache, q_out), for the plain and the fused form.
+bool check_shape(const Set &s, const Shape &shape, cudaStream_t stream) {
+  const size_t cn = size_t(s.blocks) * HKV * BS * D, qn = size_t(s.tokens) * HQ * D;
+  bool same = true;
+  for (int mode : {kAppend, kFused}) {
+    std::vector<uint16_t> out[2][3];
+    for (int pass = 0; pass < 2; ++pass) {
+      CHECK_CUDA(cudaMemset(s.kc, 0, cn * 2));
+      CHECK_CUDA(cudaMemset(s.vc, 0, cn * 2));
+      CHECK_CUDA(cudaMemset(s.q_out, 0, qn * 2));
+      enqueue(mode, s, stream, pass == 0 ? kAuto : shape);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const uint16_t *src[3] = {s.kc, s.vc, s.q_out};
+      for (int b = 0; b < 3; ++b) {
+        out[pass][b].resize(b == 2 ? qn : cn);
+        CHECK_CUDA(cudaMemcpy(out[pass][b].data(), src[b], out[pass][b].size() * 2,
+                              cudaMemcpyDeviceToHost));
+      }
+    }
+    for (int b = 0; b < 3; ++b) same = same && out[0][b] == out[1][b];
+  }
+  return same;
 }
 
 // The copy ceiling: upper median of the rates of 6 timed 1 GiB copies after
@@ -312,6 +350,7 @@ int main(int argc, char **argv) {
       "| tokens | form | graph us/launch (series 1, 2) | stream us | effective GB/s | fraction of "
       "copy |\n|---|---|---|---|---|---|\n";
   bool first = true, ok = true;
+  std::string shapes_md, shapes_json;
   for (int tokens : {1, 64, 256, 8192}) {
     // Enough sets to exceed L2 several times for the large case.
     const size_t set_bytes = size_t(tokens) * (2 * HQ + 5 * HKV) * D * 2;
@@ -323,6 +362,40 @@ int main(int argc, char **argv) {
       ok = false;
     }
     const int launches = tokens >= 8192 ? 20 : 100;
+    if (tokens == 8192) {
+      // Launch shapes of the large call, side by side.
+      const Shape shapes[] = {{"1 token per CTA", 1, 1},
+                              {"2 tokens per CTA", 1, 2},
+                              {"4 tokens per CTA", 1, 4},
+                              {"1 token per CTA, registers for 1 (4 CTAs/SM)", 2, 1},
+                              {"2 tokens per CTA, registers for 2 (3 CTAs/SM)", 2, 2},
+                              kAuto};
+      shapes_md +=
+          "\nLaunch shapes at 8192 tokens (graph us per launch, series 1 / 2; fraction of "
+          "copy):\n\n| shape | append | fused RoPE + append | RoPE then append | same bytes as "
+          "automatic |\n|---|---|---|---|---|\n";
+      for (const Shape &shape : shapes) {
+        const bool same = check_shape(sets[0], shape, stream);
+        ok = ok && same;
+        shapes_md += strprintf("| %s |", shape.name);
+        for (int mode : {kAppend, kFused, kSeparate}) {
+          const Timing t = time_mode(mode, sets, launches, stream, shape);
+          const double bytes = double(tokens) * HKV * D * 2 * 4 +
+                               (mode == kAppend ? 0.0 : double(tokens) * HQ * D * 2 * 2);
+          const double frac = bytes / (t.graph_us[0] * 1e3) / copy;
+          shapes_md += strprintf(" %.2f / %.2f (%.3f) |", t.graph_us[0], t.graph_us[1], frac);
+          shapes_json += strprintf(
+              "%s    {\"shape\": \"%s\", \"schedule\": %d, \"tokens_per_group\": %d, "
+              "\"form\": \"%s\", \"graph_us_per_launch\": [%.3f, %.3f], "
+              "\"fraction_of_copy\": %.3f, \"same_bytes\": %s}",
+              shapes_json.empty() ? "" : ",\n", shape.name, shape.schedule, shape.tokens_per_group,
+              mode_name(mode), t.graph_us[0], t.graph_us[1], frac, same ? "true" : "false");
+          printf("shape %-45s %-18s graph %.2f / %.2f us (%.3f of copy)%s\n", shape.name,
+                 mode_name(mode), t.graph_us[0], t.graph_us[1], frac, same ? "" : " DIFFERS");
+        }
+        shapes_md += strprintf(" %s |\n", same ? "yes" : "NO");
+      }
+    }
     for (int mode : {kAppend, kFused, kSeparate}) {
       const Timing t = time_mode(mode, sets, launches, stream);
       const double kv = double(tokens) * HKV * D * 2 * 4;  // K, V read + written
@@ -341,6 +414,8 @@ int main(int argc, char **argv) {
     }
     for (Set &s : sets) free_set(s);
   }
+  json += "\n  ],\n  \"shapes_8192\": [\n" + shapes_json;
+  md += shapes_md;
   json +=
       "\n  ],\n  \"launches_per_step_32_layers\": {\"fused\": 32, \"separate\": 64, "
       "\"row_uploads\": 1, \"table_exports\": 1},\n  \"host_cost\": [\n";

@@ -12,6 +12,11 @@
 // copy unit moves up to 8 consecutive dims (dim-major caches store them one
 // element per dim).
 //
+// A full rotation unit reads its cos/sin as float4s and rotates two pairs per
+// 32-bit word (unpacked to FP32, packed back with one paired round-to-nearest
+// conversion): the same operations and roundings as one element at a time,
+// with a fraction of the instructions.
+//
 // The cos/sin table of the CTA's tokens lives in shared memory. A thread
 // issues the loads of its first unit before building the table, so the
 // table's latency overlaps the memory latency instead of adding to it.
@@ -165,11 +170,12 @@ __device__ __forceinline__ Unit unit_at(const AppendLaunch &a, const Units &s, i
   return u;
 }
 
-// Issues the loads of unit u for tokens r0 .. r0 + ntok - 1.
-__device__ __forceinline__ void load_unit(const Unit &u, int r0, int ntok, int half,
-                                          Run (&x)[kMaxTokensPerCta], Run (&y)[kMaxTokensPerCta]) {
+// Issues the loads of unit u for tokens r0 .. r0 + ntok - 1 (ntok <= N).
+template <int N>
+__device__ __forceinline__ void load_unit(const Unit &u, int r0, int ntok, int half, Run (&x)[N],
+                                          Run (&y)[N]) {
 #pragma unroll
-  for (int t = 0; t < kMaxTokensPerCta; ++t) {
+  for (int t = 0; t < N; ++t) {
     if (t < ntok) {
       const uint16_t *p = u.src + int64_t{r0 + t} * u.src_token;
       x[t] = load_run(p, u.n);
@@ -185,24 +191,54 @@ __device__ __forceinline__ int64_t slot(const AppendLaunch &a, int r) {
   return int64_t{a.block_ids[r]} * a.stride_block + int64_t{a.offsets[r]} * a.stride_token;
 }
 
-// Rotates (if a rotation unit) and stores unit u of the CTA's tokens.
+// Floats per row of the shared cos/sin tables: half rounded up to whole
+// 16-byte vectors, so that a full rotation unit (8 pairs from a multiple of
+// 8) reads its cos and sin as two float4 each.
+__host__ __device__ __forceinline__ int table_row(int half) {
+  return (half + 3) & ~3;
+}
+
+// Rotates the pairs (x word, y word) = elements 2k, 2k + 1 of a run: unpack
+// both words, rotate in FP32, pack with one round-to-nearest conversion per
+// word.
 template <class T>
+__device__ __forceinline__ void rotate_word(uint32_t &xw, uint32_t &yw, float c0, float c1,
+                                            float s0, float s1) {
+  const float2 x = Elem<T>::load2(xw), y = Elem<T>::load2(yw);
+  xw = Elem<T>::store2(rope_first(x.x, y.x, c0, s0), rope_first(x.y, y.y, c1, s1));
+  yw = Elem<T>::store2(rope_second(x.x, y.x, c0, s0), rope_second(x.y, y.y, c1, s1));
+}
+
+// Rotates (if a rotation unit) and stores unit u of tokens r0 .. r0 + ntok
+// - 1. cos_s / sin_s: the tokens' tables, rows of table_row(half) floats.
+template <class T, int N>
 __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half,
                                            const AppendLaunch &a, const float *cos_s,
-                                           const float *sin_s, Run (&x)[kMaxTokensPerCta],
-                                           Run (&y)[kMaxTokensPerCta]) {
+                                           const float *sin_s, Run (&x)[N], Run (&y)[N]) {
+  const int row = table_row(half);
 #pragma unroll
-  for (int t = 0; t < kMaxTokensPerCta; ++t) {
+  for (int t = 0; t < N; ++t) {
     if (t < ntok) {
-      uint16_t *dst = u.dst + (u.dst_token >= 0 ? int64_t{r0 + t} * u.dst_token : slot(a, r0 + t));
+      const int64_t off = u.dst_token >= 0 ? int64_t{r0 + t} * u.dst_token : slot(a, r0 + t);
+      uint16_t *dst = u.dst + off;
       if (u.pair >= 0) {
-        const float *c = cos_s + t * half + u.pair, *s = sin_s + t * half + u.pair;
+        const float *c = cos_s + t * row + u.pair, *s = sin_s + t * row + u.pair;
+        if (u.n == kVec) {  // c, s 16-byte aligned (u.pair and row multiples of 4)
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          if (e < u.n) {
-            const float x1 = Elem<T>::load(get(x[t], e)), x2 = Elem<T>::load(get(y[t], e));
-            set(x[t], e, Elem<T>::store(rope_first(x1, x2, c[e], s[e])));
-            set(y[t], e, Elem<T>::store(rope_second(x1, x2, c[e], s[e])));
+          for (int k = 0; k < 2; ++k) {
+            const float4 c4 = reinterpret_cast<const float4 *>(c)[k];
+            const float4 s4 = reinterpret_cast<const float4 *>(s)[k];
+            rotate_word<T>(x[t].w[2 * k], y[t].w[2 * k], c4.x, c4.y, s4.x, s4.y);
+            rotate_word<T>(x[t].w[2 * k + 1], y[t].w[2 * k + 1], c4.z, c4.w, s4.z, s4.w);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            if (e < u.n) {
+              const float x1 = Elem<T>::load(get(x[t], e)), x2 = Elem<T>::load(get(y[t], e));
+              set(x[t], e, Elem<T>::store(rope_first(x1, x2, c[e], s[e])));
+              set(y[t], e, Elem<T>::store(rope_second(x1, x2, c[e], s[e])));
+            }
           }
         }
         store_run(dst + half * u.sd, u.sd, u.n, y[t]);
@@ -212,13 +248,34 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
   }
 }
 
-// Dynamic shared memory: inv_freq[half], cos[tokens][half], sin[tokens][half].
-template <class T>
-__global__ void __launch_bounds__(kMaxThreads, 2)
+// inv_freq = base^(-2i/R) with the CPU's FP32 exponent. FP64 exp2 of
+// exponent * log2(base) (relative error ~2^-48) rounded once to FP32 is the
+// correctly rounded value, as the CPU's powf returns, unless the exact value
+// lies within ~2^-48 of a rounding boundary. So angle = p * inv_freq is the
+// CPU's FP32 angle bit for bit: a one-ulp inv_freq would move the angle of p
+// = 131071 by ~0.008 rad. One FP64 exp2 per pair and CTA (the old FP64 pow +
+// sincos per token cost ~2.4 us of latency per launch).
+__device__ __forceinline__ float inv_freq_of(int i, int R, double log2_base) {
+  const float exponent = __fdiv_rn(-2.0f * static_cast<float>(i), static_cast<float>(R));
+  return static_cast<float>(exp2(static_cast<double>(exponent) * log2_base));
+}
+
+// Accurate FP32 sincosf (not __sinf): within an FP32 ulp or two of the CPU's
+// cosf/sinf, far below one f16/bf16 rounding of the result.
+__device__ __forceinline__ void cos_sin_entry(int position, float inv_freq, float *c, float *s) {
+  const float angle = __fmul_rn(static_cast<float>(position), inv_freq);
+  sincosf(angle, s, c);
+}
+
+// Dynamic shared memory: inv_freq[row], cos[tokens][row], sin[tokens][row]
+// with row = table_row(half). MaxTok: the most tokens per CTA the registers
+// are sized for; MinBlocks: resident CTAs per SM the registers are capped for.
+template <class T, int MaxTok, int MinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, MinBlocks)
     append_kernel(const AppendLaunch a, const double log2_base, const int tokens_per_cta) {
   extern __shared__ float table[];
   const Units s = units_of(a);
-  const int half = s.half;
+  const int half = s.half, row = table_row(half);
   const int r0 = blockIdx.x * tokens_per_cta;
   const int ntok = min(tokens_per_cta, a.num_tokens - r0);
   const bool paged = a.block_ids != nullptr;
@@ -226,32 +283,19 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int64_t sd = paged ? a.stride_dim : 1;
   int w = threadIdx.x;
   Unit u{};
-  Run x[kMaxTokensPerCta], y[kMaxTokensPerCta];
+  Run x[MaxTok], y[MaxTok];
   if (w < s.total) {
     u = unit_at(a, s, w, sh, sd);
     load_unit(u, r0, ntok, half, x, y);
   }
-  float *inv_freq = table, *cos_s = table + half, *sin_s = table + half + tokens_per_cta * half;
+  float *inv_freq = table, *cos_s = table + row, *sin_s = table + row + tokens_per_cta * row;
   if (s.R > 0) {  // uniform across the CTA
-    // inv_freq = base^(-2i/R) with the CPU's FP32 exponent. FP64 exp2 of
-    // exponent * log2(base) (relative error ~2^-48) rounded once to FP32 is
-    // the correctly rounded value, as the CPU's powf returns, unless the
-    // exact value lies within ~2^-48 of a rounding boundary. So
-    // angle = p * inv_freq is the CPU's FP32 angle bit for bit: a one-ulp
-    // inv_freq would move the angle of p = 131071 by ~0.008 rad. One FP64
-    // exp2 per pair and CTA (the old FP64 pow + sincos per token cost
-    // ~2.4 us of latency per launch).
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float exponent = __fdiv_rn(-2.0f * static_cast<float>(i), static_cast<float>(s.R));
-      inv_freq[i] = static_cast<float>(exp2(static_cast<double>(exponent) * log2_base));
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      inv_freq[i] = inv_freq_of(i, s.R, log2_base);
     __syncthreads();
-    // Accurate FP32 sincosf (not __sinf): within an FP32 ulp or two of
-    // the CPU's cosf/sinf, far below one f16/bf16 rounding of the result.
     for (int e = threadIdx.x; e < ntok * half; e += blockDim.x) {
       const int t = e / half, i = e - t * half;
-      const float angle = __fmul_rn(static_cast<float>(a.positions[r0 + t]), inv_freq[i]);
-      sincosf(angle, &sin_s[e], &cos_s[e]);
+      cos_sin_entry(a.positions[r0 + t], inv_freq[i], &cos_s[t * row + i], &sin_s[t * row + i]);
     }
     __syncthreads();
   }
@@ -267,23 +311,42 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
 
 }  // namespace
 
+namespace {
+
+template <class T, int MaxTok, int MinBlocks>
+cudaError_t launch_kernel(const AppendLaunch &a, int threads, int tpc, double log2_base) {
+  const Units s = units_of(a);
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
+  const size_t smem =
+      s.R > 0 ? sizeof(float) * static_cast<size_t>(table_row(s.half)) * (1 + 2 * tpc) : 0;
+  append_kernel<T, MaxTok, MinBlocks><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_typed(const AppendLaunch &a, int threads, double log2_base) {
+  // Several tokens per CTA once there are enough tokens to fill the chip
+  // anyway: fewer, longer CTAs with more loads in flight per thread.
+  int tpc = a.num_tokens >= 4096 ? 4 : a.num_tokens >= 2048 ? 2 : 1;
+  if (a.tokens_per_group == 1 || a.tokens_per_group == 2 || a.tokens_per_group == 4)
+    tpc = a.tokens_per_group;
+  // Schedule 2: registers sized for exactly tpc tokens, more CTAs per SM.
+  if (a.schedule == 2 && tpc == 1) return launch_kernel<T, 1, 4>(a, threads, tpc, log2_base);
+  if (a.schedule == 2 && tpc == 2) return launch_kernel<T, 2, 3>(a, threads, tpc, log2_base);
+  return launch_kernel<T, kMaxTokensPerCta, 2>(a, threads, tpc, log2_base);
+}
+
+}  // namespace
+
 cudaError_t launch_append(const AppendLaunch &a) {
   if (a.num_tokens <= 0) return cudaSuccess;
   const Units s = units_of(a);
   int threads = (s.total + 31) / 32 * 32;
   if (threads > kMaxThreads) threads = kMaxThreads;
   if (threads < 32) threads = 32;
-  // Several tokens per CTA once there are enough tokens to fill the chip
-  // anyway: fewer, longer CTAs with more loads in flight per thread.
-  const int tpc = a.num_tokens >= 4096 ? 4 : a.num_tokens >= 2048 ? 2 : 1;
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
-  const size_t smem = s.R > 0 ? sizeof(float) * static_cast<size_t>(s.half) * (1 + 2 * tpc) : 0;
   const double log2_base = s.R > 0 ? std::log2(static_cast<double>(a.rope_base)) : 0.0;
-  if (a.dtype == FD_DTYPE_F16)
-    append_kernel<__half><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
-  else
-    append_kernel<__nv_bfloat16><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
-  return cudaGetLastError();
+  if (a.dtype == FD_DTYPE_F16) return launch_typed<__half>(a, threads, log2_base);
+  return launch_typed<__nv_bfloat16>(a, threads, log2_base);
 }
 
 }  // namespace cuda

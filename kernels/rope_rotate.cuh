@@ -26,6 +26,16 @@ struct Elem<__half> {
   static __device__ __forceinline__ uint16_t store(float x) {
     return __half_as_ushort(__float2half_rn(x));
   }
+  // Two elements packed in a word (the first in the low half).
+  static __device__ __forceinline__ float2 load2(uint32_t w) {
+    return __half22float2(__halves2half2(__ushort_as_half(static_cast<uint16_t>(w)),
+                                         __ushort_as_half(static_cast<uint16_t>(w >> 16))));
+  }
+  static __device__ __forceinline__ uint32_t store2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return static_cast<uint32_t>(__half_as_ushort(__low2half(h))) |
+           (static_cast<uint32_t>(__half_as_ushort(__high2half(h))) << 16);
+  }
 };
 
 template <>
@@ -35,6 +45,16 @@ struct Elem<__nv_bfloat16> {
   }
   static __device__ __forceinline__ uint16_t store(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  // Two elements packed in a word (the first in the low half): the bf16 bits
+  // are the high half of the FP32 bits.
+  static __device__ __forceinline__ float2 load2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+  static __device__ __forceinline__ uint32_t store2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return static_cast<uint32_t>(__bfloat16_as_ushort(__low2bfloat16(h))) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(__high2bfloat16(h))) << 16);
   }
 };
 

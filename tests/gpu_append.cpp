@@ -1,10 +1,11 @@
 /* fd_kv_append / fd_rope_kv_append on CUDA against the CPU implementation:
  * every dtype x head_dim (64, 128) x rotary_dim (full, partial, not a
  * multiple of 16) x storage (token-major, dim-major, NHD strides, padded
- * dim-major), 1..300 tokens, in-place and separate q_out; V and copies are
- * bit-exact, rotated values within one rounding of the dtype (powf/sincosf
- * last bits). Error paths: bad indices in device memory are refused with
- * nothing written; host pointers are refused. */
+ * dim-major), 1..300, 2100 and 4099 tokens (the large-call forms), in-place
+ * and separate q_out; V and copies are bit-exact, rotated values within one
+ * rounding of the dtype (powf/sincosf last bits). FD_GPU_TEST_REDUCED=1 runs
+ * every third case (for compute-sanitizer). Error paths: bad indices in device
+ * memory are refused with nothing written; host pointers are refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -171,18 +172,33 @@ void check(const Case &c, size_t *inexact) {
 void test_kernels_match_cpu(void **state) {
   (void)state;
   fd_test_rng rng = {11};
-  int cases = 0;
+  int cases = 0, visited = 0;
   size_t inexact = 0;
+  /* FD_GPU_TEST_REDUCED=1 (compute-sanitizer runs): every third case. */
+  const char *reduced_env = getenv("FD_GPU_TEST_REDUCED");
+  const int stride = reduced_env != nullptr && strcmp(reduced_env, "1") == 0 ? 3 : 1;
   for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
     for (uint32_t D : {64u, 128u})
       for (uint32_t R : {D, D / 2, 24u, 2u})
         for (int st : {kToken, kDim, kNhd, kDimPadded})
           for (uint32_t tokens : {1u, 37u, 300u}) {
+            if (visited++ % stride != 0) continue;
             Case c = {dt, D, R, tokens, 8, 2, 16, st, (cases % 2) == 1, fd_test_next(&rng)};
             if (tokens == 300) c.hq = 32, c.hkv = 8, c.bs = 32;
             check(c, &inexact);
             ++cases;
           }
+  /* Large calls: 2 tokens per CTA from 2048 tokens, 4 from 4096 (4099: the
+   * last CTA has 3). */
+  for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
+    for (uint32_t R : {128u, 64u, 24u})
+      for (int st : {kToken, kDimPadded}) {
+        if (visited++ % stride != 0) continue;
+        const uint32_t tokens = st == kToken ? 4099 : 2100;
+        Case c = {dt, 128, R, tokens, 32, 8, 32, st, (cases % 2) == 1, fd_test_next(&rng)};
+        check(c, &inexact);
+        ++cases;
+      }
   print_message(
       "gpu_append: %d cases x {plain, fused} match the CPU (%zu rotated values one "
       "rounding apart)\n",
