@@ -44,9 +44,16 @@ struct Config {
   static constexpr int kChunksPerThread = kTileElems / 8 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
   static constexpr int kCtasPerSm = D == 128 ? 2 : 3;
-  // The warp merge at the end reuses the pipeline's shared memory.
-  static_assert(kWarps * 16 * D * 4 + 2 * kWarps * 16 * 4 <= kSmemBytes, "merge buffer");
 };
+
+// Row stride (floats) of the warp-merge buffer; see decode_kernel.
+template <int D>
+constexpr int kRedStride = D + 8;
+// The warp merge at the end reuses the pipeline's shared memory.
+static_assert(kWarps * 16 * kRedStride<128> * 4 + 2 * kWarps * 16 * 4 <= Config<128>::kSmemBytes,
+              "merge buffer");
+static_assert(kWarps * 16 * kRedStride<64> * 4 + 2 * kWarps * 16 * 4 <= Config<64>::kSmemBytes,
+              "merge buffer");
 
 template <class T>
 struct Mma;
@@ -613,18 +620,22 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][D]
-  float *red_m = red_o + kWarps * 16 * D;          // [warp][16]
+  // Rows are padded to D + 8 floats: the 8-byte stores of a half-warp (rows
+  // g = 0..3, dims 2 tig) then hit 16 distinct bank pairs (unpadded rows put
+  // all 8 rows of a warp in one bank: an 8-way conflict that cost ~2 us per
+  // CTA, measured by bench/trace_probe). Rows past the group are not stored.
+  constexpr int Dp = kRedStride<D>;
+  float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][Dp]
+  float *red_m = red_o + kWarps * 16 * Dp;         // [warp][16]
   float *red_l = red_m + kWarps * 16;              // [warp][16]
   {
-    float *wo = red_o + warp * 16 * D;
+    float *wo = red_o + warp * 16 * Dp;
+    const bool row0 = mt * 16 + g < p.group_size, row1 = mt * 16 + g + 8 < p.group_size;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int d = n * 8 + 2 * tig;
-      wo[g * D + d] = o[n][0];
-      wo[g * D + d + 1] = o[n][1];
-      wo[(g + 8) * D + d] = o[n][2];
-      wo[(g + 8) * D + d + 1] = o[n][3];
+      if (row0) *reinterpret_cast<float2 *>(wo + g * Dp + d) = make_float2(o[n][0], o[n][1]);
+      if (row1) *reinterpret_cast<float2 *>(wo + (g + 8) * Dp + d) = make_float2(o[n][2], o[n][3]);
     }
     if (tig == 0) {
       red_m[warp * 16 + g] = m0;
@@ -647,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     for (int w = w0; w < kWarps; w += p.m_tiles) {
       const float f = exp2f(red_m[w * 16 + hm] - use);
       sum += f * red_l[w * 16 + hm];
-      acc += f * red_o[(w * 16 + hm) * D + d];
+      acc += f * red_o[(w * 16 + hm) * Dp + d];
     }
     const int64_t qh = static_cast<int64_t>(row) * num_q_heads + kvh * group + h;
     if (direct) {
