@@ -132,10 +132,6 @@ void Engine::create_device_scratch() {
     bytes = std::max(bytes, need);
   }
   device_->allocate_workspace(std::min(bytes, kMaxWorkspaceBytes));
-  // Split counters for fd_decode's one-kernel merge: one 32-bit word per
-  // (row, KV head) of the largest step (max_blocks rows), zeroed once here.
-  device_->allocate_split_counters(size_t{max_blocks} * cache_config_.num_kv_heads *
-                                   sizeof(uint32_t));
 }
 
 void Engine::require_device(const void *p, const char *what) const {
@@ -481,8 +477,6 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     if (on_cuda()) {
       p.workspace = device_->workspace();
       p.workspace_size = device_->workspace_size();
-      p.split_counters = device_->split_counters();
-      p.split_counters_size = device_->split_counters_size();
     }
     check(fd_decode(&p));
   } catch (...) {

@@ -129,8 +129,7 @@ class Engine {
   std::vector<int32_t> step_tables_, step_effective_lens_;
   std::vector<unsigned char> q_rotated_;
   // CUDA caches only: device twins of q_rotated_, step_tables_ and
-  // step_effective_lens_, the split-KV workspace and the split counters
-  // (engine_device.hpp).
+  // step_effective_lens_, and the split-KV workspace (engine_device.hpp).
   std::unique_ptr<DeviceScratch> device_;
 
   // The last applied decision (scheduler-managed mode).

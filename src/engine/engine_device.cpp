@@ -74,18 +74,6 @@ void DeviceScratch::allocate_workspace(size_t bytes) {
   workspace_size_ = bytes;
 }
 
-void DeviceScratch::allocate_split_counters(size_t bytes) {
-  if (bytes == 0) return;
-  CudaDeviceScope scope(sizes_.ordinal);
-  void *p = allocate(bytes, "cudaMalloc (engine split counters)");
-  cuda_check(cudaMemset(p, 0, bytes), "cudaMemset (engine split counters)");
-  // Steps may run on a non-blocking stream, which the legacy default stream
-  // does not order: wait here (creation only, never on the step path).
-  cuda_check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (engine split counters)");
-  split_counters_ = static_cast<uint32_t *>(p);
-  split_counters_size_ = bytes;
-}
-
 void DeviceScratch::require_device_pointer(const void *p, int32_t ordinal, const char *what) {
   if (!is_cuda_device_memory(p, ordinal)) {
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d (the cache's device)",
@@ -117,9 +105,6 @@ void DeviceScratch::reserve(uint32_t, uint64_t) {
   no_cuda();
 }
 void DeviceScratch::allocate_workspace(size_t) {
-  no_cuda();
-}
-void DeviceScratch::allocate_split_counters(size_t) {
   no_cuda();
 }
 void DeviceScratch::require_device_pointer(const void *, int32_t, const char *) {

@@ -1,8 +1,7 @@
 // Device scratch of an engine on a CUDA cache: rotated Q, block tables,
-// effective seq_lens, split-KV workspace, split counters and a dummy Q for
-// prefill. Sized at creation from the cache geometry and grown (doubling)
-// only when a step has more rows or a larger table than any before (the
-// workspace and the split counters never grow); replaced buffers are kept
+// effective seq_lens, split-KV workspace and a dummy Q for prefill. Sized at
+// creation from the cache geometry and grown (doubling) only when a step has
+// more rows or a larger table than any before; replaced buffers are kept
 // until the engine is destroyed, because queued work may still read them and
 // freeing would synchronise the host. In builds without CUDA every member
 // fails with FD_ERR_UNSUPPORTED (no CUDA cache can exist there).
@@ -38,10 +37,6 @@ class DeviceScratch {
   void reserve(uint32_t rows, uint64_t table_entries);
   // Allocates the split-KV workspace (once, at creation).
   void allocate_workspace(size_t bytes);
-  // Allocates fd_decode's split counters (once, at creation) and zero-fills
-  // them, waiting for the fill so that work on any stream sees zeros. Every
-  // decode call returns the words it used to zero, so they are never reset.
-  void allocate_split_counters(size_t bytes);
 
   void *q_rotated() const { return q_rotated_; }
   int32_t *tables() const { return tables_; }
@@ -49,8 +44,6 @@ class DeviceScratch {
   void *prefill_q() const { return prefill_q_; }
   void *workspace() const { return workspace_; }
   size_t workspace_size() const { return workspace_size_; }
-  uint32_t *split_counters() const { return split_counters_; }
-  size_t split_counters_size() const { return split_counters_size_; }
   uint32_t row_capacity() const { return rows_; }
   uint64_t table_capacity() const { return table_entries_; }
 
@@ -73,8 +66,6 @@ class DeviceScratch {
   void *prefill_q_ = nullptr;
   void *workspace_ = nullptr;
   size_t workspace_size_ = 0;
-  uint32_t *split_counters_ = nullptr;
-  size_t split_counters_size_ = 0;
   std::vector<void *> owned_;  // every allocation, current and replaced
 };
 
