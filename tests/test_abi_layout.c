@@ -153,7 +153,7 @@ FD_FIELD(fd_kv_append_params, positions, 144, 8);
 FD_FIELD(fd_kv_append_params, device, 152, 8);
 FD_FIELD(fd_kv_append_params, stream, 160, 8);
 
-FD_STRUCT(fd_decode_params, 192, 8);
+FD_STRUCT(fd_decode_params, 176, 8);
 FD_FIELD(fd_decode_params, struct_size, 0, 4);
 FD_FIELD(fd_decode_params, dtype, 4, 4);
 FD_FIELD(fd_decode_params, layout, 8, 4);
@@ -184,9 +184,6 @@ FD_FIELD(fd_decode_params, device, 152, 8);
 FD_FIELD(fd_decode_params, stream, 160, 8);
 FD_FIELD(fd_decode_params, cpu_threads, 168, 4);
 FD_FIELD(fd_decode_params, reserved0, 172, 4);
-/* Appended in 0.2. */
-FD_FIELD(fd_decode_params, split_counters, 176, 8);
-FD_FIELD(fd_decode_params, split_counters_size, 184, 8);
 
 FD_STRUCT(fd_scheduler_config, 20, 4);
 FD_FIELD(fd_scheduler_config, struct_size, 0, 4);

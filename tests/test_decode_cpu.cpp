@@ -361,8 +361,6 @@ void test_params_init(void **state) {
   assert_true(prm.q == NULL && prm.out == NULL && prm.workspace == NULL && prm.stream == NULL);
   assert_int_equal(prm.cpu_threads, 0);
   assert_int_equal(prm.reserved0, 0);
-  assert_true(prm.split_counters == NULL);
-  assert_int_equal(prm.split_counters_size, 0);
   assert_true(prm.sm_scale == 0.f);
   fd_decode_params_init(NULL); /* ignored */
 }
@@ -486,87 +484,6 @@ void test_parameter_errors(void **state) {
 #undef SHIFTED
 }
 
-/* split_counters (appended in 0.2): one uint32 word per (row, KV head),
- * validated on every backend. The base problem has batch 3, num_kv_heads 2,
- * so 24 bytes are needed. */
-void test_split_counters_errors(void **state) {
-  (void)state;
-  uint32_t words[8] = {0};
-  EXPECT_BOTH_FAIL(prm->split_counters_size = 4, FD_ERR_INVALID_ARGUMENT,
-                   "split_counters is NULL but split_counters_size is 4");
-  EXPECT_BOTH_FAIL((prm->split_counters = words, prm->split_counters_size = 23),
-                   FD_ERR_INVALID_ARGUMENT, "split_counters_size is 23 bytes");
-  EXPECT_BOTH_FAIL((prm->split_counters = words, prm->split_counters_size = 23),
-                   FD_ERR_INVALID_ARGUMENT,
-                   "less than the 24 bytes needed (4 * batch 3 * num_kv_heads 2)");
-  EXPECT_BOTH_FAIL((prm->split_counters = words, prm->split_counters_size = 0),
-                   FD_ERR_INVALID_ARGUMENT, "split_counters_size is 0 bytes");
-  /* The need follows batch: two rows need 16 bytes. */
-  EXPECT_BOTH_FAIL((prm->batch = 2, prm->split_counters = words, prm->split_counters_size = 12),
-                   FD_ERR_INVALID_ARGUMENT,
-                   "split_counters_size is 12 bytes, less than the 16 bytes needed (4 * batch 2 * "
-                   "num_kv_heads 2)");
-  uint32_t *misaligned = (uint32_t *)(void *)((char *)words + 2);
-  EXPECT_BOTH_FAIL((prm->split_counters = misaligned, prm->split_counters_size = 24),
-                   FD_ERR_INVALID_ARGUMENT, "split_counters (");
-  EXPECT_BOTH_FAIL((prm->split_counters = misaligned, prm->split_counters_size = 24),
-                   FD_ERR_INVALID_ARGUMENT, "must be aligned to 4 bytes");
-  for (uint32_t w : words) assert_int_equal(w, 0);
-}
-
-/* A valid split_counters changes nothing on the CPU: the same output bits, no
- * workspace, and the buffer is neither read nor written. */
-void test_split_counters_ignored_on_cpu(void **state) {
-  (void)state;
-  Case c;
-  c.seed = 11;
-  c.dtype = FD_DTYPE_BF16;
-  c.hq = 8, c.hkv = 2, c.dim = 64, c.bs = 16, c.mbps = 32, c.batch = 3;
-  c.lens = {500, 0, 129};
-  c.cpu_threads = 2;
-  Problem p = build(c);
-  fd_decode_params prm = params_for(p);
-  FD_ASSERT_OK(fd_decode(&prm));
-  const std::vector<uint8_t> want = p.out;
-  std::vector<uint32_t> counters(c.batch * c.hkv + 5, 0xA5A5A5A5u);
-  const std::vector<uint32_t> counters_before = counters;
-  for (size_t bytes : {size_t{4} * c.batch * c.hkv, counters.size() * 4}) {
-    prm.split_counters = counters.data();
-    prm.split_counters_size = bytes;
-    p.out.assign(p.out.size(), 0xFF);
-    FD_ASSERT_OK(fd_decode(&prm));
-    assert_memory_equal(want.data(), p.out.data(), want.size());
-    assert_memory_equal(counters_before.data(), counters.data(), counters.size() * 4);
-    size_t ws = 12345;
-    FD_ASSERT_OK(fd_decode_workspace_size(&prm, &ws));
-    assert_int_equal(ws, 0);
-  }
-}
-
-/* A 0.1 caller's struct ends at reserved0: split_counters and its size lie
- * past struct_size, so whatever bytes are there are never read. */
-void test_struct_without_split_counters(void **state) {
-  (void)state;
-  Problem p = error_base();
-  fd_decode_params prm = params_for(p);
-  FD_ASSERT_OK(fd_decode(&prm));
-  const std::vector<uint8_t> want = p.out;
-  const size_t old_size = offsetof(fd_decode_params, split_counters);
-  memset((unsigned char *)&prm + old_size, 0xCD, sizeof prm - old_size);
-  prm.struct_size = (uint32_t)old_size;
-  p.out.assign(p.out.size(), 0xFF);
-  FD_ASSERT_OK(fd_decode(&prm));
-  assert_memory_equal(want.data(), p.out.data(), want.size());
-  size_t bytes = 99;
-  FD_ASSERT_OK(fd_decode_workspace_size(&prm, &bytes));
-  assert_int_equal(bytes, 0);
-  /* The same bytes inside the full struct are read: a misaligned pointer. */
-  prm.struct_size = (uint32_t)sizeof prm;
-  const std::vector<uint8_t> before = p.out;
-  FD_ASSERT_FAILS(fd_decode(&prm), FD_ERR_INVALID_ARGUMENT, "split_counters (");
-  assert_memory_equal(before.data(), p.out.data(), before.size());
-}
-
 /* f32 is a CPU-only element type: refused for CUDA before the device is looked at. */
 void test_f32_on_cuda_unsupported(void **state) {
   (void)state;
@@ -671,9 +588,6 @@ int main(void) {
       cmocka_unit_test(test_params_init),
       cmocka_unit_test(test_older_struct_size),
       cmocka_unit_test(test_parameter_errors),
-      cmocka_unit_test(test_split_counters_errors),
-      cmocka_unit_test(test_split_counters_ignored_on_cpu),
-      cmocka_unit_test(test_struct_without_split_counters),
       cmocka_unit_test(test_f32_on_cuda_unsupported),
       cmocka_unit_test(test_stride_errors),
       cmocka_unit_test(test_index_errors),

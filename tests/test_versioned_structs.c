@@ -160,28 +160,6 @@ static void test_decode_params(void **state) {
   p.struct_size = (uint32_t)(offsetof(fd_decode_params, device) + sizeof(fd_device));
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "device.type 99");
   assert_bytes((const unsigned char *)c.out, 0, sizeof c.out, FILL);
-
-  /* A 0.1 struct ends at reserved0 (176 bytes): split_counters and
-   * split_counters_size (appended in 0.2) are not read, whatever is there. */
-  p = decode_params(&c);
-  const size_t v01 = offsetof(fd_decode_params, split_counters);
-  memset((unsigned char *)&p + v01, FILL, sizeof p - v01);
-  p.struct_size = (uint32_t)v01;
-  memset(c.out, FILL, sizeof c.out);
-  FD_ASSERT_OK(fd_decode(&p));
-  assert_memory_equal(c.out, want, sizeof want);
-
-  /* struct_size ends after split_counters: the pointer (0xCDCD..., not NULL)
-   * is read, its size keeps the default 0, which is too small. */
-  p.struct_size = (uint32_t)offsetof(fd_decode_params, split_counters_size);
-  memset(c.out, FILL, sizeof c.out);
-  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "split_counters_size is 0 bytes");
-  assert_bytes((const unsigned char *)c.out, 0, sizeof c.out, FILL);
-
-  /* The whole struct: both are read; the pointer is misaligned. */
-  p.struct_size = (uint32_t)sizeof p;
-  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "split_counters (");
-  assert_bytes((const unsigned char *)c.out, 0, sizeof c.out, FILL);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -194,22 +194,6 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
   if (p.workspace == nullptr && p.workspace_size != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "workspace is NULL but workspace_size is %zu", p.workspace_size);
   if (p.reserved0 != 0) fail(FD_ERR_INVALID_ARGUMENT, "reserved0 must be 0, got %u", p.reserved0);
-  // Appended in 0.2: an older struct_size leaves both at their defaults (NULL, 0).
-  if (p.split_counters == nullptr && p.split_counters_size != 0)
-    fail(FD_ERR_INVALID_ARGUMENT, "split_counters is NULL but split_counters_size is %zu",
-         p.split_counters_size);
-  if (p.split_counters != nullptr) {
-    // One 32-bit word per (row, KV head); validated on every backend even
-    // though only CUDA uses it, so a call means the same everywhere.
-    const char *sc = "split_counters ([batch, num_kv_heads] uint32 words)";
-    const int64_t need = checked_mul(checked_mul(p.batch, p.num_kv_heads, sc), 4, sc);
-    if (p.split_counters_size < static_cast<uint64_t>(need))
-      fail(FD_ERR_INVALID_ARGUMENT,
-           "split_counters_size is %zu bytes, less than the %lld bytes needed (4 * batch %u * "
-           "num_kv_heads %u)",
-           p.split_counters_size, static_cast<long long>(need), p.batch, p.num_kv_heads);
-    require_aligned(p.split_counters, sizeof(uint32_t), "split_counters");
-  }
 
   // The output is written while the inputs are still being read.
   const struct {
@@ -253,7 +237,6 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
   pb.num_splits = p.num_splits;
   pb.workspace = p.workspace;
   pb.workspace_size = p.workspace_size;
-  pb.split_counters = p.split_counters;
   pb.device_type = p.device.type;
   pb.device_ordinal = p.device.ordinal;
   pb.stream = p.stream;
