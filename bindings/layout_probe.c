@@ -133,8 +133,6 @@ int main(void) {
   OFF(fd_decode_params, stream);
   OFF(fd_decode_params, cpu_threads);
   OFF(fd_decode_params, reserved0);
-  OFF(fd_decode_params, split_counters);
-  OFF(fd_decode_params, split_counters_size);
   SIZE(fd_kv_append_params);
   OFF(fd_kv_append_params, struct_size);
   OFF(fd_kv_append_params, dtype);

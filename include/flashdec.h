@@ -48,7 +48,7 @@
 /** Major version: changes only on an ABI break (it is the SONAME suffix). */
 #define FD_VERSION_MAJOR 0
 /** Minor version: grows when functions or struct fields are appended. */
-#define FD_VERSION_MINOR 2
+#define FD_VERSION_MINOR 1
 /** Patch version: fixes with no interface change. */
 #define FD_VERSION_PATCH 0
 /** Version as one number: major * 10000 + minor * 100 + patch. */
@@ -886,8 +886,8 @@ typedef struct fd_decode_params {
   uint32_t cpu_threads;  /**< CPU backend worker threads; 0 = all hardware threads. */
   uint32_t reserved0;    /**< Must be 0. */
   /* Appended in 0.2 (read only when struct_size covers them). */
-  uint32_t *split_counters;   /**< Optional zero-filled device words that let split-KV partials be
-                                   merged inside the attention kernel (CUDA); see ::fd_decode. */
+  uint32_t *split_counters; /**< Optional zero-filled device words that let split-KV partials be
+                                 merged inside the attention kernel (CUDA); see ::fd_decode. */
   size_t split_counters_size; /**< Bytes at split_counters (>= 4 * batch * num_kv_heads). */
 } fd_decode_params;
 

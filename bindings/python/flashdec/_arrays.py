@@ -13,7 +13,7 @@ Metadata arrays (request ids, positions, block tables on the host) are small;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -163,17 +163,15 @@ def index_tensor(
     x: Any,
     name: str,
     *,
-    kind: Union[str, Tuple[str, ...]],
+    kind: str,
     shape: Sequence[Optional[int]],
     device: Optional[Device] = None,
     writable: bool = False,
 ) -> Buffer:
-    """Checks an int32/int64/uint64 index tensor (block tables, seq lens).
-    ``kind`` is one element type name or a tuple of accepted ones."""
+    """Checks an int32/int64/uint64 index tensor (block tables, seq lens)."""
     b = _describe(x, name)
-    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
-    if b.dtype not in kinds:
-        raise argument_error(f"{name}: element type must be {' or '.join(kinds)}, got {b.dtype}")
+    if b.dtype != kind:
+        raise argument_error(f"{name}: element type must be {kind}, got {b.dtype}")
     _check_shape(b, name, shape)
     if not b.contiguous:
         raise argument_error(f"{name}: must be C-contiguous")

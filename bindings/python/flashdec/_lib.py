@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 # Version of the header these declarations mirror (FD_VERSION_* in flashdec.h).
 HEADER_VERSION_MAJOR = 0
-HEADER_VERSION_MINOR = 2
+HEADER_VERSION_MINOR = 1
 HEADER_VERSION_PATCH = 0
 HEADER_VERSION_NUMBER = (
     HEADER_VERSION_MAJOR * 10000 + HEADER_VERSION_MINOR * 100 + HEADER_VERSION_PATCH
@@ -190,9 +190,6 @@ class fd_decode_params(Structure):
         ("stream", fd_stream),
         ("cpu_threads", c_uint32),
         ("reserved0", c_uint32),
-        # appended in 0.2: counters for the one-kernel split-KV merge (CUDA)
-        ("split_counters", c_void_p),  # uint32_t *
-        ("split_counters_size", c_size_t),
     ]
 
 

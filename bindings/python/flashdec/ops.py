@@ -56,7 +56,6 @@ def _build_decode(
     max_seq_len_hint: int,
     check_indices: bool,
     stream: Optional[int],
-    split_counters: Any = None,
 ) -> Tuple[_Decode, Any]:
     layout = Layout(layout)
     qb = tensor(q, "q")
@@ -101,14 +100,6 @@ def _build_decode(
         wb = index_tensor(workspace, "workspace", kind="uint8", shape=(None,), device=dev, writable=True)
         p.workspace, p.workspace_size = wb.ptr, wb.shape[0]
         dec.keep.append(wb)
-    if split_counters is not None:
-        # 32-bit words the device writes: torch.int32 (torch has no usable
-        # uint32) or numpy int32/uint32, one per (row, KV head) or more.
-        cb = index_tensor(
-            split_counters, "split_counters", kind=("int32", "uint32"), shape=(None,), device=dev, writable=True
-        )
-        p.split_counters, p.split_counters_size = cb.ptr, 4 * cb.shape[0]
-        dec.keep.append(cb)
     p.device = dev.to_c()
     p.stream = stream_for([qb, kb, ob], stream)
     p.cpu_threads = _u32(cpu_threads, "cpu_threads")
@@ -132,7 +123,6 @@ def decode(
     max_seq_len_hint: int = 0,
     check_indices: bool = False,
     stream: Optional[int] = None,
-    split_counters: Any = None,
 ) -> Any:
     """Paged decode attention (fd_decode, semantics S2). Returns ``out``.
 
@@ -149,12 +139,6 @@ def decode(
         out: written in place when given ([batch, num_q_heads, head_dim], same
             type and device as q); allocated otherwise.
         workspace: uint8 1-D scratch for split-KV (see decode_workspace_size).
-        split_counters: optional int32 1-D tensor of at least batch *
-            num_kv_heads elements on q's device, zero-filled once (e.g.
-            torch.zeros) and then reused by calls ordered on one stream; on
-            CUDA it lets a split call merge its partials in one kernel. The
-            library leaves it zero after each call; after a device error
-            zero it again. The CPU backend checks its size and ignores it.
         stream: CUDA stream handle; default torch's current stream of q.
     Raises:
         FlashDecError: INVALID_ARGUMENT (from the binding's checks or the
@@ -164,7 +148,7 @@ def decode(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=sm_scale, num_splits=num_splits, workspace=workspace,
         cpu_threads=cpu_threads, max_seq_len_hint=max_seq_len_hint,
-        check_indices=check_indices, stream=stream, split_counters=split_counters,
+        check_indices=check_indices, stream=stream,
     )  # fmt: skip
     check(_lib.fd_decode(ctypes.byref(dec.params)))
     return out

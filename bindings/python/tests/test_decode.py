@@ -135,30 +135,6 @@ def test_split_kv_with_workspace(rng):
         assert "workspace" in e.value.message
 
 
-def test_split_counters_checked_and_ignored_on_cpu(rng):
-    q, kc, vc, tables, lens, _, _ = paged_problem(rng)  # batch 3, 2 KV heads: 6 words
-    want = fd.decode(q, kc, vc, tables, lens)
-    for dtype in (np.int32, np.uint32):
-        counters = np.full(6, 5, dtype)
-        out = fd.decode(q, kc, vc, tables, lens, split_counters=counters)
-        assert out.tobytes() == want.tobytes()
-        assert (counters == 5).all()  # the CPU backend neither reads nor writes it
-    out = np.full(q.shape, 7.0, np.float32)
-    with pytest.raises(fd.FlashDecError) as e:
-        fd.decode(q, kc, vc, tables, lens, out, split_counters=np.zeros(5, np.int32))
-    assert e.value.status == fd.Status.INVALID_ARGUMENT
-    assert "split_counters_size is 20 bytes, less than the 24 bytes needed" in e.value.message
-    with pytest.raises(fd.FlashDecError) as e:
-        fd.decode(q, kc, vc, tables, lens, out, split_counters=np.zeros(6, np.int64))
-    assert "split_counters: element type must be int32 or uint32" in e.value.message
-    ro = np.zeros(6, np.int32)
-    ro.flags.writeable = False
-    with pytest.raises(fd.FlashDecError) as e:
-        fd.decode(q, kc, vc, tables, lens, out, split_counters=ro)
-    assert "read-only" in e.value.message
-    assert (out == 7.0).all()
-
-
 def test_rope_apply_matches_formula(rng):
     x = rng.standard_normal((3, 2, 8)).astype(np.float32)
     pos = [0, 1, 7]

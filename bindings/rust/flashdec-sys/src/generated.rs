@@ -291,8 +291,6 @@ pub struct fd_decode_params {
     pub stream: fd_stream,
     pub cpu_threads: u32,
     pub reserved0: u32,
-    pub split_counters: *mut u32,
-    pub split_counters_size: usize,
 }
 
 #[repr(C)]

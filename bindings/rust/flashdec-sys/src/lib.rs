@@ -14,7 +14,7 @@ pub use generated::*;
 
 /// Version of the header these declarations mirror.
 pub const FD_VERSION_MAJOR: u32 = 0;
-pub const FD_VERSION_MINOR: u32 = 2;
+pub const FD_VERSION_MINOR: u32 = 1;
 pub const FD_VERSION_PATCH: u32 = 0;
 pub const FD_VERSION_NUMBER: u32 = FD_VERSION_MAJOR * 10000 + FD_VERSION_MINOR * 100 + FD_VERSION_PATCH;
 

@@ -132,52 +132,6 @@ fn decode_matches_dense_reference() {
     assert_eq!(e.status, Status::InvalidArgument);
 }
 
-/// split_counters (appended in 0.2) through the raw parameters: NULL by
-/// default; on the CPU its size is checked and the buffer is left alone.
-#[test]
-fn raw_decode_split_counters() {
-    let init = default_decode_params();
-    assert!(init.split_counters.is_null());
-    assert_eq!(init.split_counters_size, 0);
-    let (hq, hkv, d, bs) = (2u32, 2u32, 4u32, 4u32);
-    let mut seed = 7;
-    let k = noise(&mut seed, (hkv * bs * d) as usize);
-    let v = noise(&mut seed, k.len());
-    let q = noise(&mut seed, (hq * d) as usize);
-    let (tables, lens) = ([0i32], [3i32]);
-    let mut out = vec![f32::NAN; q.len()];
-    let mut p = default_decode_params();
-    p.dtype = DType::F32.raw();
-    p.batch = 1;
-    p.num_q_heads = hq;
-    p.num_kv_heads = hkv;
-    p.head_dim = d;
-    p.block_size = bs;
-    p.num_blocks = 1;
-    p.max_blocks_per_seq = 1;
-    p.q = q.as_ptr().cast();
-    p.k_cache = k.as_ptr().cast();
-    p.v_cache = v.as_ptr().cast();
-    p.block_tables = tables.as_ptr();
-    p.seq_lens = lens.as_ptr();
-    p.out = out.as_mut_ptr().cast();
-    // SAFETY: every pointer covers the shape above and outlives the calls.
-    unsafe { run_decode(&p) }.unwrap();
-    let want = out.clone();
-    let mut counters = [7u32; 2];
-    p.split_counters = counters.as_mut_ptr();
-    p.split_counters_size = 4;
-    out.fill(f32::NAN);
-    let e = unsafe { run_decode(&p) }.unwrap_err();
-    assert_eq!(e.status, Status::InvalidArgument);
-    assert!(e.message.contains("split_counters_size is 4 bytes, less than the 8 bytes needed"), "{}", e.message);
-    assert!(out.iter().all(|x| x.is_nan()));
-    p.split_counters_size = 8;
-    unsafe { run_decode(&p) }.unwrap();
-    assert_eq!(out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
-    assert_eq!(counters, [7, 7]);
-}
-
 #[test]
 fn half_conversions_round_trip() {
     for x in [0.0f32, 1.0, -2.5, 65504.0, 1e-7, 0.333] {
