@@ -9,7 +9,7 @@
 // device copy, bytes read + written) is measured in the same run. Writes
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
-// Usage: decode_bench [--out DIR] [--quick] [--explore] [--two-kernels] [--filter A,B,...]
+// Usage: decode_bench [--out DIR] [--quick] [--explore] [--filter A,B,...]
 // (or `flashdec bench ...`: the CLI links this file's fd_decode_bench_main).
 // --filter keeps the cases whose name contains one of the comma-separated
 // substrings, '_' standing for a space (for short iteration runs; the
@@ -148,8 +148,7 @@ struct Spec {
   int32_t dtype;
   int bs;
   int32_t layout;
-  int32_t num_splits = 0;    // 0: automatic
-  bool two_kernels = false;  // no split counters: attention + merge kernel
+  int32_t num_splits = 0;  // 0: automatic
 };
 
 struct Result {
@@ -261,16 +260,6 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
   base.workspace = ws;
   base.workspace_size = ws_bytes;
-  // Split counters, zeroed once, as an engine keeps them (fd_decode leaves
-  // them zero); --two-kernels runs without them.
-  uint32_t *counters = nullptr;
-  const size_t counter_bytes = static_cast<size_t>(B) * H * 4;
-  CHECK_CUDA(cudaMalloc(&counters, counter_bytes));
-  CHECK_CUDA(cudaMemset(counters, 0, counter_bytes));
-  if (!spec.two_kernels) {
-    base.split_counters = counters;
-    base.split_counters_size = counter_bytes;
-  }
   res.splits =
       ws_bytes ? static_cast<int>(ws_bytes / (static_cast<size_t>(B) * HQ * (D + 2) * 4)) : 1;
   auto params_for_set = [&](int s) {
@@ -376,14 +365,6 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   }
   res.eff_gbps = res.eff_bytes / (res.median_us * 1e-6) / 1e9;
   res.fraction = res.eff_gbps / copy_gbps;
-  {
-    // Every call must have left the counters zero.
-    std::vector<uint32_t> c(counter_bytes / 4);
-    CHECK_CUDA(cudaMemcpy(c.data(), counters, counter_bytes, cudaMemcpyDeviceToHost));
-    for (uint32_t x : c)
-      if (x != 0) res.ok = false;
-  }
-  CHECK_CUDA(cudaFree(counters));
   CHECK_CUDA(cudaFree(k));
   CHECK_CUDA(cudaFree(v));
   CHECK_CUDA(cudaFree(q));
@@ -397,10 +378,9 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
 std::string case_name(const Result &r) {
   const Spec &s = r.spec;
   char buf[128];
-  snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s%s", s.shape.name, s.bc.batch,
+  snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s", s.shape.name, s.bc.batch,
            ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.bs, layout_str(s.layout).c_str(),
-           s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
-           s.two_kernels ? " 2k" : "");
+           s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "");
   return buf;
 }
 
@@ -499,8 +479,7 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
   int failures = 0;
   for (const Result &r : rs) {
     if (!r.ok) ++failures;
-    // Exploration and two-kernel A/B rows are not part of the grid.
-    if (r.spec.num_splits != 0 || r.spec.two_kernels) continue;
+    if (r.spec.num_splits != 0) continue;  // exploration rows are not part of the grid
     if (r.kv_bytes >= 64e6) big.push_back(r.fraction);
     if (r.spec.bc.ctx == 0) ragged.push_back(r.fraction);
     if (r.kv_bytes >= 16e6) min_16 = std::min(min_16, r.fraction);
@@ -508,10 +487,9 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
     if (r.spec.bc.batch == 1 && r.spec.bc.ctx == 32768) min_b1 = std::min(min_b1, r.fraction);
     if (r.spec.bs == 16 && r.kv_bytes >= 64e6)
       for (const Result &o : rs)
-        if (o.spec.bs == 32 && o.spec.num_splits == 0 && !o.spec.two_kernels &&
-            o.spec.shape.name == r.spec.shape.name && o.spec.bc.batch == r.spec.bc.batch &&
-            o.spec.bc.ctx == r.spec.bc.ctx && o.spec.dtype == r.spec.dtype &&
-            o.spec.layout == r.spec.layout)
+        if (o.spec.bs == 32 && o.spec.num_splits == 0 && o.spec.shape.name == r.spec.shape.name &&
+            o.spec.bc.batch == r.spec.bc.batch && o.spec.bc.ctx == r.spec.bc.ctx &&
+            o.spec.dtype == r.spec.dtype && o.spec.layout == r.spec.layout)
           worst_pair = std::max(worst_pair, std::fabs(r.median_us / o.median_us - 1.0));
   }
   const double med_big = big.empty() ? 0 : median(big);
@@ -538,15 +516,14 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
 }
 
 void usage(FILE *to, const char *program) {
-  fprintf(to, "usage: %s [--out DIR] [--quick] [--explore] [--two-kernels] [--filter A,B,...]\n",
-          program);
+  fprintf(to, "usage: %s [--out DIR] [--quick] [--explore] [--filter A,B,...]\n", program);
 }
 
 }  // namespace
 
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
-  bool quick = false, explore = false, two_kernels = false;
+  bool quick = false, explore = false;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -556,8 +533,6 @@ int fd_decode_bench_main(int argc, char **argv) {
           "decode_bench.json, decode_bench.md and decode_bench.svg to DIR (default .).\n"
           "  --quick      bf16, blocks 16 and 32, token-major only\n"
           "  --explore    add fixed split counts (1..16) for a few cases\n"
-          "  --two-kernels  also time every case without split counters (merge as a\n"
-          "               second kernel), named '... 2k'\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
           "Exit status: 0 every case correct (the targets table tells whether they\n"
@@ -571,8 +546,6 @@ int fd_decode_bench_main(int argc, char **argv) {
       quick = true;
     else if (!strcmp(argv[i], "--explore"))
       explore = true;
-    else if (!strcmp(argv[i], "--two-kernels"))
-      two_kernels = true;
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
       std::string list = argv[++i];
       for (size_t at = 0; at <= list.size();) {
@@ -631,14 +604,6 @@ int fd_decode_bench_main(int argc, char **argv) {
         }
     }
     specs = kept;
-  }
-  if (two_kernels) {
-    const size_t n = specs.size();
-    for (size_t i = 0; i < n; ++i) {
-      Spec s = specs[i];
-      s.two_kernels = true;
-      specs.push_back(s);
-    }
   }
 
   std::vector<Result> results;

@@ -50,9 +50,11 @@ struct Config {
 template <int D>
 constexpr int kRedStride = D + 8;
 // The warp merge at the end reuses the pipeline's shared memory.
-static_assert(kWarps * 16 * kRedStride<128> * 4 + 2 * kWarps * 16 * 4 <= Config<128>::kSmemBytes,
+static_assert(kWarps * 16 * kRedStride<128> * 4 + 3 * kWarps * 16 * 4 + 64 * 4 <=
+                  Config<128>::kSmemBytes,
               "merge buffer");
-static_assert(kWarps * 16 * kRedStride<64> * 4 + 2 * kWarps * 16 * 4 <= Config<64>::kSmemBytes,
+static_assert(kWarps * 16 * kRedStride<64> * 4 + 3 * kWarps * 16 * 4 + 64 * 4 <=
+                  Config<64>::kSmemBytes,
               "merge buffer");
 
 template <class T>
@@ -257,95 +259,7 @@ struct Params {
   float scale_log2;
   float *partial_o;
   float *partial_ml;
-  uint32_t *split_counters;  // non-null: merge in this kernel (fused_merge)
 };
-
-// Shared-memory bytes the in-kernel merge stages: the partial rows of every
-// (q head, split) of one (row, kv head), then their weights and the heads'
-// 1 / sum.
-__host__ __device__ constexpr int64_t fused_merge_bytes(int head_dim, int group, int splits) {
-  return (static_cast<int64_t>(group) * splits * (head_dim + 1) + group) * 4;
-}
-
-// 16-byte async copy that bypasses L1 (data other CTAs wrote in this kernel).
-__device__ __forceinline__ void cp_async16_cg(uint32_t dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-// The in-kernel split-KV merge, run by the last CTA of a (row, kv head) to
-// finish (see decode_kernel): the partials of its n splits go to shared
-// memory with one round of async copies (L2 holds them), one warp per q head
-// computes the split weights exp2(m_s - max) and 1 / sum(w_s l_s) with a
-// fixed shuffle tree, and each thread then combines 4 dims of one head over
-// the splits in increasing order: bit-identical from run to run.
-template <class T, int D>
-__device__ __forceinline__ void fused_merge(const Params &p, float *sm, int64_t qh0, int n,
-                                            int group) {
-  constexpr int kV = D / 4;  // float4 per partial row
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int ns = p.num_splits;
-  float *rows = sm;                   // [group][n][D]
-  float *wts = rows + group * n * D;  // [group][n]
-  float *inv = wts + group * n;       // [group]
-  const int chunks = group * n * kV;
-  for (int c = tid; c < chunks; c += kThreads) {
-    const int h = c / (n * kV);
-    const int rest = c - h * n * kV;  // s * kV + v
-    const float *src = p.partial_o + ((qh0 + h) * ns) * D + rest * 4;
-    cp_async16_cg(smem_u32(rows + c * 4), src);
-  }
-  cp_async_commit();
-  for (int h = warp; h < group; h += kWarps) {
-    const float *ml = p.partial_ml + (qh0 + h) * ns * 2;
-    float m[4], l[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int sidx = lane + 32 * k;
-      m[k] = sidx < n ? __ldcg(ml + 2 * sidx) : neg_inf();
-      l[k] = sidx < n ? __ldcg(ml + 2 * sidx + 1) : 0.f;
-    }
-    float mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float use = mx == neg_inf() ? 0.f : mx;
-    float total = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int sidx = lane + 32 * k;
-      const float w = exp2f(m[k] - use);
-      if (sidx < n) wts[h * n + sidx] = w;
-      total += w * l[k];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    if (lane == 0) inv[h] = total > 0.f ? 1.f / total : 0.f;
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-  for (int c = tid; c < group * kV; c += kThreads) {
-    const int h = c / kV, v = c % kV;
-    const float *w = wts + h * n;
-    const float4 *r = reinterpret_cast<const float4 *>(rows + h * n * D) + v;
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-    for (int sidx = 0; sidx < n; ++sidx) {
-      const float4 x = r[sidx * kV];
-      const float f = w[sidx];
-      a0 += f * x.x;
-      a1 += f * x.y;
-      a2 += f * x.z;
-      a3 += f * x.w;
-    }
-    const float iv = inv[h];
-    uint16_t *dst = static_cast<uint16_t *>(p.out) + (qh0 + h) * D + v * 4;
-    const uint32_t lo = static_cast<uint32_t>(Mma<T>::from_float(a0 * iv)) |
-                        (static_cast<uint32_t>(Mma<T>::from_float(a1 * iv)) << 16);
-    const uint32_t hi = static_cast<uint32_t>(Mma<T>::from_float(a2 * iv)) |
-                        (static_cast<uint32_t>(Mma<T>::from_float(a3 * iv)) << 16);
-    *reinterpret_cast<uint2 *>(dst) = make_uint2(lo, hi);
-  }
-}
 
 template <class T, int D, bool kDimMajor>
 __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
@@ -408,17 +322,9 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // The last partition takes every remaining tile, so a seq_len above the
   // caller's max_seq_len_hint costs speed, never tokens.
   if (split + 1 < p.num_splits && n_tiles > p.tiles_per_split) n_tiles = p.tiles_per_split;
-  // Partitions that hold tokens (the last one takes the rest).
-  int n_parts = (row_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
-  if (n_parts > p.num_splits) n_parts = p.num_splits;
-  const bool fused = p.split_counters != nullptr;
-  // Written straight to out: unsplit launches, and rows one partition holds
-  // when the merge is fused (no partial, no counter).
-  const bool direct = p.num_splits == 1 || (fused && n_parts <= 1);
   // An empty partition writes nothing: the merge reads only partitions that
-  // hold tokens. Unsplit rows always write (zeros for an empty row); with a
-  // fused merge, split 0 writes an empty row's zeros.
-  if (n_tiles <= 0 && !(direct && split == 0)) return;
+  // hold tokens. Unsplit rows always write (zeros for an empty row).
+  if (n_tiles <= 0 && p.num_splits > 1) return;
 
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
@@ -646,55 +552,67 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   }
   __syncthreads();
 
-  const int num_splits = p.num_splits;
-  for (int e = tid; e < group * D; e += kThreads) {
-    const int h = e / D, d = e % D;
-    const int hm = h % 16;
-    const int w0 = h / 16;  // first warp of this head's m-tile
+  // Per head: the max over the warps' running maxima, each warp's weight
+  // exp2(m_w - max) and the weighted sum (one thread per head, fixed order).
+  float *red_f = red_l + kWarps * 16;  // [warp][16] weights
+  float *red_h = red_f + kWarps * 16;  // [head]: max, sum
+  if (tid < group) {
+    const int hm = tid % 16, w0 = tid / 16;
     float mx = neg_inf();
     for (int w = w0; w < kWarps; w += p.m_tiles) mx = fmaxf(mx, red_m[w * 16 + hm]);
     const float use = mx == neg_inf() ? 0.f : mx;
-    float sum = 0.f, acc = 0.f;
+    float sum = 0.f;
     for (int w = w0; w < kWarps; w += p.m_tiles) {
       const float f = exp2f(red_m[w * 16 + hm] - use);
+      red_f[w * 16 + hm] = f;
       sum += f * red_l[w * 16 + hm];
-      acc += f * red_o[(w * 16 + hm) * Dp + d];
+    }
+    red_h[2 * tid] = mx;
+    red_h[2 * tid + 1] = sum;
+  }
+  __syncthreads();
+
+  // Each thread combines 4 dims of one head over the warps and writes them:
+  // the normalised output (unsplit) or the split's unnormalised partial.
+  constexpr int kV = D / 4;
+  const int num_splits = p.num_splits;
+  const bool out8 = (reinterpret_cast<uintptr_t>(p.out) & 7) == 0;
+  for (int c = tid; c < group * kV; c += kThreads) {
+    const int h = c / kV, v = c % kV;
+    const int hm = h % 16, w0 = h / 16;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w % p.m_tiles != w0) continue;
+      const float f = red_f[w * 16 + hm];
+      const float4 x = *reinterpret_cast<const float4 *>(red_o + (w * 16 + hm) * Dp + v * 4);
+      acc.x += f * x.x;
+      acc.y += f * x.y;
+      acc.z += f * x.z;
+      acc.w += f * x.w;
     }
     const int64_t qh = static_cast<int64_t>(row) * num_q_heads + kvh * group + h;
-    if (direct) {
-      const float val = sum > 0.f ? acc / sum : 0.f;
-      static_cast<uint16_t *>(p.out)[qh * D + d] = M::from_float(val);
+    if (num_splits == 1) {
+      const float sum = red_h[2 * h + 1];
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const uint16_t e0 = M::from_float(acc.x * inv), e1 = M::from_float(acc.y * inv);
+      const uint16_t e2 = M::from_float(acc.z * inv), e3 = M::from_float(acc.w * inv);
+      uint16_t *dst = static_cast<uint16_t *>(p.out) + qh * D + v * 4;
+      if (out8) {
+        *reinterpret_cast<uint2 *>(dst) = make_uint2(e0 | (static_cast<uint32_t>(e1) << 16),
+                                                     e2 | (static_cast<uint32_t>(e3) << 16));
+      } else {
+        dst[0] = e0, dst[1] = e1, dst[2] = e2, dst[3] = e3;
+      }
     } else {
       const int64_t slot = qh * num_splits + split;
-      p.partial_o[slot * D + d] = acc;
-      if (d == 0) {
-        p.partial_ml[slot * 2] = mx;
-        p.partial_ml[slot * 2 + 1] = sum;
-      }
+      *reinterpret_cast<float4 *>(p.partial_o + slot * D + v * 4) = acc;
+      if (v == 0)
+        *reinterpret_cast<float2 *>(p.partial_ml + slot * 2) =
+            make_float2(red_h[2 * h], red_h[2 * h + 1]);
     }
   }
   FD_TRACE(fd_trace_attn, 8, 5, 0);
-  if (!fused || direct) return;
-
-  // Fused merge: publish this partial, count the arrival; the CTA that
-  // completes the count merges all partials of the (row, kv head) and resets
-  // its word to zero for the next call.
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    uint32_t *counter = p.split_counters + static_cast<int64_t>(row) * p.num_kv_heads + kvh;
-    const uint32_t before = atomicAdd(counter, 1u);
-    is_last = before + 1 == static_cast<uint32_t>(n_parts);
-    if (is_last) *counter = 0u;
-  }
-  __syncthreads();
-  FD_TRACE(fd_trace_attn, 8, 6, is_last);
-  if (!is_last) return;
-  __threadfence();
-  fused_merge<T, D>(p, reinterpret_cast<float *>(smem),
-                    static_cast<int64_t>(row) * num_q_heads + kvh * group, n_parts, group);
-  FD_TRACE(fd_trace_attn, 8, 7, 0);
 }
 
 __device__ __forceinline__ void add_weighted(float acc[4], float w, const float4 &v) {
@@ -871,11 +789,10 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.scale_log2 = l.scale_log2;
   p.partial_o = l.partial_o;
   p.partial_ml = l.partial_ml;
-  p.split_counters = l.num_splits > 1 ? l.split_counters : nullptr;
   const unsigned grid = static_cast<unsigned>(l.batch) * static_cast<unsigned>(l.num_kv_heads) *
                         static_cast<unsigned>(l.num_splits);
   err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
-  if (err != cudaSuccess || p.split_counters != nullptr || l.num_splits == 1) return err;
+  if (err != cudaSuccess || l.num_splits == 1) return err;
   const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
   // Warps per (row, head): about 8 splits per warp, at most 8 warps.
   int wph = 1;

@@ -15,11 +15,5 @@ int decode_ctas_per_sm(int32_t head_dim) {
   return head_dim == 128 ? detail::Config<128>::kCtasPerSm : detail::Config<64>::kCtasPerSm;
 }
 
-bool decode_fused_merge_fits(int32_t head_dim, int32_t group_size, int32_t num_splits) {
-  const int64_t smem =
-      head_dim == 128 ? detail::Config<128>::kSmemBytes : detail::Config<64>::kSmemBytes;
-  return detail::fused_merge_bytes(head_dim, group_size, num_splits) <= smem;
-}
-
 }  // namespace cuda
 }  // namespace fd

@@ -47,10 +47,6 @@ struct DecodeLaunch {
   int32_t tiles_per_split = 0;  // kDecodeTileTokens-token tiles per partition
   float *partial_o = nullptr;   // [batch, q_heads, num_splits, head_dim]
   float *partial_ml = nullptr;  // [batch, q_heads, num_splits, 2]: max, sum
-  // Zero-filled words, one per (row, kv head): when set (num_splits > 1 and
-  // decode_fused_merge_fits), the last CTA of each (row, kv head) merges the
-  // partials and resets its word; no merge kernel is launched.
-  uint32_t *split_counters = nullptr;
   cudaStream_t stream = nullptr;
 };
 
@@ -61,11 +57,6 @@ cudaError_t launch_decode(const DecodeLaunch &launch);
 // CTAs of the attention kernel that fit on one multiprocessor (by its shared
 // memory use); the host uses it to size split-KV so the grid fills the GPU.
 int decode_ctas_per_sm(int32_t head_dim);
-
-// Whether the partials of `num_splits` partitions of a group of `group_size`
-// q heads fit in the attention kernel's shared memory, which the merge inside
-// the kernel (DecodeLaunch::split_counters) stages them in.
-bool decode_fused_merge_fits(int32_t head_dim, int32_t group_size, int32_t num_splits);
 
 }  // namespace cuda
 }  // namespace fd

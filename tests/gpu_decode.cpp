@@ -188,15 +188,14 @@ std::vector<uint16_t> cpu_reference(const Host &h) {
 struct Dev {
   void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *ws = nullptr;
   int32_t *tables = nullptr, *lens = nullptr;
-  uint32_t *counters = nullptr; /* split counters, zeroed once at upload */
-  size_t ws_size = 0, counters_size = 0;
+  size_t ws_size = 0;
   cudaStream_t stream = nullptr;
   Dev() = default;
   Dev(const Dev &) = delete;
   Dev &operator=(const Dev &) = delete;
   ~Dev() {
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(ws);
-    cudaFree(tables), cudaFree(lens), cudaFree(counters);
+    cudaFree(tables), cudaFree(lens);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -218,27 +217,6 @@ void upload(const Host &h, Dev &d) {
   CUDA_OK(cudaMemcpy(d.v, h.v.data(), cb, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d.lens, h.lens.data(), h.lens.size() * 4, cudaMemcpyHostToDevice));
-  d.counters_size = static_cast<size_t>(h.batch) * h.c.hkv * 4;
-  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.counters), d.counters_size));
-  CUDA_OK(cudaMemset(d.counters, 0, d.counters_size));
-}
-
-/* Passes the split counters: a split call merges inside its attention kernel
- * where the partials fit. */
-void attach_counters(fd_decode_params &p, const Dev &d) {
-  p.split_counters = d.counters;
-  p.split_counters_size = d.counters_size;
-}
-
-/* Every call returns the counters it used to zero. */
-void expect_counters_zero(const Dev &d) {
-  std::vector<uint32_t> c(d.counters_size / 4);
-  CUDA_OK(cudaMemcpy(c.data(), d.counters, d.counters_size, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < c.size(); ++i)
-    if (c[i] != 0) {
-      print_error("split counter %zu is %u after the call, not 0\n", i, c[i]);
-      fail();
-    }
 }
 
 fd_decode_params device_params(const Host &h, const Dev &d, int32_t num_splits) {
@@ -318,36 +296,30 @@ double tolerance(int32_t dtype) {
   return dtype == FD_DTYPE_BF16 ? 5e-3 : 1e-3;
 }
 
-/* Checks one case for each split mode (none, automatic, fixed; the split
- * ones with the merge kernel and with split counters), plus a bit-identical
- * rerun of the automatic modes. */
+/* Checks one case for each split mode (none, automatic, fixed), plus a
+ * bit-identical rerun of the automatic mode. */
 void check_case(const Case &c) {
   const Host h = make_host(c);
   const std::vector<uint16_t> ref = cpu_reference(h);
   Dev d;
   upload(h, d);
-  const struct {
-    int32_t splits;
-    bool counters;
-  } modes[] = {{1, false}, {0, false}, {5, false}, {0, true}, {5, true}};
-  for (const auto &m : modes) {
-    fd_decode_params p = device_params(h, d, m.splits);
+  const int32_t modes[] = {1, 0, 5};
+  for (int32_t splits : modes) {
+    fd_decode_params p = device_params(h, d, splits);
     attach_workspace(p, d);
-    if (m.counters) attach_counters(p, d);
     const std::vector<uint16_t> got = run_gpu(h, d, p);
     const double err = compare(h, got, ref);
     if (err > tolerance(c.dtype)) {
-      print_error("%s D=%u bs=%u %s group=%u kv=%u batch=%u splits=%d%s: rel error %.3g > %.3g\n",
+      print_error("%s D=%u bs=%u %s group=%u kv=%u batch=%u splits=%d: rel error %.3g > %.3g\n",
                   fd_test_dtype_size(c.dtype) == 2 && c.dtype == FD_DTYPE_F16 ? "f16" : "bf16",
-                  c.dim, c.bs, storage_name(c.storage), c.group, c.hkv, h.batch, m.splits,
-                  m.counters ? " counters" : "", err, tolerance(c.dtype));
+                  c.dim, c.bs, storage_name(c.storage), c.group, c.hkv, h.batch, splits, err,
+                  tolerance(c.dtype));
       fail();
     }
-    if (m.splits == 0) {
+    if (splits == 0) {
       const std::vector<uint16_t> again = run_gpu(h, d, p);
       assert_memory_equal(got.data(), again.data(), got.size() * esize());
     }
-    if (m.counters) expect_counters_zero(d);
   }
 }
 
@@ -392,7 +364,7 @@ void test_sweep(void **state) {
             check_case(c);
             ++cases;
           }
-  print_message("gpu_decode: %d sweep cases x 5 split modes passed\n", cases);
+  print_message("gpu_decode: %d sweep cases x 3 split modes passed\n", cases);
 }
 
 /* Long rows (split-KV across many CTAs), a hint above the real lengths and
@@ -430,8 +402,7 @@ void test_long_rows(void **state) {
 }
 
 /* fd_decode captured into a CUDA graph gives the eager bits: automatic
- * splits, and 4 splits with the merge kernel (two kernel nodes) or with split
- * counters (one node, counters back to zero after every replay). */
+ * splits, and 4 splits (attention then merge kernel: two nodes). */
 void test_graph_capture(void **state) {
   (void)state;
   Case c;
@@ -443,13 +414,11 @@ void test_graph_capture(void **state) {
   upload(h, d);
   const struct {
     int32_t splits;
-    bool counters;
-    size_t kernels; /* 0: not checked */
-  } modes[] = {{0, false, 0}, {4, false, 2}, {4, true, 1}, {0, true, 0}};
+    size_t nodes; /* 0: not checked */
+  } modes[] = {{0, 0}, {4, 2}};
   for (const auto &m : modes) {
     fd_decode_params p = device_params(h, d, m.splits);
     attach_workspace(p, d);
-    if (m.counters) attach_counters(p, d);
     const std::vector<uint16_t> eager = run_gpu(h, d, p);
     const size_t qb = h.q.size() * esize();
     CUDA_OK(cudaMemset(d.out, 0xff, qb));
@@ -463,13 +432,12 @@ void test_graph_capture(void **state) {
     size_t nodes = 0;
     CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
     assert_true(nodes >= 1);
-    if (m.kernels) assert_int_equal(nodes, m.kernels);
+    if (m.nodes) assert_int_equal(nodes, m.nodes);
     for (int i = 0; i < 3; ++i) CUDA_OK(cudaGraphLaunch(exec, d.stream));
     CUDA_OK(cudaStreamSynchronize(d.stream));
     std::vector<uint16_t> replay(h.q.size());
     CUDA_OK(cudaMemcpy(replay.data(), d.out, qb, cudaMemcpyDeviceToHost));
     assert_memory_equal(eager.data(), replay.data(), qb);
-    if (m.counters) expect_counters_zero(d);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
@@ -522,18 +490,7 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "workspace");
   p = base, p.device.ordinal = 1000;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_NO_DEVICE, "");
-  /* Split counters: one word per (row, kv head), 4-byte aligned; a refused
-   * call leaves them (and out) untouched. */
-  p = base, p.num_splits = 4;
-  attach_workspace(p, d);
-  attach_counters(p, d);
-  p.split_counters_size = d.counters_size - 4;
-  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "split_counters_size");
-  p.split_counters_size = d.counters_size;
-  p.split_counters = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(d.counters) + 2);
-  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "split_counters");
   expect_untouched(h, d);
-  expect_counters_zero(d);
 
   /* FD_DECODE_CHECK_INDICES validates device-resident indices. */
   const int32_t bad_len[2] = {400, 100000};

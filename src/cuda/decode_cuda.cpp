@@ -264,11 +264,6 @@ void decode_cuda(const DecodeProblem &problem) {
     l.partial_o = static_cast<float *>(problem.workspace);
     l.partial_ml = l.partial_o + static_cast<size_t>(problem.batch) * problem.num_q_heads *
                                      plan.splits * problem.head_dim;
-    // One kernel instead of two when the caller gave split counters and the
-    // partials of one (row, kv head) fit in the kernel's shared memory.
-    if (problem.split_counters != nullptr &&
-        cuda::decode_fused_merge_fits(l.head_dim, l.group_size, plan.splits))
-      l.split_counters = problem.split_counters;
   }
   l.stream = stream;
   check_cuda(cuda::launch_decode(l), "launching the CUDA decode kernel");
