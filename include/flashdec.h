@@ -885,10 +885,6 @@ typedef struct fd_decode_params {
   fd_stream stream;      /**< CUDA stream the work is enqueued on (ignored on CPU). */
   uint32_t cpu_threads;  /**< CPU backend worker threads; 0 = all hardware threads. */
   uint32_t reserved0;    /**< Must be 0. */
-  /* Appended in 0.2 (read only when struct_size covers them). */
-  uint32_t *split_counters; /**< Optional zero-filled device words that let split-KV partials be
-                                 merged inside the attention kernel (CUDA); see ::fd_decode. */
-  size_t split_counters_size; /**< Bytes at split_counters (>= 4 * batch * num_kv_heads). */
 } fd_decode_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16,
@@ -919,18 +915,6 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
  * With num_splits 0, the split count is chosen from host-known values and the
  * workspace available (no workspace: no split). An explicit num_splits > 1
  * needs ::fd_decode_workspace_size bytes of workspace.
- *
- * Split counters (CUDA, optional): a split call normally enqueues two
- * kernels, attention then a merge of the partials. With @p split_counters
- * set, the last CTA to finish a (row, KV head) merges its partials itself,
- * so the call is one kernel. The buffer holds one 32-bit word per (row, KV
- * head), 4-byte aligned in device memory. The caller zero-fills it once (e.g.
- * cudaMemsetAsync) and then passes it only to calls that are ordered one
- * after another (one stream, or graph nodes in sequence); every call returns
- * the words it used to zero before it completes, so the buffer can be reused
- * for any later shape that fits. After a device error its contents are
- * undefined: zero it again. NULL (the default) keeps the two-kernel merge. The
- * CPU backend validates the size and ignores the buffer.
  * @param[in] params Borrowed for the call; not NULL. The buffers it names are
  *   the caller's, in @p params->device memory: read (and @p out written)
  *   before return on the CPU, on @p params->stream for CUDA.

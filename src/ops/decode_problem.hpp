@@ -38,7 +38,6 @@ struct DecodeProblem {
   int32_t num_splits = 0;   // as requested: 0 automatic, 1 none, n > 1 fixed
   void *workspace = nullptr;
   size_t workspace_size = 0;
-  uint32_t *split_counters = nullptr;  // optional, >= batch * num_kv_heads words, zero-filled
   int32_t device_type = FD_DEVICE_CPU;
   int32_t device_ordinal = 0;
   fd_stream stream = nullptr;
