@@ -161,6 +161,11 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // never does): thread 0 of every CTA stamps %globaltimer at fixed points into
 // fd_trace_attn[cta * 8 + point] / fd_trace_merge[cta * 4 + point]. `dep` is a
 // register the stamp waits for, so a stamp after a load marks its arrival.
+// Attention points: 0 entry, 1 after griddepcontrol.wait, 2 seq_len arrived,
+// 3 first K/V tile in shared memory, 4 after the main loop, 6 warp partials in
+// shared memory, 7 per-head weights done, 5 after the output/partial writes.
+// Merge points: 0 entry (after its seq_lens load), 1 after the wait, 2 before
+// its output stores.
 #ifdef FD_DECODE_TRACE
 __device__ unsigned long long *fd_trace_attn;
 __device__ unsigned long long *fd_trace_merge;
@@ -551,6 +556,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     }
   }
   __syncthreads();
+  FD_TRACE(fd_trace_attn, 8, 6, 0);
 
   // Per head: the max over the warps' running maxima, each warp's weight
   // exp2(m_w - max) and the weighted sum (one thread per head, fixed order).
@@ -571,6 +577,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     red_h[2 * tid + 1] = sum;
   }
   __syncthreads();
+  FD_TRACE(fd_trace_attn, 8, 7, 0);
 
   // Each thread combines 4 dims of one head over the warps and writes them:
   // the normalised output (unsplit) or the split's unnormalised partial.
