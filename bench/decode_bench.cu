@@ -532,7 +532,7 @@ int fd_decode_bench_main(int argc, char **argv) {
           "Times fd_decode on CUDA device 0 over the benchmarks.md grid and writes\n"
           "decode_bench.json, decode_bench.md and decode_bench.svg to DIR (default .).\n"
           "  --quick      bf16, blocks 16 and 32, token-major only\n"
-          "  --explore    add fixed split counts (1..16) for a few cases\n"
+          "  --explore    add fixed split counts (1..128) for a few cases\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
           "Exit status: 0 every case correct (the targets table tells whether they\n"
@@ -585,6 +585,11 @@ int fd_decode_bench_main(int argc, char **argv) {
     for (int splits : {1, 2, 4, 8, 16})
       for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{64, 4096}, BatchCtx{1, 32768}})
         specs.push_back({kShapes[0], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
+    // Batch 1: how many splits the small and the long row want.
+    for (int splits : {8, 16, 32, 64, 128})
+      for (int sh : {0, 2})
+        for (const BatchCtx &bc : {BatchCtx{1, 2048}, BatchCtx{1, 32768}})
+          specs.push_back({kShapes[sh], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
     // Few KV heads (C, D): ragged and batch-8 split counts.
     for (int splits : {2, 4, 8, 16})
       for (int sh : {2, 3})
