@@ -644,14 +644,15 @@ template <class T, int D>
 __global__ void __launch_bounds__(256)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, void *out, int rows_heads,
-                        int num_q_heads, int num_splits, int split_tokens, int max_len, int wph) {
+                        int num_q_heads, int num_splits, int split_tokens, int max_len, int wph,
+                        int heads_per_cta) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
   __shared__ float share[8][D];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int part = warp % wph;
-  const int qh = blockIdx.x * (8 / wph) + warp / wph;
+  const int qh = blockIdx.x * heads_per_cta + warp / wph;
   const bool active = qh < rows_heads;
   int nv = 0;
   if (active) {
@@ -801,16 +802,17 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || l.num_splits == 1) return err;
   const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
-  // Warps per (row, head): about 8 splits per warp, at most 8 warps.
+  // Warps per (row, head): about 4 splits per warp, at most 8 warps; one head
+  // per CTA when that makes enough CTAs to spread the loads over many SMs.
   int wph = 1;
-  while (wph < 8 && wph * 8 < l.num_splits) wph *= 2;
-  const int heads_per_cta = 8 / wph;
+  while (wph < 8 && wph * 4 < l.num_splits) wph *= 2;
+  const int heads_per_cta = rows_heads >= 1024 ? 8 / wph : 1;
   return detail::launch_pdl(detail::decode_merge_kernel<T, D>,
                             static_cast<unsigned>((rows_heads + heads_per_cta - 1) / heads_per_cta),
-                            256, 0, l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.out,
-                            rows_heads, l.num_kv_heads * l.group_size, l.num_splits,
-                            l.tiles_per_split * kDecodeTileTokens,
-                            l.max_blocks_per_seq << l.block_size_log2, wph);
+                            32 * wph * heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml,
+                            l.seq_lens, l.out, rows_heads, l.num_kv_heads * l.group_size,
+                            l.num_splits, l.tiles_per_split * kDecodeTileTokens,
+                            l.max_blocks_per_seq << l.block_size_log2, wph, heads_per_cta);
 }
 
 template <class T>
