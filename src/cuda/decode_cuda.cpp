@@ -22,9 +22,10 @@ namespace {
 
 constexpr int kTile = cuda::kDecodeTileTokens;
 // Auto splitting (choose_splits) models waves of resident CTAs and keeps
-// every partition at least two tiles long (few-CTA grids such as batch 1 x
-// 2048 are latency-bound; H200, A 1x2048 bf16: 16 splits of 2 tiles 8.55 us,
-// 32 of 1 tile 9.23 us)...
+// every partition at least two tiles long when that still gives a quarter of
+// the resident CTA slots, else one tile (few-CTA grids such as batch 1 x 2048
+// are latency-bound; H200 bf16 1x2048: A 16 splits of 2 tiles 8.55 us, 32 of
+// 1 tile 9.23 us; C and D, with 2 and 4 kv heads, 0.5-0.7 us faster with 1)...
 constexpr int kMinSplitTokens = 2 * kTile;
 // ...and cuts rows longer than this so ragged batches balance across SMs.
 constexpr int kMaxSplitTokens = 4096;
@@ -33,13 +34,15 @@ constexpr int kMaxSplitTokens = 4096;
 // so the longest rows do not run alone at the end (measured on H200, shape A
 // ragged bf16 bs16: 2/4/8 splits = 0.91/0.95/0.94 of copy).
 constexpr int kRaggedSplitTokens = 2048;
-// When such a batch has enough rows to fill the GPU by itself (rows x kv
-// heads >= a third of the resident CTA slots), it is cut into at least
+// When such a batch has at least kRaggedMinRows rows and enough of them to
+// fill the GPU by itself (rows x kv heads >= a third of the resident CTA
+// slots), it is cut into at least
 // kRaggedCtasPerSlot CTAs per slot, in pieces of at least kRaggedMinTokens:
 // many short CTAs even out the unknown lengths (H200, C ragged bf16 bs16:
 // 4/8/16 splits = 99.2/90.3/86.7 us; A ragged 4/8/16 = 294.6/290.8/298.4 us).
 constexpr int kRaggedCtasPerSlot = 8;
 constexpr int kRaggedMinTokens = 512;
+constexpr uint32_t kRaggedMinRows = 16;
 // Modelled start/drain cost of one CTA and the cost of the merge launch, in
 // units of one tile's streaming time (measured on an H200, docs/kernel-design.md).
 constexpr double kCtaCostTiles = 1.5;
@@ -153,7 +156,9 @@ SplitPlan choose_splits(const DecodeProblem &pb, bool limit_by_workspace) {
   const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads;
   const int64_t slots = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
                         cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim));
-  int64_t limit = (max_len + kMinSplitTokens - 1) / kMinSplitTokens;
+  int min_split = kMinSplitTokens;
+  if (ctas * ((max_len + min_split - 1) / min_split) * 4 < slots) min_split = kTile;
+  int64_t limit = (max_len + min_split - 1) / min_split;
   if (limit > cuda::kDecodeMaxSplits) limit = cuda::kDecodeMaxSplits;
   int64_t wanted = 1;
   double best = 0;
@@ -169,7 +174,7 @@ SplitPlan choose_splits(const DecodeProblem &pb, bool limit_by_workspace) {
   if (wanted < by_max_len) wanted = by_max_len;
   if (pb.batch > 1 && max_len > kMaxSplitTokens) {
     int64_t ragged = (max_len + kRaggedSplitTokens - 1) / kRaggedSplitTokens;
-    if (ctas * 3 >= slots) {
+    if (pb.batch >= kRaggedMinRows && ctas * 3 >= slots) {
       const int64_t by_slots = (kRaggedCtasPerSlot * slots + ctas - 1) / ctas;
       const int64_t cap = max_len / kRaggedMinTokens;
       ragged = std::max(ragged, std::min(by_slots, cap));
