@@ -9,7 +9,7 @@
 // device copy, bytes read + written) is measured in the same run. Writes
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
-// Usage: decode_bench [--out DIR] [--quick] [--explore] [--filter A,B,...]
+// Usage: decode_bench [--out DIR] [--quick] [--explore] [--splits N] [--filter A,B,...]
 // (or `flashdec bench ...`: the CLI links this file's fd_decode_bench_main).
 // --filter keeps the cases whose name contains one of the comma-separated
 // substrings, '_' standing for a space (for short iteration runs; the
@@ -516,7 +516,8 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
 }
 
 void usage(FILE *to, const char *program) {
-  fprintf(to, "usage: %s [--out DIR] [--quick] [--explore] [--filter A,B,...]\n", program);
+  fprintf(to, "usage: %s [--out DIR] [--quick] [--explore] [--splits N] [--filter A,B,...]\n",
+          program);
 }
 
 }  // namespace
@@ -524,6 +525,7 @@ void usage(FILE *to, const char *program) {
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
   bool quick = false, explore = false;
+  int32_t fixed_splits = 0;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -533,6 +535,7 @@ int fd_decode_bench_main(int argc, char **argv) {
           "decode_bench.json, decode_bench.md and decode_bench.svg to DIR (default .).\n"
           "  --quick      bf16, blocks 16 and 32, token-major only\n"
           "  --explore    add fixed split counts (1..128) for a few cases\n"
+          "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
           "Exit status: 0 every case correct (the targets table tells whether they\n"
@@ -546,6 +549,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       quick = true;
     else if (!strcmp(argv[i], "--explore"))
       explore = true;
+    else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
+      fixed_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
       std::string list = argv[++i];
       for (size_t at = 0; at <= list.size();) {
@@ -578,7 +583,7 @@ int fd_decode_bench_main(int argc, char **argv) {
           for (int32_t lay : {FD_LAYOUT_TOKEN_MAJOR, FD_LAYOUT_DIM_MAJOR}) {
             if (!a && (dt == FD_DTYPE_F16 || bs == 8 || lay == FD_LAYOUT_DIM_MAJOR)) continue;
             if (quick && (dt == FD_DTYPE_F16 || bs == 8 || lay == FD_LAYOUT_DIM_MAJOR)) continue;
-            specs.push_back({sh, bc, dt, bs, lay, 0});
+            specs.push_back({sh, bc, dt, bs, lay, fixed_splits});
           }
     }
   if (explore) {
@@ -587,7 +592,7 @@ int fd_decode_bench_main(int argc, char **argv) {
         specs.push_back({kShapes[0], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
     // Batch 1: how many splits the small and the long row want.
     for (int splits : {8, 16, 32, 64, 128})
-      for (int sh : {0, 2})
+      for (int sh : {0, 1, 2})
         for (const BatchCtx &bc : {BatchCtx{1, 2048}, BatchCtx{1, 32768}})
           specs.push_back({kShapes[sh], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
     // Few KV heads (C, D): ragged and batch-8 split counts.
