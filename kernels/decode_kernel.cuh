@@ -646,7 +646,7 @@ __device__ __forceinline__ void add_weighted(float acc[2], float w, const float2
 // are read; an empty row gives zeros. Few dependent memory round trips per
 // warp, and enough warps per head when there are many splits.
 template <class T, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, void *out, int rows_heads,
                         int num_q_heads, int num_splits, int split_tokens, int max_len, int wph,
