@@ -120,14 +120,14 @@ fd::cuda::AppendLaunch base(const Set &s, cudaStream_t stream) {
 // A launch shape (AppendLaunch's benchmark-only overrides; all 0: automatic).
 struct Shape {
   const char *name;
-  int schedule, tokens_per_group;
+  int tokens_per_group;
 };
-const Shape kAuto = {"automatic", 0, 0};
+const Shape kAuto = {"automatic", 0};
 
 // Enqueues one "launch" of a mode (two kernels for the separate form).
 void enqueue(int mode, const Set &s, cudaStream_t stream, const Shape &shape = kAuto) {
   fd::cuda::AppendLaunch a = base(s, stream);
-  a.schedule = shape.schedule, a.tokens_per_group = shape.tokens_per_group;
+  a.tokens_per_group = shape.tokens_per_group;
   if (mode == kAppend) {
     CHECK_CUDA(fd::cuda::launch_append(a));
     return;
@@ -147,7 +147,7 @@ void enqueue(int mode, const Set &s, cudaStream_t stream, const Shape &shape = k
   r.block_ids = nullptr;
   CHECK_CUDA(fd::cuda::launch_append(r));
   fd::cuda::AppendLaunch w = base(s, stream);
-  w.schedule = shape.schedule, w.tokens_per_group = shape.tokens_per_group;
+  w.tokens_per_group = shape.tokens_per_group;
   w.k = s.k_rot;
   CHECK_CUDA(fd::cuda::launch_append(w));
 }
@@ -364,12 +364,8 @@ int main(int argc, char **argv) {
     const int launches = tokens >= 8192 ? 20 : 100;
     if (tokens == 8192) {
       // Launch shapes of the large call, side by side.
-      const Shape shapes[] = {{"1 token per CTA", 1, 1},
-                              {"2 tokens per CTA", 1, 2},
-                              {"4 tokens per CTA", 1, 4},
-                              {"1 token per CTA, registers for 1 (4 CTAs/SM)", 2, 1},
-                              {"2 tokens per CTA, registers for 2 (3 CTAs/SM)", 2, 2},
-                              kAuto};
+      const Shape shapes[] = {
+          {"1 token per CTA", 1}, {"2 tokens per CTA", 2}, {"4 tokens per CTA", 4}, kAuto};
       shapes_md +=
           "\nLaunch shapes at 8192 tokens (graph us per launch, series 1 / 2; fraction of "
           "copy):\n\n| shape | append | fused RoPE + append | RoPE then append | same bytes as "
@@ -385,11 +381,11 @@ int main(int argc, char **argv) {
           const double frac = bytes / (t.graph_us[0] * 1e3) / copy;
           shapes_md += strprintf(" %.2f / %.2f (%.3f) |", t.graph_us[0], t.graph_us[1], frac);
           shapes_json += strprintf(
-              "%s    {\"shape\": \"%s\", \"schedule\": %d, \"tokens_per_group\": %d, "
+              "%s    {\"shape\": \"%s\", \"tokens_per_group\": %d, "
               "\"form\": \"%s\", \"graph_us_per_launch\": [%.3f, %.3f], "
               "\"fraction_of_copy\": %.3f, \"same_bytes\": %s}",
-              shapes_json.empty() ? "" : ",\n", shape.name, shape.schedule, shape.tokens_per_group,
-              mode_name(mode), t.graph_us[0], t.graph_us[1], frac, same ? "true" : "false");
+              shapes_json.empty() ? "" : ",\n", shape.name, shape.tokens_per_group, mode_name(mode),
+              t.graph_us[0], t.graph_us[1], frac, same ? "true" : "false");
           printf("shape %-45s %-18s graph %.2f / %.2f us (%.3f of copy)%s\n", shape.name,
                  mode_name(mode), t.graph_us[0], t.graph_us[1], frac, same ? "" : " DIFFERS");
         }

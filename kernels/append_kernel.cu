@@ -269,9 +269,10 @@ __device__ __forceinline__ void cos_sin_entry(int position, float inv_freq, floa
 
 // Dynamic shared memory: inv_freq[row], cos[tokens][row], sin[tokens][row]
 // with row = table_row(half). MaxTok: the most tokens per CTA the registers
-// are sized for; MinBlocks: resident CTAs per SM the registers are capped for.
-template <class T, int MaxTok, int MinBlocks>
-__global__ void __launch_bounds__(kMaxThreads, MinBlocks)
+// are sized for. Two CTAs per SM: kernels with registers capped for more
+// resident CTAs spilled and were slower (docs/perf/append-h200-7325290-*).
+template <class T, int MaxTok>
+__global__ void __launch_bounds__(kMaxThreads, 2)
     append_kernel(const AppendLaunch a, const double log2_base, const int tokens_per_cta) {
   extern __shared__ float table[];
   const Units s = units_of(a);
@@ -313,13 +314,13 @@ __global__ void __launch_bounds__(kMaxThreads, MinBlocks)
 
 namespace {
 
-template <class T, int MaxTok, int MinBlocks>
+template <class T, int MaxTok>
 cudaError_t launch_kernel(const AppendLaunch &a, int threads, int tpc, double log2_base) {
   const Units s = units_of(a);
   const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
   const size_t smem =
       s.R > 0 ? sizeof(float) * static_cast<size_t>(table_row(s.half)) * (1 + 2 * tpc) : 0;
-  append_kernel<T, MaxTok, MinBlocks><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
+  append_kernel<T, MaxTok><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
   return cudaGetLastError();
 }
 
@@ -330,10 +331,7 @@ cudaError_t launch_typed(const AppendLaunch &a, int threads, double log2_base) {
   int tpc = a.num_tokens >= 4096 ? 4 : a.num_tokens >= 2048 ? 2 : 1;
   if (a.tokens_per_group == 1 || a.tokens_per_group == 2 || a.tokens_per_group == 4)
     tpc = a.tokens_per_group;
-  // Schedule 2: registers sized for exactly tpc tokens, more CTAs per SM.
-  if (a.schedule == 2 && tpc == 1) return launch_kernel<T, 1, 4>(a, threads, tpc, log2_base);
-  if (a.schedule == 2 && tpc == 2) return launch_kernel<T, 2, 3>(a, threads, tpc, log2_base);
-  return launch_kernel<T, kMaxTokensPerCta, 2>(a, threads, tpc, log2_base);
+  return launch_kernel<T, kMaxTokensPerCta>(a, threads, tpc, log2_base);
 }
 
 }  // namespace

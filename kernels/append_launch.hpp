@@ -42,12 +42,8 @@ struct AppendLaunch {
   const int32_t *offsets = nullptr;    // device memory, [tokens]
   const int32_t *positions = nullptr;  // device memory, [tokens]; needed when rotating
   cudaStream_t stream = nullptr;
-  // Launch shape, for the benchmark's comparisons only: the library leaves
-  // both 0 (automatic). tokens_per_group: tokens per CTA (1, 2 or 4);
-  // schedule 2: a kernel whose registers are sized for exactly that many
-  // tokens (1: 4 CTAs per SM, 2: 3) instead of the one for up to 4 (2 CTAs
-  // per SM).
-  int32_t schedule = 0;
+  // Tokens per CTA (1, 2 or 4), for the benchmark's comparison of launch
+  // shapes only: the library leaves it 0 (chosen from num_tokens).
   int32_t tokens_per_group = 0;
 };
 
