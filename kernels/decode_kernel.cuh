@@ -4,8 +4,9 @@
 // the GQA group live in the rows of a 16-row mma tile (two tiles for groups of
 // 17..32), so each K/V element is fetched from memory once and used by every
 // head of its group. The CTA streams 64-token tiles of K and V through a
-// multi-stage cp.async pipeline in shared memory (16-byte copies, several
-// tiles in flight, block-table entries fetched one tile ahead); each warp owns
+// 2-stage (head_dim 128) or 3-stage (64) cp.async ring in shared memory
+// (16-byte copies, block-table entries fetched one tile ahead; 3 or 4 CTAs
+// per SM keep the memory busy while one starts or ends); each warp owns
 // 16-token slices of every tile and keeps its own FP32 online-softmax state;
 // the warps merge in a fixed order at the end. A split writes an unnormalised
 // partial (O, max, sum) that decode_merge_kernel combines in a fixed order,
