@@ -324,14 +324,12 @@ HostCost host_cost(int batch, cudaStream_t stream) {
 
 int main(int argc, char **argv) {
   std::string out_dir = ".";
-  for (int i = 1; i < argc; ++i) {
-    if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-      out_dir = argv[++i];
-    } else {
-      fprintf(stderr, "usage: %s [--out DIR]\n", argv[0]);
-      return 2;
-    }
-  }
+  const int parsed = fd_bench::parse_out_only(
+      argc, argv,
+      "Times KV append and fused RoPE + append (benchmarks.md) on CUDA device 0 and\n"
+      "writes append_bench.json and append_bench.md to DIR (default .).\n",
+      &out_dir);
+  if (parsed >= 0) return parsed;
   cudaDeviceProp prop;
   cudaStream_t stream;
   if (!fd_bench::open_device(&prop, &stream)) return 77;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -158,9 +159,12 @@ inline double copy_gbps(double ms) {
 // Device 0 and a non-blocking stream on it. Without a CUDA device it prints
 // the visible "SKIPPED" line and returns false (the caller exits with 77, the
 // skip code of the test scripts).
+// Device 0 and a non-blocking stream; false (after a "SKIPPED" line) when
+// there is no usable CUDA device. Uses the CUDA runtime only, so the probes
+// that link no flashdec library can share it.
 inline bool open_device(cudaDeviceProp *prop, cudaStream_t *stream) {
-  int32_t n = 0;
-  CHECK_FD(fd_cuda_device_count(&n));
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
   if (n == 0) {
     printf("SKIPPED: no CUDA device\n");
     return false;
@@ -168,6 +172,24 @@ inline bool open_device(cudaDeviceProp *prop, cudaStream_t *stream) {
   CHECK_CUDA(cudaGetDeviceProperties(prop, 0));
   CHECK_CUDA(cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking));
   return true;
+}
+
+// Parses the options of a benchmark that takes only `--out DIR` (and
+// --help, which prints `help`). Returns -1 to go on, else the exit status.
+inline int parse_out_only(int argc, char **argv, const char *help, std::string *out_dir) {
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: %s [--out DIR]\n%s", argv[0], help);
+      return 0;
+    }
+    if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+      *out_dir = argv[++i];
+    } else {
+      fprintf(stderr, "usage: %s [--out DIR]\n", argv[0]);
+      return 2;
+    }
+  }
+  return -1;
 }
 
 // ---------------------------------------------------------------------------

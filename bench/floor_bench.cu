@@ -516,34 +516,18 @@ double measure_copy_gbps(cudaStream_t stream) {
 
 int main(int argc, char **argv) {
   std::string out_dir = ".";
-  for (int i = 1; i < argc; ++i) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf(
-          "usage: %s [--out DIR]\n"
-          "Measures launch and memory floors on CUDA device 0 (empty kernels with and\n"
-          "without PDL, streaming and paged reads, bytes per CTA) and writes\n"
-          "floor_bench.json and floor_bench.md to DIR (default .).\n"
-          "Exit status: 0 all read checks passed, 1 a failed check or CUDA call,\n"
-          "2 bad arguments, 77 no CUDA device.\n",
-          argv[0]);
-      return 0;
-    }
-    if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-      out_dir = argv[++i];
-    } else {
-      fprintf(stderr, "usage: %s [--out DIR]\n", argv[0]);
-      return 2;
-    }
-  }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
+  const int parsed = fd_bench::parse_out_only(
+      argc, argv,
+      "Measures launch and memory floors on CUDA device 0 (empty kernels with and\n"
+      "without PDL, streaming and paged reads, bytes per CTA) and writes\n"
+      "floor_bench.json and floor_bench.md to DIR (default .).\n"
+      "Exit status: 0 all read checks passed, 1 a failed check or CUDA call,\n"
+      "2 bad arguments, 77 no CUDA device.\n",
+      &out_dir);
+  if (parsed >= 0) return parsed;
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!fd_bench::open_device(&prop, &stream)) return 77;
   const int sms = prop.multiProcessorCount;
   int resident = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, stream_read_kernel<true>,

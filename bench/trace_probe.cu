@@ -805,23 +805,15 @@ std::string markdown(const std::vector<Result> &rs, const char *device, const Ti
 
 int main(int argc, char **argv) {
   std::string out_dir = ".";
-  for (int i = 1; i < argc; ++i) {
-    if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-      out_dir = argv[++i];
-    } else {
-      fprintf(stderr, "usage: %s [--out DIR]\n", argv[0]);
-      return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
-    }
-  }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
+  const int parsed = fd_bench::parse_out_only(
+      argc, argv,
+      "Stamps the decode kernels' probe points on CUDA device 0 and writes\n"
+      "trace_probe.json and trace_probe.md to DIR (default .).\n",
+      &out_dir);
+  if (parsed >= 0) return parsed;
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!fd_bench::open_device(&prop, &stream)) return 77;
 
   const TimerInfo ti = measure_timer(stream);
   printf("%s, %d SMs; %%globaltimer step: min %.0f ns, median %.0f ns (%d steps)\n", prop.name,
