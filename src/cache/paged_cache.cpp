@@ -105,6 +105,23 @@ void PagedCache::add_request(uint64_t id) {
   ++s_.state_version;
 }
 
+bool PagedCache::discard_new_request(uint64_t id) noexcept {
+  Request *r = s_.requests.find(id);
+  if (r == nullptr || !r->active() || r->in_transaction || r->blocks.size() != r->prefix_blocks ||
+      r->seq_len != static_cast<int32_t>(r->prefix_blocks * s_.config.block_size)) {
+    return false;
+  }
+  if (!r->prefix_id.empty()) {
+    Prefix *p = s_.prefixes.find(r->prefix_id);  // a std::map lookup: allocates nothing
+    if (p == nullptr || p->ref_count == 0) return false;
+    --p->ref_count;
+    --s_.prefixes.counters.hit_count;
+  }
+  s_.requests.erase_active(id);
+  ++s_.state_version;
+  return true;
+}
+
 void PagedCache::release_blocks(const std::vector<int32_t> &blocks, size_t first) {
   // In logical order, each to the front: the last one is reused first.
   for (size_t i = first; i < blocks.size(); ++i) s_.allocator.release(blocks[i]);

@@ -68,6 +68,15 @@ class PagedCache {
   void finish_request(uint64_t id) { close_request(id, FD_REQUEST_FINISHED); }
   void cancel_request(uint64_t id) { close_request(id, FD_REQUEST_CANCELLED); }
   int32_t request_state(uint64_t id) const;
+  // Internal (no C API): undoes add_request, and the attach_prefix that may
+  // have followed it, for a request that has done nothing else (no private
+  // block, not in a transaction): its record is erased as if it had never
+  // been added, and an attached prefix loses the reference and the hit that
+  // the attach counted. Only the state version moves on (and the prefix's
+  // LRU stamp stays as the attach touched it). The engine uses it to take
+  // back the admissions of a decision that failed half way. Never fails:
+  // returns false, changing nothing, for a request outside that description.
+  bool discard_new_request(uint64_t id) noexcept;
   uint32_t blocks_needed(const uint64_t *ids, uint32_t count) const;
   uint32_t free_blocks() const { return s_.allocator.free_blocks(); }
   uint32_t max_blocks_per_seq(const uint64_t *ids, uint32_t count) const;

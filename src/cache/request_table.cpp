@@ -33,6 +33,10 @@ void RequestTable::close(Request &request, int32_t terminal_state) {
     ++cancelled_;
 }
 
+void RequestTable::erase_active(uint64_t id) noexcept {
+  if (requests_.erase(id) != 0) --active_;
+}
+
 const char *request_state_name(int32_t state) {
   switch (state) {
     case FD_REQUEST_ACTIVE: return "active";

@@ -39,6 +39,10 @@ class RequestTable {
   // caller has released its blocks and prefix reference.
   void close(Request &request, int32_t terminal_state);
 
+  // Erases an active request's record as if it had never been added (the
+  // undo of add; see PagedCache::discard_new_request). Never fails.
+  void erase_active(uint64_t id) noexcept;
+
   uint64_t active_count() const { return active_; }
   uint64_t finished_count() const { return finished_; }
   uint64_t cancelled_count() const { return cancelled_; }

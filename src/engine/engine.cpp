@@ -186,13 +186,29 @@ EngineRequest &Engine::find(uint64_t id, const char *what) {
 }
 
 void Engine::set_state(EngineRequest &r, uint64_t id, int32_t state) {
-  if (r.state != FD_ENGINE_REQUEST_UNKNOWN) counts_[r.state] -= 1;
   if (r.scheduled) {
-    if (r.state == FD_ENGINE_REQUEST_WAITING) waiting_by_order_.erase(r.spec.submission_order);
-    if (r.state == FD_ENGINE_REQUEST_ACTIVE) active_by_order_.erase(r.spec.submission_order);
-    if (state == FD_ENGINE_REQUEST_WAITING) waiting_by_order_[r.spec.submission_order] = id;
-    if (state == FD_ENGINE_REQUEST_ACTIVE) active_by_order_[r.spec.submission_order] = id;
+    // Only entering waiting or active from no list allocates (a map node),
+    // and it happens before any change. Waiting -> active moves the node and
+    // leaving a list frees it: those transitions cannot fail, which
+    // apply_decision relies on.
+    auto list_of = [&](int32_t st) -> std::map<uint64_t, uint64_t> * {
+      if (st == FD_ENGINE_REQUEST_WAITING) return &waiting_by_order_;
+      if (st == FD_ENGINE_REQUEST_ACTIVE) return &active_by_order_;
+      return nullptr;
+    };
+    std::map<uint64_t, uint64_t> *from = list_of(r.state), *to = list_of(state);
+    const uint64_t order = r.spec.submission_order;
+    if (from != to) {
+      if (from != nullptr && to != nullptr) {
+        to->insert(from->extract(order));
+      } else if (from != nullptr) {
+        from->erase(order);
+      } else {
+        (*to)[order] = id;
+      }
+    }
   }
+  if (r.state != FD_ENGINE_REQUEST_UNKNOWN) counts_[r.state] -= 1;
   r.state = state;
   counts_[state] += 1;
   bump();

@@ -2,6 +2,7 @@
 // snapshots and decision application (semantics.md S8, S9).
 #include <cstring>
 
+#include "cache/cache_handle.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 
@@ -15,6 +16,25 @@ void check(fd_status status, const char *prefix = nullptr) {
   std::string msg = fd_last_error_message();
   if (prefix != nullptr) msg = std::string(prefix) + msg;
   throw Error(status, msg);
+}
+
+// Takes the first `count` admissions of a failed apply back out of the cache
+// and stores the cache's new state version in *version. Returns false when a
+// request was not as an admission leaves it (an invariant violation).
+bool discard_admissions(fd_cache *handle, const uint64_t *ids, uint32_t count,
+                        uint64_t *version) noexcept {
+  // The public API has no call that takes a request back out of the cache
+  // (finish and cancel leave a permanent terminal record, which would make
+  // the decision impossible to apply again), so this one step goes below
+  // it, to the cache behind the handle. Nothing here allocates or throws:
+  // records are erased in reverse order of admission, and the version is
+  // read straight from the cache (a public call would clear the caller's
+  // last error message).
+  PagedCache &cache = handle->cache;
+  bool all = true;
+  for (uint32_t i = count; i-- > 0;) all = cache.discard_new_request(ids[i]) && all;
+  *version = cache.state_version();
+  return all;
 }
 }  // namespace
 
@@ -240,31 +260,58 @@ void Engine::apply(const SchedulerConfig &config, const Decision &decision) {
   const std::string plan_diff = decision_outcome_difference(decision, replanned);
   if (!plan_diff.empty()) refuse("it differs from the re-planned decision: " + plan_diff);
 
-  // Validated: admit and reject. The version check above guarantees the
-  // cache accepts these calls; a failure here is an invariant violation.
-  try {
-    for (uint64_t id : decision.rejected) {
-      set_state(requests_.at(id), id, FD_ENGINE_REQUEST_REJECTED);
+  // Validated. All or nothing: first everything that can fail, which
+  // touches only the cache (each admitted request is added, and attached to
+  // its prefix); then the engine's own changes, none of which can fail. A
+  // failing cache call takes back the admissions made so far, so the call
+  // fails having changed nothing (the cache's state version moves on; the
+  // engine re-reads it).
+  std::vector<uint64_t> runnable = decision.runnable;  // copied before any change
+  const uint32_t num_admit = static_cast<uint32_t>(decision.admit.size());
+  for (uint32_t i = 0; i < num_admit; ++i) {
+    const uint64_t id = decision.admit[i];
+    const EngineRequest &r = requests_.at(id);
+    const char *call = "fd_cache_add_request";
+    uint32_t added = i;  // admissions whose cache request exists
+    fd_status s = fd_cache_add_request(cache_, id);
+    if (s == FD_OK && !r.spec.prefix_id.empty()) {
+      added = i + 1;
+      call = "fd_prefix_attach";
+      s = fd_prefix_attach(cache_, id, r.spec.prefix_id.c_str());
     }
-    for (uint64_t id : decision.admit) {
-      EngineRequest &r = requests_.at(id);
-      check(fd_cache_add_request(cache_, id));
-      if (!r.spec.prefix_id.empty()) {
-        check(fd_prefix_attach(cache_, id, r.spec.prefix_id.c_str()));
-        r.seq_len = static_cast<int32_t>(r.spec.prefix_blocks * cache_config_.block_size);
-      } else {
-        r.seq_len = 0;
-      }
-      set_state(r, id, FD_ENGINE_REQUEST_ACTIVE);
-    }
-  } catch (const Error &e) {
-    sync_cache_version();
-    throw Error(FD_ERR_INVARIANT, std::string("apply_decision: the cache refused an admission "
-                                              "that the engine validated: ") +
-                                      e.what());
+    if (s == FD_OK) continue;
+    const bool undone = discard_admissions(cache_, decision.admit.data(), added, &cache_version_);
+    // The undo touched no public call, so the cache's message is still there.
+    // From here on only building the message can fail (out of host memory),
+    // and the state is already back.
+    const std::string cause = fd_last_error_message();
+    // Out of host memory is the one failure the validation above cannot rule
+    // out; anything else contradicts it.
+    const fd_status status = (s == FD_ERR_OUT_OF_MEMORY && undone) ? s : FD_ERR_INVARIANT;
+    throw Error(status, format("apply_decision: admission %u of %u (request %llu) failed in %s: "
+                               "%s; %s",
+                               i + 1, num_admit, ull(id), call, cause.c_str(),
+                               undone ? "the decision was not applied (nothing changed)"
+                                      : "the decision was not applied, and taking back the "
+                                        "admissions made before it failed did not succeed "
+                                        "(the cache and the engine may now disagree)"));
   }
-  sync_cache_version();
-  authorised_runnable_ = decision.runnable;
+  sync_cache_version();  // fails only for NULL arguments
+
+  // The engine's changes. set_state cannot fail here: a rejected request
+  // leaves the waiting list and an admitted one moves its node from the
+  // waiting list to the active one (no allocation).
+  for (uint64_t id : decision.rejected) {
+    set_state(requests_.at(id), id, FD_ENGINE_REQUEST_REJECTED);
+  }
+  for (uint64_t id : decision.admit) {
+    EngineRequest &r = requests_.at(id);
+    r.seq_len = r.spec.prefix_id.empty()
+                    ? 0
+                    : static_cast<int32_t>(r.spec.prefix_blocks * cache_config_.block_size);
+    set_state(r, id, FD_ENGINE_REQUEST_ACTIVE);
+  }
+  authorised_runnable_.swap(runnable);
   decision_unused_ = true;
   applied_decisions_ += 1;
   bump();
