@@ -1742,7 +1742,16 @@ FD_API fd_status fd_engine_snapshot(const fd_engine *engine, uint64_t step,
  * @return ::FD_OK; ::FD_ERR_STALE_HANDLE (snapshot version or contents differ
  *   from the engine's, other config, different re-plan; the message says
  *   which); ::FD_ERR_INVALID_ARGUMENT (NULL); ::FD_ERR_INVALID_STATE (not
- *   scheduler-managed, a step is open, cache changed behind the engine).
+ *   scheduler-managed, a step is open, cache changed behind the engine);
+ *   ::FD_ERR_OUT_OF_MEMORY (host memory ran out, also inside the cache while
+ *   admitting; the message then names the admission, e.g. "admission 2 of 3
+ *   (request 7) failed in fd_prefix_attach", and says the decision was not
+ *   applied); ::FD_ERR_INVARIANT (the cache refused a validated admission for
+ *   another reason). A failure changes nothing (unless an ::FD_ERR_INVARIANT
+ *   message says that taking admissions back failed): admissions already made
+ *   in the cache are taken back (only the cache's state version moves on, and
+ *   the engine follows it), stale_decision_count counts refusals only, and the
+ *   same decision can be applied again.
  */
 FD_API fd_status fd_engine_apply_decision(fd_engine *engine, const fd_scheduler *scheduler,
                                           const fd_decision *decision);
