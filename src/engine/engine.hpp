@@ -1,7 +1,9 @@
-// The decode engine (semantics.md S8). It drives an fd_cache only through the
-// public C API (fd_cache_*, fd_tx_*, fd_prefix_*, fd_decode), so it works with
-// any conforming cache implementation. Every public entry point validates
-// first and mutates afterwards; failures throw fd::Error.
+// The decode engine (semantics.md S8). It drives an fd_cache through the
+// public C API (fd_cache_*, fd_tx_*, fd_prefix_*, fd_decode), with one
+// internal exception: apply_decision takes back its own admissions after a
+// failed one with PagedCache::discard_new_request (no public call removes a
+// request without a trace; docs/engine.md). Every public entry point
+// validates first and mutates afterwards; failures throw fd::Error.
 #pragma once
 
 #include <cstdint>
