@@ -39,16 +39,19 @@ namespace {
 thread_local long t_allocations_left = -1;
 }  // namespace
 
-void *operator new(std::size_t n) {
+// The replacements are kept out of line: inlined, GCC pairs the free() below
+// with the operator new of the caller's allocation and reports a mismatch
+// (-Wmismatched-new-delete, seen in the ASan build).
+[[gnu::noinline]] void *operator new(std::size_t n) {
   if (t_allocations_left >= 0 && t_allocations_left-- == 0) throw std::bad_alloc();
   void *p = std::malloc(n == 0 ? 1 : n);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
-void operator delete(void *p) noexcept {
+[[gnu::noinline]] void operator delete(void *p) noexcept {
   std::free(p);
 }
-void operator delete(void *p, std::size_t) noexcept {
+[[gnu::noinline]] void operator delete(void *p, std::size_t) noexcept {
   std::free(p);
 }
 
