@@ -28,14 +28,6 @@ fd_scheduler *sched(uint32_t max_active, uint32_t max_batch, uint32_t reserve = 
   return s;
 }
 
-std::vector<uint64_t> list(const fd_decision *d, int32_t which) {
-  uint32_t n = 0;
-  FD_ASSERT_OK(fd_decision_ids(d, which, NULL, 0, &n));
-  std::vector<uint64_t> v(n);
-  if (n) FD_ASSERT_OK(fd_decision_ids(d, which, v.data(), n, &n));
-  return v;
-}
-
 fd_decision *plan_now(fd_engine *e, fd_scheduler *s, uint64_t step = 0) {
   fd_snapshot *snap = NULL;
   FD_ASSERT_OK(fd_engine_snapshot(e, step, NULL, 0, &snap));
@@ -50,13 +42,13 @@ fd_decision *plan_now(fd_engine *e, fd_scheduler *s, uint64_t step = 0) {
 std::vector<uint64_t> iterate(fd_engine *e, fd_cache *c, fd_scheduler *s, uint32_t q_heads) {
   fd_decision *d = plan_now(e, s);
   FD_ASSERT_OK(fd_engine_apply_decision(e, s, d));
-  for (uint64_t id : list(d, FD_DECISION_ADMIT)) {
+  for (uint64_t id : es_decision_ids(d, FD_DECISION_ADMIT)) {
     // Prefill until the context is complete (the engine refuses beyond it).
     while (fd_engine_prefill_request_layers(e, id, std::vector<float>(1024, 0.f).data(),
                                             std::vector<float>(1024, 0.f).data()) == FD_OK) {
     }
   }
-  std::vector<uint64_t> run = list(d, FD_DECISION_RUNNABLE);
+  std::vector<uint64_t> run = es_decision_ids(d, FD_DECISION_RUNNABLE);
   if (!run.empty()) assert_int_equal(es_step(e, c, run, q_heads), FD_STEP_OPENED);
   fd_decision_destroy(d);
   FD_ASSERT_OK(fd_engine_validate(e));

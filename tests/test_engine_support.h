@@ -62,6 +62,15 @@ static inline int32_t es_seq_len(const fd_cache *c, uint64_t id) {
   return len;
 }
 
+/* The ids of one list of a decision (FD_DECISION_ADMIT, _REJECTED, ...). */
+static inline std::vector<uint64_t> es_decision_ids(const fd_decision *d, int32_t which) {
+  uint32_t n = 0;
+  FD_ASSERT_OK(fd_decision_ids(d, which, NULL, 0, &n));
+  std::vector<uint64_t> v(n);
+  if (n) FD_ASSERT_OK(fd_decision_ids(d, which, v.data(), n, &n));
+  return v;
+}
+
 static inline uint64_t es_version(const fd_cache *c) {
   uint64_t v = 0;
   FD_ASSERT_OK(fd_cache_state_version(c, &v));

@@ -77,14 +77,6 @@ struct Setup {
   fd_decision *d = nullptr;
 };
 
-std::vector<uint64_t> list(const fd_decision *d, int32_t which) {
-  uint32_t n = 0;
-  FD_ASSERT_OK(fd_decision_ids(d, which, NULL, 0, &n));
-  std::vector<uint64_t> v(n);
-  if (n) FD_ASSERT_OK(fd_decision_ids(d, which, v.data(), n, &n));
-  return v;
-}
-
 fd_decision *plan_now(fd_engine *e, fd_scheduler *s) {
   fd_snapshot *snap = NULL;
   FD_ASSERT_OK(fd_engine_snapshot(e, 0, NULL, 0, &snap));
@@ -112,8 +104,8 @@ Setup make_setup() {
                              es_spec(4, 0, 200)};
   for (const fd_request_spec &sp : specs) FD_ASSERT_OK(fd_engine_submit_request(x.e, &sp));
   x.d = plan_now(x.e, x.s);
-  assert_true(list(x.d, FD_DECISION_ADMIT) == (std::vector<uint64_t>{1, 2, 3}));
-  assert_true(list(x.d, FD_DECISION_REJECTED) == (std::vector<uint64_t>{4}));
+  assert_true(es_decision_ids(x.d, FD_DECISION_ADMIT) == (std::vector<uint64_t>{1, 2, 3}));
+  assert_true(es_decision_ids(x.d, FD_DECISION_REJECTED) == (std::vector<uint64_t>{4}));
   return x;
 }
 
@@ -156,9 +148,9 @@ Observed observe(const Setup &x) {
   o.prefix.last_use = 0;
   // What a scheduler plans now (a failed apply leaves the same plan).
   fd_decision *d = plan_now(x.e, x.s);
-  o.admit = list(d, FD_DECISION_ADMIT);
-  o.rejected = list(d, FD_DECISION_REJECTED);
-  o.runnable = list(d, FD_DECISION_RUNNABLE);
+  o.admit = es_decision_ids(d, FD_DECISION_ADMIT);
+  o.rejected = es_decision_ids(d, FD_DECISION_REJECTED);
+  o.runnable = es_decision_ids(d, FD_DECISION_RUNNABLE);
   std::memset(&o.summary, 0, sizeof o.summary);
   o.summary.struct_size = sizeof o.summary;
   FD_ASSERT_OK(fd_decision_get_summary(d, &o.summary));
@@ -182,11 +174,11 @@ void assert_same(const Observed &a, const Observed &b) {
 // Prefills the admitted requests and runs one step of the runnable ones.
 void run_one_step(const Setup &x) {
   std::vector<float> kv(kKv * kD, 0.25f);
-  for (uint64_t id : list(x.d, FD_DECISION_ADMIT)) {
+  for (uint64_t id : es_decision_ids(x.d, FD_DECISION_ADMIT)) {
     while (fd_engine_prefill_request_layers(x.e, id, kv.data(), kv.data()) == FD_OK) {
     }
   }
-  const std::vector<uint64_t> run = list(x.d, FD_DECISION_RUNNABLE);
+  const std::vector<uint64_t> run = es_decision_ids(x.d, FD_DECISION_RUNNABLE);
   assert_false(run.empty());
   assert_int_equal(es_step(x.e, x.c, run, kKv), FD_STEP_OPENED);
   FD_ASSERT_OK(fd_engine_validate(x.e));
