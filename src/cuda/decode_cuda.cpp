@@ -36,10 +36,12 @@ constexpr int kMaxSplitTokens = 4096;
 constexpr int kRaggedSplitTokens = 2048;
 // When such a batch has at least kRaggedMinRows rows and enough of them to
 // fill the GPU by itself (rows x kv heads >= a third of the resident CTA
-// slots), it is cut into at least
-// kRaggedCtasPerSlot CTAs per slot, in pieces of at least kRaggedMinTokens:
-// many short CTAs even out the unknown lengths (H200, C ragged bf16 bs16:
-// 4/8/16 splits = 99.2/90.3/86.7 us; A ragged 4/8/16 = 294.6/290.8/298.4 us).
+// slots), it is cut into at least kRaggedCtasPerSlot CTAs per slot, in pieces
+// of at least kRaggedMinTokens: many short CTAs even out the unknown lengths.
+// H200, bf16 bs16, 5d96b63 kernels (us by split count): D ragged 16 splits
+// 86.7 (4: 92.3, 8: 87.3, 3: 83.3); A ragged 7 splits 283.1 (4: 281.5, 16:
+// 296.1); C ragged does not qualify (128 rows x heads < 396 / 3) and keeps 4
+// splits, its best (81.5; 16: 85.2).
 constexpr int kRaggedCtasPerSlot = 8;
 constexpr int kRaggedMinTokens = 512;
 constexpr uint32_t kRaggedMinRows = 16;
