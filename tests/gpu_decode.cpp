@@ -401,6 +401,36 @@ void test_long_rows(void **state) {
   }
 }
 
+/* An out that is only element-aligned (2 bytes past an 8-byte boundary):
+ * the kernels fall back from 8-byte to element stores, unsplit and split,
+ * and write exactly the output elements. */
+void test_unaligned_out(void **state) {
+  (void)state;
+  Case c;
+  c.lens = {700, 33, 0};
+  c.group = 4;
+  c.hkv = 2;
+  const Host h = make_host(c);
+  const std::vector<uint16_t> ref = cpu_reference(h);
+  Dev d;
+  upload(h, d);
+  const size_t qb = h.q.size() * esize();
+  for (const int32_t splits : {1, 3}) {
+    fd_decode_params p = device_params(h, d, splits);
+    attach_workspace(p, d);
+    p.out = static_cast<uint8_t *>(d.out) + esize();
+    CUDA_OK(cudaMemset(d.out, 0xff, qb + 2 * esize()));
+    FD_ASSERT_OK(fd_decode(&p));
+    CUDA_OK(cudaStreamSynchronize(d.stream));
+    std::vector<uint16_t> all(h.q.size() + 2);
+    CUDA_OK(cudaMemcpy(all.data(), d.out, qb + 2 * esize(), cudaMemcpyDeviceToHost));
+    assert_int_equal(all.front(), 0xffff); /* nothing before out */
+    assert_int_equal(all.back(), 0xffff);  /* nothing past its end */
+    const std::vector<uint16_t> got(all.begin() + 1, all.end() - 1);
+    assert_true(compare(h, got, ref) <= tolerance(c.dtype));
+  }
+}
+
 /* fd_decode captured into a CUDA graph gives the eager bits: automatic
  * splits, and 4 splits (attention then merge kernel: two nodes). */
 void test_graph_capture(void **state) {
@@ -520,9 +550,8 @@ void test_errors(void **state) {
 int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_sweep),
+      cmocka_unit_test(test_errors),        cmocka_unit_test(test_graph_capture),
+      cmocka_unit_test(test_unaligned_out), cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_long_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
