@@ -388,12 +388,9 @@ void set_trace(unsigned long long *attn, unsigned long long *merge) {
 }
 
 // The merge kernel's grid as launch_decode_variant computes it.
+// CTAs of the merge kernel, as launch_decode_variant launches it.
 int merge_grid(int batch, int hq, int splits) {
-  if (splits <= 1) return 0;
-  int wph = 1;
-  while (wph < 8 && wph * 8 < splits) wph *= 2;
-  const int per = 8 / wph;
-  return (batch * hq + per - 1) / per;
+  return splits <= 1 ? 0 : fdd::merge_shape(batch * hq, splits).ctas;
 }
 
 Result run_case(const Case &cs, cudaStream_t stream) {

@@ -748,6 +748,21 @@ __global__ void __launch_bounds__(256, 1)
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(acc[e] * inv);
 }
 
+// Launch shape of decode_merge_kernel for `rows_heads` (row, q head) pairs:
+// warps per head (about 4 splits per warp, at most 8), heads per CTA (one
+// when that makes enough CTAs to spread the loads over many SMs) and CTAs.
+struct MergeShape {
+  int wph, heads_per_cta, ctas;
+};
+inline MergeShape merge_shape(int rows_heads, int num_splits) {
+  MergeShape m;
+  m.wph = 1;
+  while (m.wph < 8 && m.wph * 4 < num_splits) m.wph *= 2;
+  m.heads_per_cta = rows_heads >= 1024 ? 8 / m.wph : 1;
+  m.ctas = (rows_heads + m.heads_per_cta - 1) / m.heads_per_cta;
+  return m;
+}
+
 // Launches `kernel` with programmatic stream serialization (see pdl_wait):
 // it may start while the previous kernel in the stream drains. Captured into
 // a CUDA graph this becomes a programmatic edge.
@@ -808,17 +823,12 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || l.num_splits == 1) return err;
   const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
-  // Warps per (row, head): about 4 splits per warp, at most 8 warps; one head
-  // per CTA when that makes enough CTAs to spread the loads over many SMs.
-  int wph = 1;
-  while (wph < 8 && wph * 4 < l.num_splits) wph *= 2;
-  const int heads_per_cta = rows_heads >= 1024 ? 8 / wph : 1;
-  return detail::launch_pdl(detail::decode_merge_kernel<T, D>,
-                            static_cast<unsigned>((rows_heads + heads_per_cta - 1) / heads_per_cta),
-                            32 * wph * heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml,
+  const detail::MergeShape m = detail::merge_shape(rows_heads, l.num_splits);
+  return detail::launch_pdl(detail::decode_merge_kernel<T, D>, static_cast<unsigned>(m.ctas),
+                            32 * m.wph * m.heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml,
                             l.seq_lens, l.out, rows_heads, l.num_kv_heads * l.group_size,
                             l.num_splits, l.tiles_per_split * kDecodeTileTokens,
-                            l.max_blocks_per_seq << l.block_size_log2, wph, heads_per_cta);
+                            l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
 }
 
 template <class T>
