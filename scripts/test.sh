@@ -40,7 +40,7 @@ fi
 # ASan-instrumented library does not allow, and their Rust part needs cargo.
 bindings_status=0
 if [ -x bindings/run-tests.sh ] || [ -f bindings/run-tests.sh ]; then
-  if [ "$sanitize" = "ON" ]; then
+  if [ "$sanitize" = "ON" ] || [ "$tsan" = "ON" ]; then
     echo "== bindings: not run in the sanitizer build"
   elif ! command -v cargo > /dev/null 2>&1 || ! command -v python3 > /dev/null 2>&1; then
     echo "== bindings: SKIPPED (they need cargo and python3 on PATH)"
