@@ -3,7 +3,9 @@
 // once (pinned memory, uploaded by the first layer write on that write's
 // stream), launches the append kernels (kernels/append_launch.hpp) per layer,
 // and delivers metadata exports into caller device buffers, all without a host
-// synchronisation. Only creation and prefix registration synchronise.
+// synchronisation. Only creation and prefix registration synchronise:
+// creation clears owned storage on a private stream and waits for it, so the
+// storage is ready for work on any stream (docs/cuda-streams.md).
 #include "cuda/kv_storage_cuda.hpp"
 
 #include <algorithm>
@@ -25,6 +27,17 @@ void cuda_check(cudaError_t err, const char *what) {
     fail(FD_ERR_OUT_OF_MEMORY, "%s failed: %s", what, cudaGetErrorString(err));
   }
   fail(FD_ERR_DEVICE, "%s failed: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+void cuda_zero_fill_sync(void *p, size_t bytes, const char *what) {
+  if (bytes == 0) return;
+  cudaStream_t s = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags (clearing device memory)");
+  cudaError_t e = cudaMemsetAsync(p, 0, bytes, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  (void)cudaStreamDestroy(s);  // after the synchronisation: nothing pending on it
+  cuda_check(e, what);
 }
 
 CudaDeviceScope::CudaDeviceScope(int32_t ordinal) {
@@ -200,8 +213,12 @@ class CudaKvStorage final : public KvStorage {
         k_ = static_cast<unsigned char *>(k);
         cuda_check(cudaMalloc(&v, bytes), "cudaMalloc (V cache)");
         v_ = static_cast<unsigned char *>(v);
-        cuda_check(cudaMemset(k_, 0, bytes), "cudaMemset (K cache)");
-        cuda_check(cudaMemset(v_, 0, bytes), "cudaMemset (V cache)");
+        // Cleared and finished before the cache exists: its first writes may
+        // come on any stream (bug 6 of issue 11: a cudaMemset left queued on
+        // the legacy default stream behind the caller's work ran after
+        // writes on a non-blocking stream and wiped them).
+        cuda_zero_fill_sync(k_, bytes, "clearing the K cache");
+        cuda_zero_fill_sync(v_, bytes, "clearing the V cache");
       } catch (...) {
         free_owned();
         throw;

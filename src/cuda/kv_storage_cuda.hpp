@@ -18,6 +18,16 @@ namespace fd {
 // non-sticky last-error state is cleared).
 void cuda_check(cudaError_t err, const char *what);
 
+// Zero-fills `bytes` of device memory and waits until the fill is done, on a
+// private non-blocking stream: on return the memory is ready for work on any
+// stream, without waiting for unrelated work the caller has queued elsewhere.
+// (A cudaMemset on the legacy default stream returns before it runs, and
+// nothing orders it before later work on a non-blocking stream: such work
+// could be overwritten by the late fill. docs/cuda-streams.md lists every
+// place the library touches a stream it does not own.) Not capture-safe;
+// for creation paths only. Throws FD_ERR_OUT_OF_MEMORY / FD_ERR_DEVICE.
+void cuda_zero_fill_sync(void *p, size_t bytes, const char *what);
+
 // Makes `ordinal` the calling thread's current device for the scope and
 // restores the previous one afterwards.
 class CudaDeviceScope {

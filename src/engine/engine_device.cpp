@@ -21,8 +21,11 @@ DeviceScratch::DeviceScratch(const DeviceScratchSizes &sizes) : sizes_(sizes) {
   try {
     CudaDeviceScope scope(sizes_.ordinal);
     prefill_q_ = allocate(sizes_.prefill_q_bytes, "cudaMalloc (engine prefill scratch)");
-    // RoPE runs over it: keep it finite.
-    cuda_check(cudaMemset(prefill_q_, 0, sizes_.prefill_q_bytes), "cudaMemset (engine scratch)");
+    // RoPE runs over it: keep it finite. Cleared and finished here, like the
+    // cache's storage, rather than left queued on the legacy default stream
+    // (docs/cuda-streams.md).
+    cuda_zero_fill_sync(prefill_q_, sizes_.prefill_q_bytes,
+                        "clearing the engine's prefill scratch");
     reserve(sizes_.initial_rows, sizes_.initial_table_entries);
   } catch (...) {
     for (void *p : owned_) (void)cudaFree(p);
