@@ -95,6 +95,9 @@ fd_kv_append_params params(const Case &c, const Buffers &b) {
   return a;
 }
 
+/* Device copies of the host buffers. The appends here run on the legacy
+ * default stream (params.stream NULL), and so do these transfers
+ * (fd_gpu_test.h), each finished before it returns. */
 struct Dev {
   std::vector<void *> ptrs;
   ~Dev() {
@@ -105,7 +108,7 @@ struct Dev {
     void *p = nullptr;
     if (cudaMalloc(&p, h.size() * sizeof(T)) != cudaSuccess) return nullptr;
     ptrs.push_back(p);
-    cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+    if (fd_gpu_upload(nullptr, p, h.data(), h.size() * sizeof(T)) != cudaSuccess) return nullptr;
     return static_cast<T *>(p);
   }
 };
@@ -113,7 +116,7 @@ struct Dev {
 template <class T>
 std::vector<T> get(const T *d, size_t n) {
   std::vector<T> h(n);
-  CUDA_OK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CUDA_OK(fd_gpu_download(nullptr, h.data(), d, n * sizeof(T)));
   return h;
 }
 
@@ -222,11 +225,11 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "block_ids[4] = ");
   b.ids[4] = 0;
   b.pos[6] = -3;
-  CUDA_OK(cudaMemcpy(ids, b.ids.data(), b.ids.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(pos, b.pos.data(), b.pos.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(nullptr, ids, b.ids.data(), b.ids.size() * 4));
+  CUDA_OK(fd_gpu_upload(nullptr, pos, b.pos.data(), b.pos.size() * 4));
   FD_ASSERT_FAILS(fd_rope_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "positions[6] = -3");
   b.offs[2] = 8;
-  CUDA_OK(cudaMemcpy(offs, b.offs.data(), b.offs.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(nullptr, offs, b.offs.data(), b.offs.size() * 4));
   FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "offsets[2] = 8");
   CUDA_OK(cudaDeviceSynchronize());
   /* Nothing was written. */

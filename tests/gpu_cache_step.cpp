@@ -98,17 +98,18 @@ struct Side {
     cuda = on_gpu;
     host.reserve(16);
     const size_t e = 2;
+    if (cuda) CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     if (s.nhd) {
       k_ext = alloc((size_t)(layer_elems(s) * s.layers) * e);
       v_ext = alloc((size_t)(layer_elems(s) * s.layers) * e);
       if (cuda) {
-        cudaMemset(k_ext, 0, (size_t)(layer_elems(s) * s.layers) * e);
-        cudaMemset(v_ext, 0, (size_t)(layer_elems(s) * s.layers) * e);
+        /* On the stream the cache is written on, finished before it is. */
+        CUDA_OK(fd_gpu_fill(stream, k_ext, 0, (size_t)(layer_elems(s) * s.layers) * e));
+        CUDA_OK(fd_gpu_fill(stream, v_ext, 0, (size_t)(layer_elems(s) * s.layers) * e));
       }
     }
     fd_cache_config c = config(s, cuda, k_ext, v_ext);
     FD_ASSERT_OK(fd_cache_create(&c, &cache));
-    if (cuda) CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     q = alloc(kBatch * s.hq * s.dim * e);
     q_rot = alloc(kBatch * s.hq * s.dim * e);
     out = alloc(kBatch * s.hq * s.dim * e);
@@ -127,17 +128,16 @@ struct Side {
   }
   void put(void *dst, const void *src, size_t bytes) {
     if (cuda) {
-      /* Work still queued on the stream may read dst. */
-      CUDA_OK(cudaStreamSynchronize(stream));
-      CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+      /* In stream order (work still queued on the stream may read dst), and
+       * landed before the library's next work on the stream. */
+      CUDA_OK(fd_gpu_upload(stream, dst, src, bytes));
     } else
       memcpy(dst, src, bytes);
   }
   std::vector<uint16_t> get(const void *src, size_t elems) {
     std::vector<uint16_t> h(elems);
-    if (cuda) CUDA_OK(cudaStreamSynchronize(stream));
     if (cuda)
-      CUDA_OK(cudaMemcpy(h.data(), src, elems * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(fd_gpu_download(stream, h.data(), src, elems * 2));
     else
       memcpy(h.data(), src, elems * 2);
     return h;
@@ -391,13 +391,16 @@ void test_exports_and_prefixes(void **state) {
   const uint64_t ids[3] = {4, 1, 5};
   int32_t want_t[3 * kMbps], want_l[3];
   FD_ASSERT_OK(fd_cache_export(g.cache, ids, 3, kMbps, want_t, want_l));
-  CUDA_OK(cudaMemset(g.tables, 0xff, kBatch * kMbps * 4));
+  /* The poison goes on the export's stream: a cudaMemset on the legacy
+   * default stream is not ordered before the export on a non-blocking stream
+   * and could land after it (issue 11). */
+  CUDA_OK(fd_gpu_fill(g.stream, g.tables, 0xff, kBatch * kMbps * 4));
+  CUDA_OK(fd_gpu_fill(g.stream, g.lens, 0xff, kBatch * 4));
   FD_ASSERT_OK(
       fd_cache_export_async(g.cache, ids, 3, kMbps, g.tables, g.lens, (fd_stream)g.stream));
-  CUDA_OK(cudaStreamSynchronize(g.stream));
   std::vector<int32_t> got_t(3 * kMbps), got_l(3);
-  CUDA_OK(cudaMemcpy(got_t.data(), g.tables, got_t.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(got_l.data(), g.lens, 12, cudaMemcpyDeviceToHost));
+  CUDA_OK(fd_gpu_download(g.stream, got_t.data(), g.tables, got_t.size() * 4));
+  CUDA_OK(fd_gpu_download(g.stream, got_l.data(), g.lens, 12));
   assert_memory_equal(got_t.data(), want_t, sizeof want_t);
   assert_memory_equal(got_l.data(), want_l, sizeof want_l);
   FD_ASSERT_FAILS(fd_cache_export_async(g.cache, ids, 3, 1, g.tables, g.lens, (fd_stream)g.stream),
@@ -406,8 +409,7 @@ void test_exports_and_prefixes(void **state) {
   for (int i = 0; i < 200; ++i)
     FD_ASSERT_OK(
         fd_cache_export_async(g.cache, ids, 3, kMbps, g.tables, g.lens, (fd_stream)g.stream));
-  CUDA_OK(cudaStreamSynchronize(g.stream));
-  CUDA_OK(cudaMemcpy(got_t.data(), g.tables, got_t.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(fd_gpu_download(g.stream, got_t.data(), g.tables, got_t.size() * 4));
   assert_memory_equal(got_t.data(), want_t, sizeof want_t);
 
   /* Prefixes from host memory and from device memory land bit-exactly. */
@@ -417,8 +419,11 @@ void test_exports_and_prefixes(void **state) {
   void *dk = nullptr, *dv = nullptr;
   CUDA_OK(cudaMalloc(&dk, n * 2));
   CUDA_OK(cudaMalloc(&dv, n * 2));
-  CUDA_OK(cudaMemcpy(dk, kb.data(), n * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dv, vb.data(), n * 2, cudaMemcpyHostToDevice));
+  /* Uploaded on the registration's stream (a pageable cudaMemcpy may return
+   * before the bytes land, and the legacy stream does not order them before
+   * the non-blocking stream's copies). */
+  CUDA_OK(fd_gpu_upload(g.stream, dk, kb.data(), n * 2));
+  CUDA_OK(fd_gpu_upload(g.stream, dv, vb.data(), n * 2));
   FD_ASSERT_OK(fd_prefix_register(g.cache, "host", kb.data(), vb.data(), 2, (fd_stream)g.stream));
   FD_ASSERT_OK(fd_prefix_register(g.cache, "dev", dk, dv, 2, (fd_stream)g.stream));
   for (const char *name : {"host", "dev"}) {

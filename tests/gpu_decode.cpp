@@ -212,11 +212,13 @@ void upload(const Host &h, Dev &d) {
   CUDA_OK(
       cudaMalloc(reinterpret_cast<void **>(&d.tables), std::max<size_t>(1, h.tables.size()) * 4));
   CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.lens), h.lens.size() * 4));
-  CUDA_OK(cudaMemcpy(d.q, h.q.data(), qb, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d.k, h.k.data(), cb, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d.v, h.v.data(), cb, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d.lens, h.lens.data(), h.lens.size() * 4, cudaMemcpyHostToDevice));
+  /* Every fill and copy of the device buffers goes through fd_gpu_* on
+   * d.stream, where fd_decode runs (fd_gpu_test.h says why). */
+  CUDA_OK(fd_gpu_upload(d.stream, d.q, h.q.data(), qb));
+  CUDA_OK(fd_gpu_upload(d.stream, d.k, h.k.data(), cb));
+  CUDA_OK(fd_gpu_upload(d.stream, d.v, h.v.data(), cb));
+  CUDA_OK(fd_gpu_upload(d.stream, d.tables, h.tables.data(), h.tables.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, d.lens, h.lens.data(), h.lens.size() * 4));
 }
 
 fd_decode_params device_params(const Host &h, const Dev &d, int32_t num_splits) {
@@ -244,7 +246,7 @@ void attach_workspace(fd_decode_params &p, Dev &d) {
     CUDA_OK(cudaMalloc(&d.ws, need));
     d.ws_size = need;
     /* Poison: the kernels must never read partials they did not write. */
-    CUDA_OK(cudaMemset(d.ws, 0xff, need));
+    CUDA_OK(fd_gpu_fill(d.stream, d.ws, 0xff, need));
   }
   p.workspace = need ? d.ws : nullptr;
   p.workspace_size = need;
@@ -252,12 +254,12 @@ void attach_workspace(fd_decode_params &p, Dev &d) {
 
 std::vector<uint16_t> run_gpu(const Host &h, Dev &d, fd_decode_params p) {
   const size_t qb = h.q.size() * esize();
-  CUDA_OK(cudaMemset(d.out, 0xff, qb)); /* NaN in f16 and bf16 */
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb)); /* NaN in f16 and bf16 */
   FD_ASSERT_OK(fd_decode(&p));
   CUDA_OK(cudaStreamSynchronize(d.stream));
   CUDA_OK(cudaGetLastError());
   std::vector<uint16_t> out(h.q.size());
-  CUDA_OK(cudaMemcpy(out.data(), d.out, qb, cudaMemcpyDeviceToHost));
+  CUDA_OK(fd_gpu_download(d.stream, out.data(), d.out, qb));
   return out;
 }
 
@@ -419,11 +421,10 @@ void test_unaligned_out(void **state) {
     fd_decode_params p = device_params(h, d, splits);
     attach_workspace(p, d);
     p.out = static_cast<uint8_t *>(d.out) + esize();
-    CUDA_OK(cudaMemset(d.out, 0xff, qb + 2 * esize()));
+    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb + 2 * esize()));
     FD_ASSERT_OK(fd_decode(&p));
-    CUDA_OK(cudaStreamSynchronize(d.stream));
     std::vector<uint16_t> all(h.q.size() + 2);
-    CUDA_OK(cudaMemcpy(all.data(), d.out, qb + 2 * esize(), cudaMemcpyDeviceToHost));
+    CUDA_OK(fd_gpu_download(d.stream, all.data(), d.out, qb + 2 * esize()));
     assert_int_equal(all.front(), 0xffff); /* nothing before out */
     assert_int_equal(all.back(), 0xffff);  /* nothing past its end */
     const std::vector<uint16_t> got(all.begin() + 1, all.end() - 1);
@@ -451,7 +452,7 @@ void test_graph_capture(void **state) {
     attach_workspace(p, d);
     const std::vector<uint16_t> eager = run_gpu(h, d, p);
     const size_t qb = h.q.size() * esize();
-    CUDA_OK(cudaMemset(d.out, 0xff, qb));
+    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
@@ -464,9 +465,8 @@ void test_graph_capture(void **state) {
     assert_true(nodes >= 1);
     if (m.nodes) assert_int_equal(nodes, m.nodes);
     for (int i = 0; i < 3; ++i) CUDA_OK(cudaGraphLaunch(exec, d.stream));
-    CUDA_OK(cudaStreamSynchronize(d.stream));
     std::vector<uint16_t> replay(h.q.size());
-    CUDA_OK(cudaMemcpy(replay.data(), d.out, qb, cudaMemcpyDeviceToHost));
+    CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
     assert_memory_equal(eager.data(), replay.data(), qb);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -476,9 +476,8 @@ void test_graph_capture(void **state) {
 /* Every refusal leaves the output untouched (still poisoned). */
 void expect_untouched(const Host &h, const Dev &d) {
   const size_t qb = h.q.size() * esize();
-  CUDA_OK(cudaStreamSynchronize(d.stream));
   std::vector<uint8_t> out(qb);
-  CUDA_OK(cudaMemcpy(out.data(), d.out, qb, cudaMemcpyDeviceToHost));
+  CUDA_OK(fd_gpu_download(d.stream, out.data(), d.out, qb));
   for (uint8_t b : out) assert_int_equal(b, 0xff);
 }
 
@@ -492,7 +491,7 @@ void test_errors(void **state) {
   const Host h = make_host(c);
   Dev d;
   upload(h, d);
-  CUDA_OK(cudaMemset(d.out, 0xff, h.q.size() * esize()));
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, h.q.size() * esize()));
   fd_decode_params base = device_params(h, d, 1);
   size_t bytes = 12345;
   fd_decode_params p;
@@ -522,22 +521,25 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_NO_DEVICE, "");
   expect_untouched(h, d);
 
-  /* FD_DECODE_CHECK_INDICES validates device-resident indices. */
+  /* FD_DECODE_CHECK_INDICES validates device-resident indices. The bad
+   * values go on d.stream, where the check reads them: a pageable cudaMemcpy
+   * on the legacy default stream was not ordered before that read and the
+   * check saw the old, valid lengths when other GPU work ran (issue 11). */
   const int32_t bad_len[2] = {400, 100000};
-  CUDA_OK(cudaMemcpy(d.lens, bad_len, sizeof bad_len, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(d.stream, d.lens, bad_len, sizeof bad_len));
   p = base, p.flags = FD_DECODE_CHECK_INDICES;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "seq_lens[1]");
-  CUDA_OK(cudaMemcpy(d.lens, h.lens.data(), 8, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(d.stream, d.lens, h.lens.data(), 8));
   const int32_t bad_id = static_cast<int32_t>(h.num_blocks);
-  CUDA_OK(cudaMemcpy(d.tables + 1, &bad_id, 4, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(d.stream, d.tables + 1, &bad_id, 4));
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "block_tables[0][1]");
   expect_untouched(h, d);
-  CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(d.stream, d.tables, h.tables.data(), h.tables.size() * 4));
   /* A row longer than the hint: the split plan would cover only the hint. */
   p = base, p.flags = FD_DECODE_CHECK_INDICES, p.max_seq_len_hint = h.lens[0] - 1;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "exceeds max_seq_len_hint");
   expect_untouched(h, d);
-  CUDA_OK(cudaMemcpy(d.tables, h.tables.data(), h.tables.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(fd_gpu_upload(d.stream, d.tables, h.tables.data(), h.tables.size() * 4));
   /* The checked path succeeds on valid indices. */
   p = base, p.flags = FD_DECODE_CHECK_INDICES;
   const std::vector<uint16_t> ref = cpu_reference(h);

@@ -95,8 +95,10 @@ struct Side {
   }
   void put(void *dst, const std::vector<uint16_t> &src) {
     if (cuda) {
-      CUDA_OK(cudaStreamSynchronize(stream)); /* queued work may read dst */
-      CUDA_OK(cudaMemcpy(dst, src.data(), src.size() * 2, cudaMemcpyHostToDevice));
+      /* In stream order (queued work may read dst) and landed before the
+       * next step on the stream or a prefill on the legacy default stream
+       * (fd_gpu_test.h). */
+      CUDA_OK(fd_gpu_upload(stream, dst, src.data(), src.size() * 2));
     } else {
       memcpy(dst, src.data(), src.size() * 2);
     }
@@ -104,8 +106,7 @@ struct Side {
   std::vector<uint16_t> get(const void *src, size_t elems) {
     std::vector<uint16_t> h(elems);
     if (cuda) {
-      CUDA_OK(cudaStreamSynchronize(stream));
-      CUDA_OK(cudaMemcpy(h.data(), src, elems * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(fd_gpu_download(stream, h.data(), src, elems * 2));
     } else {
       memcpy(h.data(), src, elems * 2);
     }

@@ -25,6 +25,33 @@
     }                                                                                            \
   } while (0)
 
+/* Stream-ordered transfers for test bodies. A plain cudaMemset / cudaMemcpy
+ * runs on the legacy default stream, which a cudaStreamNonBlocking stream
+ * does not wait for, and a pageable cudaMemcpy to the device may return
+ * before the bytes land: a library call on the test's non-blocking stream
+ * could then read the old bytes, or have its results overwritten by a late
+ * fill (issue 11: seen only with other GPU work running at the same time).
+ * Each helper enqueues on `stream` (NULL: the legacy default stream) and
+ * waits for that stream, so on return the bytes are in place for work on any
+ * stream, earlier work on `stream` is done, and host buffers may be reused.
+ * Use them, not the plain calls, for every fill and copy in a GPU test. */
+static inline cudaError_t fd_gpu_upload(cudaStream_t stream, void *dst, const void *src,
+                                        size_t bytes) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+
+static inline cudaError_t fd_gpu_download(cudaStream_t stream, void *dst, const void *src,
+                                          size_t bytes) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+
+static inline cudaError_t fd_gpu_fill(cudaStream_t stream, void *dst, int byte, size_t bytes) {
+  cudaError_t e = cudaMemsetAsync(dst, byte, bytes, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+
 /* Returns 1 when libflashdec sees a CUDA device. Otherwise prints the visible
  * "SKIPPED: ..." line (a skip must never pass silently) and returns 0; main()
  * then returns FD_GPU_TEST_SKIPPED:
