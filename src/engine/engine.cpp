@@ -361,9 +361,13 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
     return out;
   }
   // Scratch is sized before the transaction opens, so nothing can fail
-  // between begin and the bookkeeping below except out-of-memory on tables.
+  // between begin and the bookkeeping below (a failing call changes nothing,
+  // not even the cache's begin/abort counters). A row's table grows by at
+  // most the one block its new token may need.
   if (on_cuda()) {
-    device_->reserve(count, 0);
+    uint32_t longest = 0;
+    check(fd_cache_max_blocks_per_seq(cache_, ids, count, &longest), "begin_step: ");
+    device_->reserve(count, uint64_t{count} * (uint64_t{longest} + 1));
   } else {
     const size_t q_bytes = size_t{count} * num_q_heads_ * cache_config_.head_dim * element_size();
     q_rotated_.resize(q_bytes);
@@ -379,7 +383,8 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
     check(fd_tx_get_info(cache_, tx, &info));
     table_stride_ = info.max_blocks_per_seq;
     if (on_cuda()) {
-      // The tables go to the device in the first step_layer, on its stream.
+      // The tables go to the device in the first step_layer, on its stream
+      // (reserved above; this cannot allocate).
       device_->reserve(count, uint64_t{count} * table_stride_);
     } else {
       step_tables_.resize(size_t{count} * table_stride_);
