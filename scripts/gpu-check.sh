@@ -16,11 +16,25 @@
 #                     memcheck, racecheck and initcheck over both GPU suites
 #                     (reduced). Sized for a 7-minute run: about 2.5 minutes
 #                     of build, tests and benchmark, then at most 6 x 45 s.
+#   reliability       issue 11: build everything, every ctest suite (GPU
+#                     suites verbose, the rest in parallel), then every GPU
+#                     suite (tests/gpu_*, gpu_stream_order and the allocation
+#                     failure injection gpu_inject_alloc_failures included)
+#                     several at once (CONCURRENT_ROUNDS rounds of
+#                     CONCURRENT_COPIES copies of each, reduced), then every
+#                     GPU suite under memcheck, racecheck, initcheck and
+#                     synccheck (reduced, SANITIZER_JOBS runs at once, which
+#                     also runs them concurrently). No benchmark. Writes
+#                     runs.tsv: one line per run (kind, tool or round, suite,
+#                     errors, hazards, rc, PASS/FAIL, seconds), plus
+#                     concurrent.log and sanitizer.log. Sized for about 8
+#                     minutes on an H200.
 # The benchmark runs before the sanitizers so its results come back even if
 # they run long.
 #
 # cmocka: when it is not installed, .deps/*.deb (apt-get download libcmocka0
-# libcmocka-dev) are unpacked to /tmp/cm and used.
+# libcmocka-dev; carry .deps) are unpacked to /tmp/cm and used; or set
+# CMOCKA_ROOT to a prefix holding include/cmocka.h and lib/libcmocka.so.
 #
 # Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, SKIP_SANITIZER=1,
 # SKIP_BENCH=1, BENCH_ARGS (decode mode, e.g. "--quick", "--explore" or
@@ -29,7 +43,10 @@
 # GPU_ONLY; append mode builds only its own targets unless this is set),
 # SANITIZER_TIMEOUT (seconds per compute-sanitizer run: 240 decode, 45 append),
 # SANITIZER_TOOLS (space-separated compute-sanitizer tools, default
-# "memcheck racecheck initcheck"; e.g. "memcheck" for a quick run).
+# "memcheck racecheck initcheck", reliability: plus synccheck; e.g. "memcheck"
+# for a quick run), SANITIZER_JOBS (reliability: runs at once, default 12),
+# CONCURRENT_ROUNDS (default 2), CONCURRENT_COPIES (default 2),
+# SKIP_CONCURRENT=1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 MODE=${MODE:-decode}
@@ -63,13 +80,25 @@ case "$MODE" in
     sanitizer_suites=(gpu_cache_step gpu_append)
     sanitizer_timeout=${SANITIZER_TIMEOUT:-45}
     ;;
+  reliability)
+    default_targets=""
+    tests_regex=""
+    tests_timeout=0
+    bench=""
+    bench_args=()
+    # Every GPU suite, the longest under the sanitizers first (found after
+    # the build: tests/gpu_*.c|cpp).
+    sanitizer_suites=()
+    sanitizer_timeout=${SANITIZER_TIMEOUT:-180}
+    default_tools="memcheck racecheck initcheck synccheck"
+    ;;
   *)
-    echo "gpu-check.sh: MODE must be decode or append, not '$MODE'" >&2
+    echo "gpu-check.sh: MODE must be decode, append or reliability, not '$MODE'" >&2
     exit 2
     ;;
 esac
 
-read -ra sanitizer_tools <<<"${SANITIZER_TOOLS:-memcheck racecheck initcheck}"
+read -ra sanitizer_tools <<<"${SANITIZER_TOOLS:-${default_tools:-memcheck racecheck initcheck}}"
 for tool in "${sanitizer_tools[@]}"; do
   case "$tool" in
     memcheck | racecheck | initcheck | synccheck) ;;
@@ -85,7 +114,10 @@ status=0
 note() { echo "== $*" | tee -a "$OUT/summary.log"; }
 
 cmocka_args=()
-if ! ls /usr/include/cmocka.h >/dev/null 2>&1 && ls .deps/*.deb >/dev/null 2>&1; then
+if [ -n "${CMOCKA_ROOT:-}" ]; then
+  cmocka_args=(-DCMOCKA_ROOT="$CMOCKA_ROOT")
+  export LD_LIBRARY_PATH=$CMOCKA_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+elif ! ls /usr/include/cmocka.h >/dev/null 2>&1 && ls .deps/*.deb >/dev/null 2>&1; then
   for f in .deps/*.deb; do dpkg -x "$f" /tmp/cm; done
   cmocka_args=(-DCMOCKA_INCLUDE_DIR=/tmp/cm/usr/include
                -DCMOCKA_LIBRARY=/tmp/cm/usr/lib/x86_64-linux-gnu/libcmocka.so.0)
@@ -125,14 +157,63 @@ if [ -n "$tests_regex" ]; then
 elif [ "${GPU_ONLY:-0}" = 1 ]; then
   (cd "$BUILD_DIR" && ctest -L gpu -V) >"$OUT/ctest.log" 2>&1 || status=1
 else
-  (cd "$BUILD_DIR" && ctest -L gpu -V && ctest -LE gpu --output-on-failure) \
-    >"$OUT/ctest.log" 2>&1 || status=1
+  # Both parts run even if the first fails.
+  (cd "$BUILD_DIR" && { ctest -L gpu -V; a=$?; ctest -LE gpu -j "$JOBS" --output-on-failure; b=$?
+    [ $a -eq 0 ] && [ $b -eq 0 ]; }) >"$OUT/ctest.log" 2>&1 || status=1
 fi
 note "ctest: $(grep -E '% tests passed|tests failed' "$OUT/ctest.log" | tr '\n' ' ') ($((SECONDS - start)) s)"
-grep -E "SKIPPED|FAILED|\[  PASSED|sweep cases|gpu_append:|test_kv_append:|rel error" "$OUT/ctest.log" |
-  head -20 | tee -a "$OUT/summary.log"
+grep -E "SKIPPED|FAILED|\[  PASSED|sweep cases|gpu_append:|test_kv_append:|rel error|inject: .*total|intact" "$OUT/ctest.log" |
+  head -24 | tee -a "$OUT/summary.log"
 
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
+if [ "$MODE" = reliability ]; then
+  # Every GPU suite that was built, the longest under the sanitizers first.
+  for s in gpu_decode gpu_engine_step gpu_inject_alloc_failures gpu_cache_step gpu_append \
+    gpu_stream_order $(find tests -maxdepth 1 -name 'gpu_*.c*' -printf '%f\n' | sed 's/\.[^.]*$//'); do
+    [ -x "$BUILD_DIR/tests/$s" ] || continue
+    case " ${sanitizer_suites[*]} " in *" $s "*) continue ;; esac
+    sanitizer_suites+=("$s")
+  done
+  note "GPU suites: ${sanitizer_suites[*]}"
+  : >"$OUT/runs.tsv"
+  # One line per run, in runs.tsv and summary.log.
+  record() { printf '%s\n' "$*" | tr ' ' '\t' >>"$OUT/runs.tsv"; note "$*"; }
+  if [ "${SKIP_CONCURRENT:-0}" != 1 ]; then
+    : >"$OUT/concurrent.log"
+    conc_dir=$(mktemp -d)
+    for round in $(seq 1 "${CONCURRENT_ROUNDS:-2}"); do
+      start=$SECONDS
+      pids=()
+      names=()
+      for s in "${sanitizer_suites[@]}"; do
+        for c in $(seq 1 "${CONCURRENT_COPIES:-2}"); do
+          name="$s.$c"
+          (
+            t0=$SECONDS
+            FD_GPU_TEST_REDUCED=1 CMOCKA_MESSAGE_OUTPUT=stdout timeout 300 "$BUILD_DIR/tests/$s" \
+              >"$conc_dir/$name.log" 2>&1
+            echo "$? $((SECONDS - t0))" >"$conc_dir/$name.rc"
+          ) &
+          pids+=($!)
+          names+=("$name")
+        done
+      done
+      wait "${pids[@]}"
+      failed=0
+      for name in "${names[@]}"; do
+        read -r rc secs <"$conc_dir/$name.rc"
+        verdict=PASS
+        [ "$rc" -ne 0 ] && verdict=FAIL && failed=$((failed + 1)) && status=1
+        { echo "### round $round: $name (rc=$rc, ${secs} s, ${#names[@]} processes at once)"
+          cat "$conc_dir/$name.log"; } >>"$OUT/concurrent.log"
+        record "concurrent round$round ${name%.*} errors=- hazards=- rc=$rc $verdict ${secs}s"
+      done
+      note "concurrent round $round: ${#names[@]} processes at once, $failed failed ($((SECONDS - start)) s)"
+    done
+    rm -rf "$conc_dir"
+  fi
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$bench" ]; then
   start=$SECONDS
   timeout "$bench_timeout" "$BUILD_DIR/bench/$bench" --out "$OUT" "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   rc=$?
@@ -140,7 +221,45 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   note "$bench rc=$rc in $((SECONDS - start)) s"
   tail -"$bench_tail" "$OUT/bench.log"
 fi
-if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ "$MODE" = reliability ]; then
+  # Every (suite, tool) pair, SANITIZER_JOBS at once.
+  : >"$OUT/sanitizer.log"
+  san_dir=$(mktemp -d)
+  run_sanitizer() {  # tool suite
+    local tool=$1 suite=$2 t0=$SECONDS
+    local extra=(--report-api-errors no)
+    [ "$tool" = memcheck ] && extra+=(--leak-check full)
+    FD_GPU_TEST_REDUCED=1 CMOCKA_MESSAGE_OUTPUT=stdout timeout "$sanitizer_timeout" \
+      compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$BUILD_DIR/tests/$suite" \
+      >"$san_dir/$tool.$suite.log" 2>&1
+    echo "$? $((SECONDS - t0))" >"$san_dir/$tool.$suite.rc"
+  }
+  start=$SECONDS
+  for suite in "${sanitizer_suites[@]}"; do
+    for tool in "${sanitizer_tools[@]}"; do
+      while [ "$(jobs -rp | wc -l)" -ge "${SANITIZER_JOBS:-12}" ]; do wait -n; done
+      run_sanitizer "$tool" "$suite" &
+    done
+  done
+  wait
+  for suite in "${sanitizer_suites[@]}"; do
+    for tool in "${sanitizer_tools[@]}"; do
+      log="$san_dir/$tool.$suite.log"
+      read -r rc secs <"$san_dir/$tool.$suite.rc"
+      errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+      hazards=$(grep -oE 'RACECHECK SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+      verdict=PASS
+      [ "$rc" -ne 0 ] || [ "${errors:-x}" != 0 ] && verdict=FAIL
+      [ "$rc" -eq 124 ] && verdict=TIMEOUT
+      [ "$verdict" != PASS ] && status=1
+      { echo "### compute-sanitizer --tool $tool $suite (rc=$rc, ${secs} s)"; cat "$log"; } \
+        >>"$OUT/sanitizer.log"
+      record "sanitizer $tool $suite errors=${errors:-?} hazards=${hazards:--} rc=$rc $verdict ${secs}s"
+    done
+  done
+  note "sanitizers: ${#sanitizer_suites[@]} suites x ${#sanitizer_tools[@]} tools in $((SECONDS - start)) s"
+  rm -rf "$san_dir"
+elif [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   : >"$OUT/sanitizer.log"
   run_log=$(mktemp)
   for suite in "${sanitizer_suites[@]}"; do
