@@ -10,8 +10,8 @@
  * failed.
  *
  * Failures are injected by replacing the global operator new of this test
- * binary (the library is linked statically into it): once armed, the k-th
- * allocation on this thread throws std::bad_alloc, once. Sweeping k from 0
+ * binary (tests/common/alloc_failures.h): once armed, the k-th allocation on
+ * this thread throws std::bad_alloc, once. Sweeping k from 0
  * until the call succeeds fails every allocation the call makes, one run each.
  */
 #include <cstdlib>
@@ -31,40 +31,18 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include "alloc_failures.h"
 #include "fd_test.h"
 #include "test_engine_support.h"
 
 namespace {
-// Allocations left before the injected failure; < 0: not armed.
-thread_local long t_allocations_left = -1;
-}  // namespace
-
-// The replacements are kept out of line: inlined, GCC pairs the free() below
-// with the operator new of the caller's allocation and reports a mismatch
-// (-Wmismatched-new-delete, seen in the ASan build).
-[[gnu::noinline]] void *operator new(std::size_t n) {
-  if (t_allocations_left >= 0 && t_allocations_left-- == 0) throw std::bad_alloc();
-  void *p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-[[gnu::noinline]] void operator delete(void *p) noexcept {
-  std::free(p);
-}
-[[gnu::noinline]] void operator delete(void *p, std::size_t) noexcept {
-  std::free(p);
-}
-
-namespace {
 
 void arm(long k) {
-  t_allocations_left = k;
+  fd_alloc_fail_arm(k);
 }
 // True when the armed failure has not fired.
 bool disarm() {
-  const bool unused = t_allocations_left >= 0;
-  t_allocations_left = -1;
-  return unused;
+  return !fd_alloc_fail_disarm();
 }
 
 constexpr uint32_t kBs = 4, kKv = 1, kD = 4;
