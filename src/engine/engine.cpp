@@ -371,6 +371,9 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
   } else {
     const size_t q_bytes = size_t{count} * num_q_heads_ * cache_config_.head_dim * element_size();
     q_rotated_.resize(q_bytes);
+    uint32_t longest = 0;
+    check(fd_cache_max_blocks_per_seq(cache_, ids, count, &longest), "begin_step: ");
+    step_tables_.reserve(size_t{count} * (size_t{longest} + 1));
   }
   step_ids_.assign(ids, ids + count);
   step_effective_lens_.resize(count);
