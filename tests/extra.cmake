@@ -50,3 +50,9 @@ if(TARGET decode_demo)
   add_test(NAME example_decode_demo COMMAND decode_demo --steps 24 --batch 4 --seed 7)
   set_tests_properties(example_decode_demo PROPERTIES LABELS example TIMEOUT 300)
 endif()
+
+# The multi-thread suites also carry the label "threads" (the ThreadSanitizer
+# CI step runs -L threads).
+if(TARGET test_thread_stress AND TARGET test_status)
+  set_tests_properties(test_thread_stress test_status PROPERTIES LABELS "api;threads")
+endif()
