@@ -49,7 +49,7 @@
 # SKIP_CONCURRENT=1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-MODE=${MODE:-decode}
+MODE=${1:-${MODE:-decode}}  # ./scripts/gpu-check.sh reliability, or MODE=reliability
 OUT=${OUT:-$PWD/gpu-out}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
