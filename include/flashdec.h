@@ -22,9 +22,17 @@
  *   for inputs and fine for results (the extra bytes are left alone). Fields
  *   are read and written whole; struct_size itself is never written.
  * - Pointer parameters are borrowed for the duration of the call unless their
- *   documentation says otherwise. Tensor and index arrays must be aligned to
- *   their element size (2 bytes for f16/bf16, 4 for f32 and int32); a
- *   misaligned array is ::FD_ERR_INVALID_ARGUMENT naming the parameter.
+ *   documentation says otherwise.
+ * - Every array argument of every function (tensors, K/V blocks and external
+ *   storage, id lists, block tables, lengths, positions, output arrays and
+ *   arrays of structs, in host or device memory) must start at an address
+ *   aligned to its element type: 2 bytes for f16/bf16, 4 for f32 and int32, 8
+ *   for uint64 ids, int64 strides and arrays of structs with 64-bit fields
+ *   (::fd_request_fairness, ::fd_workload_trace_point). A misaligned array is
+ *   ::FD_ERR_INVALID_ARGUMENT, checked with the call's other arguments
+ *   (nothing is read or written), with the message "<parameter> (<address>)
+ *   must be aligned to <n> bytes". NULL is not misaligned (where NULL is
+ *   allowed).
  * - Element counts and ids are fixed-width integers; request ids are
  *   caller-chosen `uint64_t`; sequence lengths and block ids are `int32_t`.
  */

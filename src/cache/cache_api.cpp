@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cache/cache_handle.hpp"
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 
 namespace {
@@ -171,6 +172,7 @@ FD_API fd_status fd_cache_layer_storage(fd_cache *cache, uint32_t layer, void **
     require_non_null(k, "k");
     require_non_null(v, "v");
     require_non_null(strides, "strides");
+    fd::require_aligned(strides, alignof(int64_t), "strides");
     const fd::LayerStorage s = c.layer_storage(layer);
     *k = s.k;
     *v = s.v;
@@ -277,6 +279,11 @@ FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capaci
                                 int32_t *offsets, int32_t *effective_seq_lens) {
   return fd::guard([&] {
     const fd::OpenTransaction &t = cache_of(cache).open_transaction(tx);
+    fd::require_aligned(request_ids, alignof(uint64_t), "request_ids");
+    fd::require_aligned(positions, alignof(int32_t), "positions");
+    fd::require_aligned(block_ids, alignof(int32_t), "block_ids");
+    fd::require_aligned(offsets, alignof(int32_t), "offsets");
+    fd::require_aligned(effective_seq_lens, alignof(int32_t), "effective_seq_lens");
     const bool any = request_ids || positions || block_ids || offsets || effective_seq_lens;
     if (any && capacity < t.rows.size())
       fd::fail(FD_ERR_INVALID_ARGUMENT, "capacity %u is smaller than the transaction's %zu rows",
@@ -298,7 +305,9 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
   return fd::guard([&] {
     const fd::PagedCache &c = cache_of(cache);
     require_non_null(block_tables, "block_tables");
-    c.tx_block_tables(c.open_transaction(tx), table_stride, block_tables);
+    const fd::OpenTransaction &t = c.open_transaction(tx);
+    fd::require_aligned(block_tables, alignof(int32_t), "block_tables");
+    c.tx_block_tables(t, table_stride, block_tables);
     return FD_OK;
   });
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cache/cache_handle.hpp"
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 
 extern "C" {
@@ -18,7 +19,7 @@ FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *re
     fd::require_non_null(cache, "cache");
     const fd::PagedCache &c = cache->cache;
     // Everything is checked once, before any staging; the fill only copies.
-    c.check_export(request_ids, count, table_stride, block_tables != nullptr);
+    c.check_export(request_ids, count, table_stride, block_tables, seq_lens);
     const size_t table_ints = block_tables ? size_t{count} * table_stride : 0;
     const size_t len_ints = seq_lens ? count : 0;
     c.storage().export_tables(table_ints, len_ints, block_tables, seq_lens, stream,
@@ -37,6 +38,8 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint3
     fd::require_non_null(cache, "cache");
     const fd::PagedCache &c = cache->cache;
     const fd::OpenTransaction &t = c.open_transaction(tx);
+    fd::require_aligned(block_tables, alignof(int32_t), "block_tables");
+    fd::require_aligned(effective_seq_lens, alignof(int32_t), "effective_seq_lens");
     const size_t rows = t.rows.size();
     const size_t table_ints = block_tables ? rows * table_stride : 0;
     const size_t len_ints = effective_seq_lens ? rows : 0;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "cache/paged_cache.hpp"
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 
 namespace fd {
@@ -25,6 +26,8 @@ void PagedCache::register_prefix(const char *id, const void *k_blocks, const voi
   std::string key = prefix_key(id);
   require_non_null(k_blocks, "k_blocks");
   require_non_null(v_blocks, "v_blocks");
+  require_aligned(k_blocks, element_size(), "k_blocks");
+  require_aligned(v_blocks, element_size(), "v_blocks");
   if (num_blocks == 0) fail(FD_ERR_INVALID_ARGUMENT, "num_blocks must be > 0");
   PrefixRegistry &reg = s_.prefixes;
   if (!reg.enabled())

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "cache/paged_cache.hpp"
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 #include "ops/rope.hpp"
 
@@ -114,6 +115,8 @@ void PagedCache::check_layer_write(const OpenTransaction &t, uint32_t layer, con
     }
     require_non_null(k, "k");
     require_non_null(v, "v");
+    require_aligned(k, element_size(), "k");
+    require_aligned(v, element_size(), "v");
   } catch (const Error &) {
     ++s_.tx_counters.failure_count;
     throw;
@@ -161,6 +164,8 @@ void PagedCache::write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint3
   try {
     require_non_null(q, "q");
     require_non_null(q_out, "q_out");
+    require_aligned(q, element_size(), "q");
+    require_aligned(q_out, element_size(), "q_out");
     const uint32_t kv_heads = s_.config.num_kv_heads;
     if (num_q_heads == 0 || num_q_heads % kv_heads != 0)
       fail(FD_ERR_INVALID_ARGUMENT,

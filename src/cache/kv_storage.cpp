@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 
@@ -73,6 +74,9 @@ void resolve_external_storage(const fd_cache_config &c, KvGeometry &g) {
     fail(FD_ERR_INVALID_ARGUMENT,
          "config.k_storage and config.v_storage must both be set (external storage) or both be "
          "NULL (owned storage)");
+  // The caller's storage is an array of the cache's dtype.
+  require_aligned(c.k_storage, g.element_size(), "config.k_storage");
+  require_aligned(c.v_storage, g.element_size(), "config.v_storage");
   if (c.k_storage == nullptr) {
     for (int i = 0; i < 5; ++i)
       if (given[i] != 0)

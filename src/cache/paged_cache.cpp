@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "core/arg_checks.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 
 namespace fd {
@@ -29,6 +31,10 @@ unsigned long long ull(uint64_t v) {
 PagedCache::PagedCache(const fd_cache_config &resolved)
     : s_(resolved), storage_(make_kv_storage(geometry_of(resolved), resolved.device)) {}
 
+size_t PagedCache::element_size() const {
+  return dtype_size(s_.config.dtype);
+}
+
 void PagedCache::require_no_open_transaction(const char *operation) const {
   if (s_.open_tx)
     fail(FD_ERR_INVALID_STATE, "cannot %s while transaction %llu is open", operation,
@@ -46,6 +52,7 @@ const Request &PagedCache::active_request(uint64_t id) const {
 
 void PagedCache::check_id_list(const uint64_t *ids, uint32_t count, bool require_unique) const {
   require_non_null(ids, "request_ids");
+  require_aligned(ids, alignof(uint64_t), "request_ids");
   if (count == 0) fail(FD_ERR_INVALID_ARGUMENT, "count must be > 0");
   // One hash lookup per id; the callers read the records from here. (The
   // records are not const objects: const queries only write their
@@ -166,9 +173,11 @@ uint32_t PagedCache::max_blocks_per_seq(const uint64_t *ids, uint32_t count) con
 }
 
 void PagedCache::check_export(const uint64_t *ids, uint32_t count, uint32_t table_stride,
-                              bool with_tables) const {
+                              const int32_t *block_tables, const int32_t *seq_lens) const {
   check_active_ids(ids, count, false);
-  if (!with_tables) return;
+  require_aligned(block_tables, alignof(int32_t), "block_tables");
+  require_aligned(seq_lens, alignof(int32_t), "seq_lens");
+  if (block_tables == nullptr) return;
   for (uint32_t i = 0; i < count; ++i) {
     const size_t n = id_records_[i]->blocks.size();
     if (n > table_stride)
@@ -193,7 +202,7 @@ void PagedCache::fill_export(uint32_t count, uint32_t table_stride, int32_t *blo
 
 void PagedCache::export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
                                int32_t *block_tables, int32_t *seq_lens) const {
-  check_export(ids, count, table_stride, block_tables != nullptr);
+  check_export(ids, count, table_stride, block_tables, seq_lens);
   fill_export(count, table_stride, block_tables, seq_lens);
 }
 
@@ -211,6 +220,8 @@ void PagedCache::append(const uint64_t *ids, uint32_t count, const void *k, cons
   require_non_null(ids, "request_ids");
   require_non_null(k, "k");
   require_non_null(v, "v");
+  require_aligned(k, element_size(), "k");
+  require_aligned(v, element_size(), "v");
   if (s_.config.num_layers != 1)
     fail(FD_ERR_INVALID_STATE,
          "legacy append needs a cache with num_layers == 1, this cache has %u layers; use "

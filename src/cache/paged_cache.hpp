@@ -83,11 +83,12 @@ class PagedCache {
   void export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
                      int32_t *block_tables, int32_t *seq_lens) const;
   // export_tables in two halves, for exports that stage in between:
-  // check_export validates everything (the ids, and the stride when tables
-  // are wanted); fill_export then writes the rows of the ids it checked, as
-  // long as the cache has not been used in between.
+  // check_export validates everything (the ids, the destinations' alignment,
+  // and the stride when tables are wanted, i.e. block_tables is not NULL);
+  // fill_export then writes the rows of the ids it checked, as long as the
+  // cache has not been used in between.
   void check_export(const uint64_t *ids, uint32_t count, uint32_t table_stride,
-                    bool with_tables) const;
+                    const int32_t *block_tables, const int32_t *seq_lens) const;
   void fill_export(uint32_t count, uint32_t table_stride, int32_t *block_tables,
                    int32_t *seq_lens) const;
   LayerStorage layer_storage(uint32_t layer) const;
@@ -131,8 +132,9 @@ class PagedCache {
   void require_no_open_transaction(const char *operation) const;
   // Looks up an id that must be active (NOT_FOUND / INVALID_STATE otherwise).
   const Request &active_request(uint64_t id) const;
-  // Checks a list of ids: non-NULL, count > 0, optionally unique. Leaves the
-  // record of ids[i] (null when unknown) in id_records_[i].
+  // Checks a list of ids: non-NULL and aligned, count > 0, optionally
+  // unique. Leaves the record of ids[i] (null when unknown) in
+  // id_records_[i].
   void check_id_list(const uint64_t *ids, uint32_t count, bool require_unique) const;
   // Throws the first duplicate of ids[0..count) (id_records_ filled).
   void check_unique(const uint64_t *ids, uint32_t count) const;
@@ -142,8 +144,8 @@ class PagedCache {
   // As check_id_list, and every id is active.
   void check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const;
   OpenTransaction &mutable_transaction(fd_tx tx);
-  // Checks a layer write's layer and data pointers; a failure counts in
-  // transaction_failure_count.
+  // Checks a layer write's layer and data pointers (non-NULL, aligned); a
+  // failure counts in transaction_failure_count.
   void check_layer_write(const OpenTransaction &t, uint32_t layer, const void *k, const void *v);
   void write_rows(OpenTransaction &t, uint32_t layer, const void *q, uint32_t num_q_heads,
                   const void *k, const void *v, uint32_t rotary_dim, float rope_base, void *q_out,
@@ -160,6 +162,10 @@ class PagedCache {
   // `victims` are evicted (in that order), without changing anything.
   void plan_prefix_blocks(const std::vector<std::string> &victims, uint32_t num_blocks,
                           std::vector<int32_t> *blocks) const;
+
+  // Bytes of one element of the cache's dtype (the alignment its K/V, Q
+  // arrays need).
+  size_t element_size() const;
 
   CacheState s_;
   std::unique_ptr<KvStorage> storage_;

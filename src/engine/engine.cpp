@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 
 namespace fd {
@@ -295,6 +296,7 @@ void Engine::finish(uint64_t id, bool cancelled) {
 fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
   require_no_step("begin_step");
   require_non_null(ids, "request_ids");
+  require_aligned(ids, alignof(uint64_t), "request_ids");
   if (count == 0) fail(FD_ERR_INVALID_ARGUMENT, "count must be > 0");
   check_cache_version();
   // Duplicates: each record is marked with this list's number (one lookup
@@ -454,6 +456,10 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     require_non_null(k, "k");
     require_non_null(v, "v");
     require_non_null(out, "out_attention");
+    require_aligned(q, element_size(), "q");
+    require_aligned(k, element_size(), "k");
+    require_aligned(v, element_size(), "v");
+    require_aligned(out, element_size(), "out_attention");
     void *q_rot = q_rotated_.data();
     const int32_t *tables = step_tables_.data();
     const int32_t *lens = step_effective_lens_.data();
@@ -547,6 +553,8 @@ void Engine::prefill(uint64_t id, const void *k, const void *v) {
   require_no_step("prefill_request_layers");
   require_non_null(k, "k");
   require_non_null(v, "v");
+  require_aligned(k, element_size(), "k");
+  require_aligned(v, element_size(), "v");
   check_cache_version();
   EngineRequest &r = find(id, "prefill_request_layers");
   if (r.state != FD_ENGINE_REQUEST_ACTIVE) {

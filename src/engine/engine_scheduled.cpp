@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cache/cache_handle.hpp"
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 
@@ -200,6 +201,7 @@ std::shared_ptr<Snapshot> Engine::snapshot(uint64_t step, const fd_request_fairn
   require_no_step("snapshot");
   check_cache_version();
   if (count != 0) require_non_null(fairness, "fairness");
+  require_aligned(fairness, alignof(fd_request_fairness), "fairness");
   std::unordered_map<uint64_t, FairnessCounters> map;
   map.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 #include "core/versioned.hpp"
 #include "engine/scheduler_handles.hpp"
@@ -181,6 +182,7 @@ FD_API fd_status fd_decision_ids(const fd_decision *decision, int32_t list, uint
   return guard([&] {
     fd::require_non_null(decision, "decision");
     fd::require_non_null(count, "count");
+    fd::require_aligned(ids, alignof(uint64_t), "ids");
     const fd::Decision &d = decision->value;
     const std::vector<uint64_t> *v = nullptr;
     switch (list) {
@@ -233,6 +235,7 @@ FD_API fd_status fd_decision_reasons(const fd_decision *decision, int32_t *reaso
   return guard([&] {
     fd::require_non_null(decision, "decision");
     fd::require_non_null(count, "count");
+    fd::require_aligned(reasons, alignof(int32_t), "reasons");
     const std::vector<int32_t> &r = decision->value.reasons;
     if (capacity < r.size()) {
       fd::fail(FD_ERR_INVALID_ARGUMENT, "capacity %u is below the reason count %zu", capacity,

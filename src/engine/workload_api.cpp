@@ -2,6 +2,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 #include "core/versioned.hpp"
 #include "engine/workloads.hpp"
@@ -102,6 +103,7 @@ FD_API fd_status fd_workload_result_trace(const fd_workload_result *result, uint
   return guard([&] {
     const fd::WorkloadRun &r = run_at(result, index);
     fd::require_non_null(count, "count");
+    fd::require_aligned(points, alignof(fd_workload_trace_point), "points");
     const size_t n = r.trace.size();
     if (capacity < n) {
       if (capacity != 0 || points != nullptr) {

@@ -8,7 +8,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "ops/arg_checks.hpp"
+#include "core/arg_checks.hpp"
 #include "ops/kv_append.hpp"
 #include "ops/rope.hpp"
 

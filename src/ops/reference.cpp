@@ -7,7 +7,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "ops/arg_checks.hpp"
+#include "core/arg_checks.hpp"
 
 namespace fd {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "ops/arg_checks.hpp"
+#include "core/arg_checks.hpp"
 #include "ops/rope.hpp"
 
 extern "C" FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens,
