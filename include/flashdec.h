@@ -33,6 +33,10 @@
  *   (nothing is read or written), with the message "<parameter> (<address>)
  *   must be aligned to <n> bytes". NULL is not misaligned (where NULL is
  *   allowed).
+ * - Sizes derived from caller values (element counts, byte sizes, strides
+ *   times extents) are computed exactly or checked: one that cannot be
+ *   addressed is ::FD_ERR_INVALID_ARGUMENT and the message names the
+ *   parameters, never a wrapped value.
  * - Element counts and ids are fixed-width integers; request ids are
  *   caller-chosen `uint64_t`; sequence lengths and block ids are `int32_t`.
  */
@@ -882,7 +886,8 @@ typedef struct fd_decode_params {
   int64_t stride_token;        /**< Elements between tokens (0: packed). */
   int64_t stride_dim;          /**< Elements between dims (0: packed). */
   const int32_t *block_tables; /**< [batch, max_blocks_per_seq]; unused slots -1. */
-  const int32_t *seq_lens;     /**< [batch]; each in [0, max_blocks_per_seq*block_size]. */
+  const int32_t *seq_lens;     /**< [batch]; each in [0, max_blocks_per_seq*block_size] (the
+                                  product is exact in 64 bits). */
   void *out;                   /**< [batch, num_q_heads, head_dim]; must not alias inputs. */
   int32_t max_seq_len_hint;    /**< Host-known upper bound of seq_lens (0:
                                   max_blocks_per_seq*block_size). */

@@ -10,7 +10,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/versioned.hpp"
-#include "ops/arg_checks.hpp"
+#include "core/arg_checks.hpp"
 #include "ops/decode_cpu_indices.hpp"
 #include "ops/decode_problem.hpp"
 
@@ -45,21 +45,19 @@ void require_positive(uint32_t value, const char *name) {
 }
 
 // Element counts and byte sizes must stay far from overflow so that backends
-// can index with plain 64-bit arithmetic.
-constexpr int64_t kMaxElements = INT64_MAX / 16;
-
+// can index with plain 64-bit arithmetic: every product of caller values goes
+// through the shared checked_extent_mul/add (core/arg_checks.hpp), whose
+// message names the parameters (`what`). Operands are never negative here
+// (sizes are checked > 0 and given strides > 0 first), and results stay
+// below kMaxOpElements, so they convert to int64 exactly.
 int64_t checked_mul(int64_t a, int64_t b, const char *what) {
-  int64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r) || r > kMaxElements)
-    fail(FD_ERR_INVALID_ARGUMENT, "%s is too large to address", what);
-  return r;
+  return static_cast<int64_t>(
+      checked_extent_mul(static_cast<uint64_t>(a), static_cast<uint64_t>(b), what));
 }
 
 int64_t checked_add(int64_t a, int64_t b, const char *what) {
-  int64_t r = 0;
-  if (__builtin_add_overflow(a, b, &r) || r > kMaxElements)
-    fail(FD_ERR_INVALID_ARGUMENT, "%s is too large to address", what);
-  return r;
+  return static_cast<int64_t>(
+      checked_extent_add(static_cast<uint64_t>(a), static_cast<uint64_t>(b), what));
 }
 
 // Resolves the K/V strides (packed when all four are zero) and returns the
@@ -67,7 +65,7 @@ int64_t checked_add(int64_t a, int64_t b, const char *what) {
 int64_t resolve_strides(const fd_decode_params &p, DecodeProblem &pb) {
   const int64_t blocks = p.num_blocks, heads = p.num_kv_heads, tokens = p.block_size,
                 dims = p.head_dim;
-  const char *what = "the K/V cache ([num_blocks, num_kv_heads, block_size, head_dim])";
+  const char *what = "the K/V cache (num_blocks x num_kv_heads x block_size x head_dim elements)";
   if (p.stride_block == 0 && p.stride_head == 0 && p.stride_token == 0 && p.stride_dim == 0) {
     const int64_t per_head = checked_mul(tokens, dims, what);
     const int64_t per_block = checked_mul(per_head, heads, what);
@@ -102,7 +100,9 @@ int64_t resolve_strides(const fd_decode_params &p, DecodeProblem &pb) {
   if (p.layout == FD_LAYOUT_DIM_MAJOR && p.stride_token != 1)
     fail(FD_ERR_INVALID_ARGUMENT, "stride_token must be 1 for the dim-major layout, got %lld",
          static_cast<long long>(p.stride_token));
-  const char *strided = "the K/V cache addressed by the given strides";
+  const char *strided =
+      "the K/V cache addressed by the given strides (stride_block, stride_head, stride_token, "
+      "stride_dim times num_blocks, num_kv_heads, block_size, head_dim)";
   int64_t last = checked_mul(blocks - 1, p.stride_block, strided);
   last = checked_add(last, checked_mul(heads - 1, p.stride_head, strided), strided);
   last = checked_add(last, checked_mul(tokens - 1, p.stride_token, strided), strided);
@@ -113,6 +113,9 @@ int64_t resolve_strides(const fd_decode_params &p, DecodeProblem &pb) {
   pb.stride_dim = p.stride_dim;
   return last + 1;
 }
+
+const char *const what_cache_bytes =
+    "the K/V cache in bytes (num_blocks x num_kv_heads x block_size x head_dim, or the strides)";
 
 bool overlaps(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
   return ranges_overlap(a, static_cast<size_t>(a_bytes), b, static_cast<size_t>(b_bytes));
@@ -176,18 +179,20 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
 
   const int64_t cache_elems = resolve_strides(p, pb);
   const int64_t elem = static_cast<int64_t>(dtype_size(p.dtype));
-  const char *qo = "q/out ([batch, num_q_heads, head_dim])";
+  const char *qo = "q/out (batch x num_q_heads x head_dim elements)";
   const int64_t qo_bytes =
       checked_mul(checked_mul(checked_mul(p.batch, p.num_q_heads, qo), p.head_dim, qo), elem, qo);
+  const char *tables = "block_tables (batch x max_blocks_per_seq entries)";
   const int64_t table_bytes =
-      checked_mul(checked_mul(p.batch, p.max_blocks_per_seq, "block_tables"), 4, "block_tables");
-  const int64_t cache_bytes = checked_mul(cache_elems, elem, "the K/V cache");
+      checked_mul(checked_mul(p.batch, p.max_blocks_per_seq, tables), 4, tables);
+  const int64_t cache_bytes = checked_mul(cache_elems, elem, what_cache_bytes);
 
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  if (p.max_seq_len_hint < 0 || p.max_seq_len_hint > capacity)
+  // A row's capacity in tokens: exact in 64 bits ((2^32 - 1)^2 < 2^64).
+  const uint64_t capacity = uint64_t{p.max_blocks_per_seq} * p.block_size;
+  if (p.max_seq_len_hint < 0 || static_cast<uint64_t>(p.max_seq_len_hint) > capacity)
     fail(FD_ERR_INVALID_ARGUMENT,
-         "max_seq_len_hint must be in [0, max_blocks_per_seq*block_size = %lld], got %d",
-         static_cast<long long>(capacity), static_cast<int>(p.max_seq_len_hint));
+         "max_seq_len_hint must be in [0, max_blocks_per_seq*block_size = %llu], got %d",
+         static_cast<unsigned long long>(capacity), static_cast<int>(p.max_seq_len_hint));
   if (p.num_splits < 0)
     fail(FD_ERR_INVALID_ARGUMENT, "num_splits must be >= 0 (0: automatic), got %d",
          static_cast<int>(p.num_splits));
@@ -232,7 +237,8 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
   pb.seq_lens = p.seq_lens;
   pb.out = p.out;
   // seq_lens are int32, so a capacity beyond INT32_MAX never binds.
-  const int64_t max_len = p.max_seq_len_hint > 0 ? p.max_seq_len_hint : capacity;
+  const uint64_t max_len =
+      p.max_seq_len_hint > 0 ? static_cast<uint64_t>(p.max_seq_len_hint) : capacity;
   pb.max_seq_len = static_cast<int32_t>(max_len < INT32_MAX ? max_len : INT32_MAX);
   pb.num_splits = p.num_splits;
   pb.workspace = p.workspace;

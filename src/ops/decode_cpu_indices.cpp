@@ -8,13 +8,14 @@ namespace fd {
 
 void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
                           const int32_t *block_tables) {
-  const int64_t capacity = static_cast<int64_t>(pb.max_blocks_per_seq) * pb.block_size;
+  // Exact in 64 bits: both factors are below 2^32.
+  const uint64_t capacity = uint64_t{pb.max_blocks_per_seq} * pb.block_size;
   for (uint32_t r = 0; r < pb.batch; ++r) {
     const int32_t len = seq_lens[r];
-    if (len < 0 || len > capacity)
+    if (len < 0 || static_cast<uint64_t>(len) > capacity)
       fail(FD_ERR_INVALID_ARGUMENT,
-           "seq_lens[%u] = %d (row %u) is out of range [0, max_blocks_per_seq*block_size = %lld]",
-           r, static_cast<int>(len), r, static_cast<long long>(capacity));
+           "seq_lens[%u] = %d (row %u) is out of range [0, max_blocks_per_seq*block_size = %llu]",
+           r, static_cast<int>(len), r, static_cast<unsigned long long>(capacity));
     if (len > pb.max_seq_len)
       fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d (row %u) exceeds max_seq_len_hint = %d", r,
            static_cast<int>(len), r, static_cast<int>(pb.max_seq_len));
