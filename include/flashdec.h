@@ -269,7 +269,15 @@ FD_API void fd_cache_config_init(fd_cache_config *config);
  *   dtype/layout/device or prefix capacity > max_blocks; ::FD_ERR_NO_DEVICE
  *   when a CUDA device is asked for and none is usable; ::FD_ERR_UNSUPPORTED
  *   for a combination the backend does not serve; ::FD_ERR_OUT_OF_MEMORY when
- *   storage cannot be allocated.
+ *   storage cannot be allocated. A cache that cannot fit is refused before
+ *   anything is allocated, in microseconds: sizes whose bytes overflow
+ *   (K or V above INT64_MAX bytes, strides beyond INT64_MAX bytes) are
+ *   ::FD_ERR_INVALID_ARGUMENT ("overflows"), and a cache whose host memory
+ *   (5 bytes of block bookkeeping per block, plus K and V for a CPU cache
+ *   with owned storage) exceeds this machine's physical memory
+ *   (sysconf(_SC_PHYS_PAGES) pages) is ::FD_ERR_OUT_OF_MEMORY ("cannot
+ *   allocate ... physical memory"). A CUDA device refuses its storage (out of
+ *   memory, no device) before the host bookkeeping is built.
  */
 FD_API fd_status fd_cache_create(const fd_cache_config *config, fd_cache **out);
 

@@ -25,6 +25,11 @@ struct AllocatorCounters {
 
 class BlockAllocator {
  public:
+  // Host bytes the allocator holds per block from construction on (the
+  // free list's int32 slot and the allocated-once mark): what
+  // fd_cache_create checks against the machine's memory before building it.
+  static constexpr size_t kBytesPerBlock = sizeof(int32_t) + sizeof(uint8_t);
+
   explicit BlockAllocator(uint32_t max_blocks);
 
   uint32_t max_blocks() const { return max_blocks_; }
@@ -55,6 +60,7 @@ class BlockAllocator {
 
  private:
   uint32_t max_blocks_;
+  // kBytesPerBlock counts the two per-block vectors below.
   std::vector<int32_t> stack_;           // reversed free list: back() is the front
   std::vector<uint8_t> ever_allocated_;  // per block: allocated at least once
   AllocatorCounters counters_;

@@ -1,8 +1,13 @@
 // Checking and resolving fd_cache_config (semantics.md S4.1).
+#include <unistd.h>
+
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
+#include "cache/block_allocator.hpp"
 #include "cache/kv_storage.hpp"
 #include "cache/paged_cache.hpp"
 #include "core/dtype.hpp"
@@ -60,6 +65,45 @@ static_assert(offsetof(fd_cache_config, stride_dim) + 8 == sizeof(fd_cache_confi
 
 void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "config.%s must be > 0", name);
+}
+
+// Bytes of physical memory of this machine (sysconf), at most PTRDIFF_MAX
+// (no allocation can be larger); PTRDIFF_MAX when the system does not say.
+uint64_t host_memory_limit() {
+  const uint64_t most = static_cast<uint64_t>(PTRDIFF_MAX);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t bytes = 0;
+  if (pages <= 0 || page <= 0 ||
+      __builtin_mul_overflow(static_cast<uint64_t>(pages), static_cast<uint64_t>(page), &bytes))
+    return most;
+  return bytes < most ? bytes : most;
+}
+
+// Refuses, before anything is allocated, a cache whose host memory cannot
+// exist on this machine: the per-block bookkeeping the cache builds at
+// creation (BlockAllocator::kBytesPerBlock per block) plus, for a CPU cache
+// with owned storage, K and V themselves. A device refuses its own storage
+// when the storage is made (before the host bookkeeping is built).
+void check_cache_fits(const fd_cache_config &c, const KvGeometry &g) {
+  // K (and V) bytes fit int64 (check_geometry_size), so both fit uint64;
+  // with the bookkeeping the sum saturates.
+  const uint64_t kv_bytes = static_cast<uint64_t>(g.total_elements()) * g.element_size();
+  const uint64_t bookkeeping = uint64_t{c.max_blocks} * BlockAllocator::kBytesPerBlock;
+  const bool host_storage = c.device.type == FD_DEVICE_CPU && c.k_storage == nullptr;
+  uint64_t host = bookkeeping;
+  if (host_storage && __builtin_add_overflow(host, 2 * kv_bytes, &host)) host = UINT64_MAX;
+  const uint64_t limit = host_memory_limit();
+  if (host <= limit) return;
+  const std::string storage = host_storage ? format("K and V storage of %llu bytes each and ",
+                                                    static_cast<unsigned long long>(kv_bytes))
+                                           : std::string();
+  fail(FD_ERR_OUT_OF_MEMORY,
+       "cannot allocate the cache: it needs %llu bytes of host memory (%s%llu bytes of block "
+       "bookkeeping for max_blocks %u), more than this machine's physical memory (%llu bytes); "
+       "nothing was allocated",
+       static_cast<unsigned long long>(host), storage.c_str(),
+       static_cast<unsigned long long>(bookkeeping), c.max_blocks,
+       static_cast<unsigned long long>(limit));
 }
 
 }  // namespace
@@ -121,6 +165,7 @@ fd_cache_config resolve_cache_config(const fd_cache_config *config) {
                c.block_size, c.dtype,      c.layout};
   check_geometry_size(g);
   resolve_external_storage(c, g);
+  check_cache_fits(c, g);
   return c;
 }
 

@@ -29,7 +29,7 @@ unsigned long long ull(uint64_t v) {
 }  // namespace
 
 PagedCache::PagedCache(const fd_cache_config &resolved)
-    : s_(resolved), storage_(make_kv_storage(geometry_of(resolved), resolved.device)) {}
+    : storage_(make_kv_storage(geometry_of(resolved), resolved.device)), s_(resolved) {}
 
 size_t PagedCache::element_size() const {
   return dtype_size(s_.config.dtype);

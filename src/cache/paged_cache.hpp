@@ -167,8 +167,10 @@ class PagedCache {
   // arrays need).
   size_t element_size() const;
 
-  CacheState s_;
+  // The storage is made first: a device that cannot hold it refuses the
+  // cache before the host bookkeeping of max_blocks blocks is built.
   std::unique_ptr<KvStorage> storage_;
+  CacheState s_;
 
   // Scratch reused across calls so that large batches cost one hash lookup
   // per id and no allocation in steady state. Nothing observable: the cache
