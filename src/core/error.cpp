@@ -1,6 +1,8 @@
 #include "core/error.hpp"
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 namespace fd {
@@ -55,7 +57,14 @@ FD_API const char *fd_last_error_message(void) {
 }
 
 FD_API const char *fd_status_string(fd_status status) {
-  switch (status) {
+  // Any value may arrive (the header promises it), and loading an fd_status
+  // outside the enumerators' range is undefined behaviour in C++: read the
+  // parameter's bytes as its 32-bit underlying integer instead (the enum is
+  // forced to 32 bits; a C caller passes an int).
+  static_assert(sizeof(fd_status) == sizeof(int32_t), "fd_status is 32 bits");
+  int32_t value = 0;
+  std::memcpy(&value, &status, sizeof value);
+  switch (value) {
     case FD_OK: return "FD_OK: success";
     case FD_ERR_INVALID_ARGUMENT: return "FD_ERR_INVALID_ARGUMENT: invalid argument";
     case FD_ERR_OUT_OF_BLOCKS: return "FD_ERR_OUT_OF_BLOCKS: out of KV blocks";
@@ -69,7 +78,7 @@ FD_API const char *fd_status_string(fd_status status) {
     case FD_ERR_INTERNAL: return "FD_ERR_INTERNAL: internal error";
     case FD_ERR_ALREADY_EXISTS: return "FD_ERR_ALREADY_EXISTS: already exists";
     case FD_ERR_INVARIANT: return "FD_ERR_INVARIANT: invariant violated";
-    case FD_STATUS_FORCE_32BIT: break;
+    default: break;
   }
   return "FD_ERR_?: unknown status";
 }
