@@ -1754,6 +1754,11 @@ FD_API fd_status fd_engine_snapshot(const fd_engine *engine, uint64_t step,
  * decision's snapshot entry by entry (same order), requires @p scheduler's
  * configuration to equal the decision's, re-plans and requires the same
  * decision. Any refusal: stale_decision_count + 1 and nothing else changes.
+ * Refusals are the ::FD_ERR_STALE_HANDLE failures (this decision does not
+ * match) and the ::FD_ERR_INVALID_STATE ones (the engine cannot apply any
+ * decision now: not scheduler-managed, a step is open, the cache was changed
+ * behind the engine); NULL arguments, ::FD_ERR_OUT_OF_MEMORY and
+ * ::FD_ERR_INVARIANT are not refusals and do not count.
  * On success the decision's runnable ids become the only ids the next step
  * may use. Admitted requests with a context must be prefilled before it.
  * @param[in,out] engine Borrowed for the call; not NULL.
@@ -1796,8 +1801,10 @@ typedef struct fd_engine_metrics {
   uint64_t committed_blocks;        /**< Scheduler-managed: resident prefix blocks + active lifetime
                                          commitments; 0 otherwise. */
   uint64_t
-      committed_but_unallocated_blocks;  /**< committed_blocks - blocks held (scheduler-managed). */
-  uint64_t stale_decision_count;         /**< Refused ::fd_engine_apply_decision calls. */
+      committed_but_unallocated_blocks; /**< committed_blocks - blocks held (scheduler-managed). */
+  /** Refused ::fd_engine_apply_decision calls (::FD_ERR_STALE_HANDLE or
+   *  ::FD_ERR_INVALID_STATE). */
+  uint64_t stale_decision_count;
   uint64_t applied_decision_count;       /**< Applied decisions. */
   uint64_t open_step_transaction_count;  /**< 0 or 1. */
   uint64_t transaction_layer_step_count; /**< Successful ::fd_engine_step_layer calls. */

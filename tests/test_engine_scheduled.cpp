@@ -334,6 +334,80 @@ void test_changes_behind_the_engine_are_refused(void **) {
   fd_cache_destroy(c);
 }
 
+// Every refusal of fd_engine_apply_decision counts in stale_decision_count
+// and changes nothing else (issue 11, bug 5): a decision planned before an
+// outside cache change, a step that is open, an engine that is not
+// scheduler-managed. NULL arguments are not refusals of a decision.
+void test_every_refusal_counts_as_stale(void **) {
+  fd_cache *c = es_cache(1, 1, 4, 4, 8);
+  fd_engine *e = es_engine(c);
+  fd_scheduler *s = sched(4, 4);
+  fd_request_spec a = es_spec(1, 0, 4), b = es_spec(2, 0, 4);
+  FD_ASSERT_OK(fd_engine_submit_request(e, &a));
+  FD_ASSERT_OK(fd_engine_submit_request(e, &b));
+
+  auto expect_refused = [&](fd_engine *eng, fd_cache *cache, fd_decision *d, fd_status status,
+                            const char *text, uint64_t counted) {
+    const fd_engine_metrics before = es_metrics(eng);
+    const fd_cache_metrics cache_before = es_cache_metrics(cache);
+    FD_ASSERT_FAILS(fd_engine_apply_decision(eng, s, d), status, text);
+    fd_engine_metrics after = es_metrics(eng);
+    assert_int_equal(after.stale_decision_count, before.stale_decision_count + counted);
+    after.stale_decision_count = before.stale_decision_count;
+    assert_memory_equal(&after, &before, sizeof before);
+    const fd_cache_metrics cache_after = es_cache_metrics(cache);
+    assert_memory_equal(&cache_after, &cache_before, sizeof cache_before);
+  };
+
+  // Planned, then the cache changes behind the engine: refused, counted.
+  fd_decision *d = plan_now(e, s);
+  FD_ASSERT_OK(fd_cache_add_request(c, 500));
+  expect_refused(e, c, d, FD_ERR_INVALID_STATE, "changed outside the engine", 1);
+  expect_refused(e, c, d, FD_ERR_INVALID_STATE, "changed outside the engine", 1);
+  assert_int_equal(es_state(e, 1), FD_ENGINE_REQUEST_WAITING);
+  assert_int_equal(es_state(e, 2), FD_ENGINE_REQUEST_WAITING);
+  // NULL arguments: not a refusal of a decision.
+  expect_refused(e, c, NULL, FD_ERR_INVALID_ARGUMENT, "decision", 0);
+  FD_ASSERT_FAILS(fd_engine_apply_decision(NULL, s, d), FD_ERR_INVALID_ARGUMENT, "engine");
+  fd_decision_destroy(d);
+  fd_engine_destroy(e);
+  fd_cache_destroy(c);
+
+  // A step is open: refused, counted.
+  c = es_cache(1, 1, 4, 4, 8);
+  e = es_engine(c);
+  FD_ASSERT_OK(fd_engine_submit_request(e, &a));
+  d = plan_now(e, s);
+  FD_ASSERT_OK(fd_engine_apply_decision(e, s, d));
+  fd_decision_destroy(d);
+  FD_ASSERT_OK(fd_engine_submit_request(e, &b));
+  d = plan_now(e, s);
+  fd_engine_step st;
+  st.struct_size = sizeof st;
+  const uint64_t one = 1;
+  FD_ASSERT_OK(fd_engine_begin_step(e, &one, 1, &st));
+  expect_refused(e, c, d, FD_ERR_INVALID_STATE, "step", 1);
+  FD_ASSERT_OK(fd_engine_abort_step(e, st.tx));
+  fd_decision_destroy(d);
+  fd_engine_destroy(e);
+  fd_cache_destroy(c);
+
+  // Not scheduler-managed (a decision planned by another engine): counted.
+  fd_cache *c2 = es_cache(1, 1, 4, 4, 8);
+  fd_engine *e2 = es_engine(c2);
+  FD_ASSERT_OK(fd_engine_submit_request(e2, &a));
+  d = plan_now(e2, s);
+  c = es_cache(1, 1, 4, 4, 8);
+  e = es_engine(c);
+  expect_refused(e, c, d, FD_ERR_INVALID_STATE, "not scheduler-managed", 1);
+  fd_decision_destroy(d);
+  fd_engine_destroy(e);
+  fd_cache_destroy(c);
+  fd_engine_destroy(e2);
+  fd_cache_destroy(c2);
+  fd_scheduler_destroy(s);
+}
+
 void test_prefixes(void **) {
   const uint32_t bs = 4, kv = 1, d = 4;
   fd_cache *c = es_cache(1, kv, d, bs, 8, 4);
@@ -385,6 +459,7 @@ int main(void) {
       cmocka_unit_test(test_snapshot_errors),
       cmocka_unit_test(test_step_must_follow_decision),
       cmocka_unit_test(test_changes_behind_the_engine_are_refused),
+      cmocka_unit_test(test_every_refusal_counts_as_stale),
       cmocka_unit_test(test_prefixes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

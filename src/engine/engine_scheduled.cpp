@@ -221,13 +221,22 @@ std::shared_ptr<Snapshot> Engine::snapshot(uint64_t step, const fd_request_fairn
 }
 
 void Engine::apply(const SchedulerConfig &config, const Decision &decision) {
-  if (!scheduler_managed_) {
-    fail(FD_ERR_INVALID_STATE, "apply_decision: the engine is not scheduler-managed");
+  // Every refusal counts as a stale decision and changes nothing else (the
+  // header: "any refusal"): the engine's state forbids applying any decision
+  // (FD_ERR_INVALID_STATE: not scheduler-managed, a step is open, the cache
+  // was changed behind the engine) ...
+  try {
+    if (!scheduler_managed_) {
+      fail(FD_ERR_INVALID_STATE, "apply_decision: the engine is not scheduler-managed");
+    }
+    require_no_step("apply_decision");
+    check_cache_version();
+  } catch (const Error &e) {
+    if (e.status() == FD_ERR_INVALID_STATE) stale_decisions_ += 1;
+    throw;
   }
-  require_no_step("apply_decision");
-  check_cache_version();
   const Snapshot &given = *decision.snapshot;
-  // Every refusal below counts as a stale decision and changes nothing else.
+  // ... or this decision does not match the engine (FD_ERR_STALE_HANDLE).
   auto refuse = [&](const std::string &why) {
     stale_decisions_ += 1;
     throw Error(FD_ERR_STALE_HANDLE, "apply_decision refused: " + why);
