@@ -471,15 +471,23 @@ typedef struct fd_cache_metrics {
   uint64_t finished_request_count;  /**< Requests in state finished. */
   uint64_t cancelled_request_count; /**< Requests in state cancelled. */
   /* transactions (S5) */
-  uint64_t transaction_begin_count;            /**< Successful begins. */
-  uint64_t transaction_commit_count;           /**< Commits. */
-  uint64_t transaction_abort_count;            /**< Aborts. */
-  uint64_t open_transaction_count;             /**< 0 or 1. */
-  uint64_t pending_request_count;              /**< Rows of the open transaction. */
-  uint64_t reserved_transaction_blocks;        /**< Blocks allocated by the open transaction. */
-  uint64_t transaction_layer_write_count;      /**< Successful layer writes. */
-  uint64_t transaction_rollback_block_count;   /**< Blocks returned by aborts. */
-  uint64_t transaction_failure_count;          /**< Failed begins and layer writes. */
+  uint64_t transaction_begin_count;          /**< Successful begins. */
+  uint64_t transaction_commit_count;         /**< Commits. */
+  uint64_t transaction_abort_count;          /**< Aborts. */
+  uint64_t open_transaction_count;           /**< 0 or 1. */
+  uint64_t pending_request_count;            /**< Rows of the open transaction. */
+  uint64_t reserved_transaction_blocks;      /**< Blocks allocated by the open transaction. */
+  uint64_t transaction_layer_write_count;    /**< Successful layer writes. */
+  uint64_t transaction_rollback_block_count; /**< Blocks returned by aborts. */
+  /** Transactions that could not get or write their token: begins and legacy
+   *  appends refused for lack of blocks (::FD_ERR_OUT_OF_BLOCKS), and failed
+   *  layer writes of the open transaction (wrong layer, NULL, misaligned or
+   *  overlapping data, bad RoPE arguments, a device or memory failure). Not
+   *  counted (nothing changes): begins and appends refused for their ids,
+   *  count, data or an open transaction, writes whose handle names no open
+   *  transaction (stale, finished, unknown), failed commit, abort and view
+   *  calls. */
+  uint64_t transaction_failure_count;
   uint64_t retained_transaction_state_count;   /**< 0 or 1: full states held. */
   uint64_t terminal_transaction_history_count; /**< Entries in the terminal history. */
   uint64_t terminal_transaction_history_limit; /**< 256. */
@@ -607,7 +615,9 @@ typedef enum fd_tx_state {
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates);
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a transaction
  *   already open); ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count and
- *   transaction_failure_count + 1, nothing else changes).
+ *   transaction_failure_count + 1, nothing else changes). Only the capacity
+ *   refusal counts in transaction_failure_count; the other failures change
+ *   nothing.
  */
 FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint32_t count,
                              fd_tx *tx);
@@ -617,8 +627,11 @@ FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint3
  * computed at begin.
  *
  * @p layer must equal the transaction's next layer. On success next_layer + 1
- * and transaction_layer_write_count + 1; on failure
+ * and transaction_layer_write_count + 1; on any failure of the open
+ * transaction's write (wrong layer, bad data, a device error)
  * transaction_failure_count + 1 and the transaction stays open and unchanged.
+ * A handle that names no open transaction (stale, finished, unknown) changes
+ * nothing, that counter included.
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
  * @param layer The transaction's next layer.

@@ -49,15 +49,16 @@ constexpr bool kReleaseLastBlockFirst = true;
  * its next allocation is a reuse. */
 constexpr bool kRollbackKeepsAllocatedMark = true;
 
-/* R3 (S5 / S7, which failures count in transaction_failure_count). S7 says
- * "failed begins and layer writes"; S5 and the header name the counter only
- * for a begin (or legacy append) refused for capacity, and for a failed layer
- * write. Everywhere else "a failing call changes nothing observable". The
- * model therefore counts: begin/append refused for capacity, and every failed
- * layer write that names the live open transaction. Begins refused for bad
- * ids or an open transaction, failed commit/abort/view calls, and calls with a
- * stale, finished or unknown handle (there is no transaction they could have
- * failed in) do not count. */
+/* R3 (S5 / S7, which failures count in transaction_failure_count). S5 names
+ * the counter only for a begin (or legacy append) refused for capacity, and
+ * for a failed layer write. Everywhere else "a failing call changes nothing
+ * observable". The model therefore counts: begin/append refused for
+ * capacity, and every failed layer write that names the live open
+ * transaction. Begins refused for bad ids or an open transaction, failed
+ * commit/abort/view calls, and calls with a stale, finished or unknown handle
+ * (there is no transaction they could have failed in) do not count. This is
+ * the documented rule since issue 11 (flashdec.h, fd_cache_metrics::
+ * transaction_failure_count; tests/test_tx_failure_count.cpp). */
 constexpr bool kEveryFailedBeginCounts = false;
 constexpr bool kBadHandleWriteCounts = false;
 
