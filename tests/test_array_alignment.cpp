@@ -236,7 +236,7 @@ void engine_arrays(void **) {
   uint64_t *ids = reinterpret_cast<uint64_t *>(s.bytes + 2048);
   ids[0] = 1;
   uint64_t *bad_ids = shifted(ids + 1, 4);
-  *bad_ids = 1;
+  memcpy(bad_ids, ids, sizeof *ids); /* not through the misaligned pointer */
 
   /* Prefix blocks through the engine. */
   const fd_engine_metrics m0 = es_metrics(e);
@@ -296,7 +296,7 @@ void scheduler_and_workload_arrays(void **) {
   fd_request_fairness *fair = reinterpret_cast<fd_request_fairness *>(s.bytes);
   fair[0].id = 1;
   fd_request_fairness *bad_fair = shifted(fair + 2, 4);
-  bad_fair->id = 1;
+  memcpy(bad_fair, fair, sizeof *fair); /* not through the misaligned pointer */
   fd_snapshot *snap = reinterpret_cast<fd_snapshot *>(&s);
   EXPECT_MISALIGNED(fd_engine_snapshot(e, 0, bad_fair, 1, &snap), "fairness", 8);
   assert_ptr_equal(snap, reinterpret_cast<fd_snapshot *>(&s));
