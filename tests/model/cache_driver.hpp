@@ -55,16 +55,6 @@ struct Rng {
   }
 };
 
-/* Library fixes (issue 11) that the argument-abuse operations (Episode::
- * set_abuse, used by the fuzz target) wait for: while one is false the calls
- * that would hit the known bug are not made. Flip each once its fix is in. */
-namespace pending {
-/* Bug 1: misaligned arrays on the cache path are FD_ERR_INVALID_ARGUMENT. */
-constexpr bool kMisalignedArraysRefused = false;
-/* Bug 4: fd_status_string takes any value, known or not. */
-constexpr bool kStatusStringAnyValue = false;
-}  // namespace pending
-
 /* ------------------------------------------------------------------------ */
 /* Statistics: statuses by operation kind. */
 enum OpKind {
@@ -1282,9 +1272,8 @@ class Episode {
   }
 
   bool abuse_status_string() {
-    const int32_t v = pending::kStatusStringAnyValue
-                          ? static_cast<int32_t>(rng_.next())
-                          : static_cast<int32_t>(rng_.below(kStatusSlots));
+    /* Any value, known or not (issue 11, bug 4). */
+    const int32_t v = static_cast<int32_t>(rng_.next());
     desc_ = "fd_status_string(" + std::to_string(v) + ")";
     last_status_ = "-";
     const char *str = fd_status_string(static_cast<fd_status>(v));
@@ -1292,9 +1281,9 @@ class Episode {
     return true;
   }
 
-  /* Arrays at odd addresses (bug 1 of issue 11; see pending). */
+  /* Arrays at odd addresses: FD_ERR_INVALID_ARGUMENT, nothing changes (bug 1
+   * of issue 11). */
   bool abuse_misaligned() {
-    if (!pending::kMisalignedArraysRefused) return op_query();
     /* One byte past an aligned base: misaligned for every element size > 1. */
     std::vector<unsigned char> raw(4096 + 16);
     unsigned char *odd = raw.data() + 1;
