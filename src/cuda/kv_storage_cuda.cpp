@@ -15,7 +15,7 @@
 #include "append_launch.hpp"
 #include "cache/kv_storage.hpp"
 #include "core/device.hpp"
-#include "ops/arg_checks.hpp"
+#include "core/arg_checks.hpp"
 #include "core/error.hpp"
 
 namespace fd {
