@@ -107,7 +107,7 @@ void cache_append_and_begin(void **) {
   uint64_t *ids = reinterpret_cast<uint64_t *>(s.bytes);
   ids[0] = 1;
   ids[1] = 2;
-  uint64_t *bad_ids = reinterpret_cast<uint64_t *>(s.bytes + 12);
+  uint64_t *bad_ids = reinterpret_cast<uint64_t *>(s.bytes + 36);
   memcpy(bad_ids, ids, 2 * sizeof(uint64_t));
   float *kv = reinterpret_cast<float *>(s.bytes + 1024); /* [2, 2, 4] f32 */
   const CsFrozen before = cs_freeze(c, {1, 2});
