@@ -248,8 +248,11 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ "$MODE" = reliability ]; then
       read -r rc secs <"$san_dir/$tool.$suite.rc"
       errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
       hazards=$(grep -oE 'RACECHECK SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+      # racecheck reports hazards (RACECHECK SUMMARY), the others errors.
+      found=$errors
+      [ "$tool" = racecheck ] && found=$hazards
       verdict=PASS
-      [ "$rc" -ne 0 ] || [ "${errors:-x}" != 0 ] && verdict=FAIL
+      [ "$rc" -ne 0 ] || [ "${found:-x}" != 0 ] && verdict=FAIL
       [ "$rc" -eq 124 ] && verdict=TIMEOUT
       [ "$verdict" != PASS ] && status=1
       { echo "### compute-sanitizer --tool $tool $suite (rc=$rc, ${secs} s)"; cat "$log"; } \

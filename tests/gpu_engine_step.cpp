@@ -53,6 +53,9 @@ struct Side {
     if (cuda) {
       void *p = nullptr;
       CUDA_OK(cudaMalloc(&p, elems * 2));
+      /* Defined contents (zeros) until a check writes its own: some calls
+       * read a buffer the check never filled (initcheck). */
+      CUDA_OK(fd_gpu_fill(stream, p, 0, elems * 2));
       return p;
     }
     host.emplace_back(elems);
