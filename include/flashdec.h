@@ -615,9 +615,11 @@ typedef enum fd_tx_state {
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates);
  *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a transaction
  *   already open); ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count and
- *   transaction_failure_count + 1, nothing else changes). Only the capacity
- *   refusal counts in transaction_failure_count; the other failures change
- *   nothing.
+ *   transaction_failure_count + 1, nothing else changes);
+ *   ::FD_ERR_OUT_OF_MEMORY (nothing changes). Only the capacity refusal counts
+ *   in transaction_failure_count; the other failures change nothing. Begin
+ *   reserves the host memory that ::fd_tx_commit and ::fd_tx_abort need, so
+ *   once a transaction is open neither fails for lack of memory.
  */
 FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint32_t count,
                              fd_tx *tx);

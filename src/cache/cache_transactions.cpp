@@ -53,6 +53,16 @@ fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
     row.table_size = static_cast<uint32_t>(r.blocks.size()) + (row.new_block ? 1u : 0u);
     row.block = row.new_block ? 0 : r.blocks.back();
   }
+  // What commit and abort would allocate, reserved now, so that neither can
+  // fail for memory once the transaction is open (a caller that must undo
+  // its writes can always abort). Block lists grow geometrically, not one
+  // entry at a time, so a growing row rarely reallocates.
+  s_.history.reserve_next(count);
+  for (const TxRow &row : t.rows) {
+    std::vector<int32_t> &blocks = row.request->blocks;
+    if (row.new_block && blocks.size() == blocks.capacity())
+      blocks.reserve(std::max<size_t>(8, 2 * blocks.size()));
+  }
 
   // Nothing below can fail.
   for (uint32_t i = 0; i < count; ++i) {
@@ -203,15 +213,8 @@ void PagedCache::commit(fd_tx tx) {
     fail(FD_ERR_INVALID_STATE,
          "transaction %llu has written %u of %u layers; commit needs every layer", ull(t.id),
          t.next_layer, s_.config.num_layers);
-  // Everything that allocates first, then publish. Block lists grow
-  // geometrically (not one entry at a time) so a growing row rarely
-  // reallocates.
-  s_.history.reserve_next(t.rows.size());
-  for (const TxRow &row : t.rows) {
-    std::vector<int32_t> &blocks = row.request->blocks;
-    if (row.new_block && blocks.size() == blocks.capacity())
-      blocks.reserve(std::max<size_t>(8, 2 * blocks.size()));
-  }
+  // begin reserved the history slot and the block lists' room: nothing here
+  // allocates.
   for (const TxRow &row : t.rows) {
     Request &r = *row.request;
     if (row.new_block) r.blocks.push_back(row.block);
@@ -223,8 +226,7 @@ void PagedCache::commit(fd_tx tx) {
 
 void PagedCache::abort(fd_tx tx) {
   OpenTransaction &t = mutable_transaction(tx);
-  s_.history.reserve_next(t.rows.size());  // the only allocation: first
-  s_.allocator.rollback(t.new_blocks);
+  s_.allocator.rollback(t.new_blocks);  // the history slot was reserved by begin
   s_.tx_counters.rollback_block_count += t.new_blocks.size();
   end_transaction(FD_TX_ABORTED);
   ++s_.tx_counters.abort_count;

@@ -151,8 +151,8 @@ class PagedCache {
                   const void *k, const void *v, uint32_t rotary_dim, float rope_base, void *q_out,
                   fd_stream stream);
   // Ends the open transaction as `state` (its rows leave it, the history
-  // records it); the caller has done the rest, including
-  // history.reserve_next. Never fails.
+  // records it in the slot that begin reserved); the caller has done the
+  // rest. Never fails.
   void end_transaction(int32_t state) noexcept;
   void release_blocks(const std::vector<int32_t> &blocks, size_t first);
   std::string prefix_key(const char *prefix_id) const;
