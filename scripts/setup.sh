@@ -31,6 +31,11 @@ flashdec_missing() {
   flashdec_have doxygen || echo doxygen
   { flashdec_have nm && flashdec_have readelf; } || echo binutils
   [ -f /usr/include/cmocka.h ] || echo libcmocka-dev
+  # The flashdec CLI: argument parsing (CLI11) and JSON (nlohmann-json), both
+  # header-only; rsvg-convert renders its SVG plots in the plot tests.
+  [ -f /usr/include/CLI/CLI.hpp ] || echo libcli11-dev
+  [ -f /usr/include/nlohmann/json.hpp ] || echo nlohmann-json3-dev
+  flashdec_have rsvg-convert || echo librsvg2-bin
 }
 
 flashdec_setup() {
