@@ -1,4 +1,4 @@
-# append_bench (benchmarks.md, "Append and fused RoPE + append"): included
+# append_bench (docs/benchmarks.md, "Append and fused RoPE + append"): included
 # from bench/CMakeLists.txt. It times the append kernels directly (launcher
 # in kernels/append_launch.hpp, through the static flashdec_internal) to
 # compare the fused form with a separate RoPE pass + append, and the public

@@ -1,4 +1,4 @@
-// Append and fused RoPE + append benchmark (benchmarks.md, "Append and fused
+// Append and fused RoPE + append benchmark (docs/benchmarks.md, "Append and fused
 // RoPE + append"). Shape A (32 q heads, 8 KV heads, head_dim 128), block 32,
 // bf16, token-major, rows placed in a seeded random permutation of slots.
 //
@@ -326,7 +326,7 @@ int main(int argc, char **argv) {
   std::string out_dir = ".";
   const int parsed = fd_bench::parse_out_only(
       argc, argv,
-      "Times KV append and fused RoPE + append (benchmarks.md) on CUDA device 0 and\n"
+      "Times KV append and fused RoPE + append (docs/benchmarks.md) on CUDA device 0 and\n"
       "writes append_bench.json and append_bench.md to DIR (default .).\n",
       &out_dir);
   if (parsed >= 0) return parsed;

@@ -1,6 +1,6 @@
 // Helpers shared by the benchmark tools (decode_bench.cu, append_bench.cu):
 // fail-fast checks, seeded hashing, order statistics, CUDA-event timing, the
-// copy ceiling of benchmarks.md, device setup and report writing.
+// copy ceiling of docs/benchmarks.md, device setup and report writing.
 //
 // Header-only (inline) so that each benchmark stays one translation unit and
 // CUDA compile time does not grow.
@@ -122,7 +122,7 @@ class EventTimer {
 };
 
 // ---------------------------------------------------------------------------
-// Copy ceiling (benchmarks.md): a device-to-device copy of 1 GiB, counting
+// Copy ceiling (docs/benchmarks.md): a device-to-device copy of 1 GiB, counting
 // bytes read plus bytes written.
 
 constexpr size_t kCopyBytes = size_t{1} << 30;

@@ -1,4 +1,4 @@
-// Decode-kernel benchmark (docs/spec benchmarks.md, "Decode kernel grid").
+// Decode-kernel benchmark (docs/benchmarks.md, "Decode kernel grid").
 //
 // For every case: seeded random data on the GPU (q = 3*N(0,1), K/V N(0,1)),
 // physical blocks in a seeded random permutation, enough K/V buffer sets to
@@ -531,7 +531,7 @@ int fd_decode_bench_main(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout, argv[0]);
       printf(
-          "Times fd_decode on CUDA device 0 over the benchmarks.md grid and writes\n"
+          "Times fd_decode on CUDA device 0 over the docs/benchmarks.md grid and writes\n"
           "decode_bench.json, decode_bench.md and decode_bench.svg to DIR (default .).\n"
           "  --quick      bf16, blocks 16 and 32, token-major only\n"
           "  --explore    add fixed split counts (1..128) for a few cases\n"

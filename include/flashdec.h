@@ -204,7 +204,7 @@ FD_API fd_status fd_cuda_device_count(int32_t *count);
  *
  *  A cache owns K and V storage for every layer, a block allocator, request
  *  state, at most one open transaction, and shared prefix blocks
- *  (semantics.md S4-S7).
+ *  (docs/semantics.md S4-S7).
  *
  *  Thread contract: an ::fd_cache is externally synchronised: one thread at a
  *  time may call functions on it (different caches are independent and share
@@ -442,7 +442,7 @@ FD_API fd_status fd_cache_append(fd_cache *cache, const uint64_t *request_ids, u
                                  const void *k, const void *v, fd_stream stream);
 
 /**
- * @brief Counters and gauges of a cache (semantics.md S7). Caller sets
+ * @brief Counters and gauges of a cache (docs/semantics.md S7). Caller sets
  * struct_size; the library fills the fields that fit.
  */
 typedef struct fd_cache_metrics {
@@ -523,7 +523,7 @@ typedef struct fd_cache_metrics {
 FD_API fd_status fd_cache_metrics_get(const fd_cache *cache, fd_cache_metrics *metrics);
 
 /**
- * @brief Checks every invariant of semantics.md S7.
+ * @brief Checks every invariant of docs/semantics.md S7.
  * @param[in] cache Borrowed for the call; not NULL.
  * @return ::FD_OK when all hold; ::FD_ERR_INVARIANT with the first violation,
  *   in words, in ::fd_last_error_message; ::FD_ERR_INVALID_ARGUMENT for NULL.
@@ -577,7 +577,7 @@ FD_API fd_status fd_cache_async_error(const fd_cache *cache);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Multi-layer token transactions (semantics.md S5)
+/** @name Multi-layer token transactions (docs/semantics.md S5)
  *
  *  One token for a batch of requests, written layer by layer, then published
  *  at once (commit) or rolled back (abort). At most one transaction is open per
@@ -786,7 +786,7 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint3
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Shared prefix blocks (semantics.md S6)
+/** @name Shared prefix blocks (docs/semantics.md S6)
  *  Immutable full blocks shared by several requests. Needs a cache created
  *  with prefix_cache_capacity_blocks > 0. Same thread contract as the cache.
  *  @{ */
@@ -863,7 +863,7 @@ FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Decode attention and RoPE (semantics.md S1-S3)
+/** @name Decode attention and RoPE (docs/semantics.md S1-S3)
  *
  *  Stateless functions; thread-safe (each call only touches the memory its
  *  parameters name).
@@ -1097,7 +1097,7 @@ FD_API fd_status fd_rope_kv_append(const fd_kv_append_params *params);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Block-aware scheduler (semantics.md S9)
+/** @name Block-aware scheduler (docs/semantics.md S9)
  *
  *  A pure, deterministic planner: ::fd_scheduler_plan reads only a scheduler
  *  configuration and an ::fd_snapshot (request metadata, no K/V) and returns
@@ -1164,7 +1164,7 @@ FD_API fd_status fd_scheduler_get_config(const fd_scheduler *scheduler,
                                          fd_scheduler_config *config);
 
 /**
- * @brief What the scheduler knows about a request (semantics.md S9).
+ * @brief What the scheduler knows about a request (docs/semantics.md S9).
  * Initialise with ::fd_request_spec_init.
  *
  * Lifetime blocks = ceil((initial_context_tokens + max_new_tokens) /
@@ -1273,7 +1273,7 @@ FD_API fd_status fd_snapshot_add_active(fd_snapshot *snapshot, const fd_request_
                                         uint32_t service_wait_steps);
 
 /** @brief Why a decision looks the way it does. Reasons are reported in this
- *  fixed order (semantics.md S9 step 8). Values pinned. */
+ *  fixed order (docs/semantics.md S9 step 8). Values pinned. */
 typedef enum fd_schedule_reason {
   FD_REASON_REQUEST_EXCEEDS_CAPACITY = 0, /**< A request can never fit: rejected. */
   FD_REASON_AGING_DRAIN = 1,       /**< An aged request does not fit yet: nothing admitted. */
@@ -1286,7 +1286,7 @@ typedef enum fd_schedule_reason {
 } fd_schedule_reason;
 
 /**
- * @brief Plans one step (semantics.md S9): rejections, admissions in FIFO
+ * @brief Plans one step (docs/semantics.md S9): rejections, admissions in FIFO
  * order with aging, and the runnable batch.
  *
  * Pure: reads only @p scheduler and @p snapshot (which is copied into the
@@ -1395,7 +1395,7 @@ FD_API fd_status fd_decision_copy_snapshot(const fd_decision *decision, fd_snaps
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Decode engine (semantics.md S8)
+/** @name Decode engine (docs/semantics.md S8)
  *
  *  An engine drives one cache: request lifecycle (waiting, active, finished,
  *  cancelled, rejected), one step = one token for a batch through every layer
@@ -1730,7 +1730,7 @@ FD_API fd_status fd_engine_register_prefix(fd_engine *engine, const char *prefix
  */
 FD_API fd_status fd_engine_evict_prefix(fd_engine *engine, const char *prefix_id);
 
-/** @brief Caller-kept fairness counters of one request (semantics.md S9). */
+/** @brief Caller-kept fairness counters of one request (docs/semantics.md S9). */
 typedef struct fd_request_fairness {
   uint64_t id;                 /**< Request id. */
   uint32_t wait_steps;         /**< Waiting: decisions waited through. */
@@ -1797,7 +1797,7 @@ FD_API fd_status fd_engine_snapshot(const fd_engine *engine, uint64_t step,
 FD_API fd_status fd_engine_apply_decision(fd_engine *engine, const fd_scheduler *scheduler,
                                           const fd_decision *decision);
 
-/** @brief Counters and gauges of an engine (semantics.md S8). Caller sets
+/** @brief Counters and gauges of an engine (docs/semantics.md S8). Caller sets
  *  struct_size; the library fills the fields that fit. */
 typedef struct fd_engine_metrics {
   uint32_t struct_size;             /**< sizeof(fd_engine_metrics) as compiled by the caller. */
@@ -1848,7 +1848,7 @@ FD_API fd_status fd_engine_validate(const fd_engine *engine);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Workload drivers (semantics.md S10)
+/** @name Workload drivers (docs/semantics.md S10)
  *
  *  Deterministic, seeded drivers that run whole scenarios on the CPU backend
  *  and report comparable numbers. Stateless functions; thread-safe. Results
@@ -1932,7 +1932,7 @@ FD_API void fd_workload_result_destroy(fd_workload_result *result);
  */
 FD_API fd_status fd_workload_result_count(const fd_workload_result *result, uint32_t *count);
 
-/** @brief Report of one policy run (semantics.md S10). Latencies are wall
+/** @brief Report of one policy run (docs/semantics.md S10). Latencies are wall
  *  clock; every other field is deterministic for a given case and seed. */
 typedef struct fd_workload_report {
   uint32_t struct_size;          /**< sizeof(fd_workload_report) as compiled by the caller. */

@@ -1,4 +1,4 @@
-// KV append and fused RoPE + append kernels (semantics.md S3).
+// KV append and fused RoPE + append kernels (docs/semantics.md S3).
 //
 // Work is split into units: a unit is one thread's share of one token, the
 // same for every token, so a thread decodes its unit once and then serves up

@@ -1,4 +1,4 @@
-// Device helpers of the split-half RoPE (semantics.md S3.1) shared by the
+// Device helpers of the split-half RoPE (docs/semantics.md S3.1) shared by the
 // append kernels. The rotation mirrors src/ops/rope.cpp operation by
 // operation (out = x1*cos - x2*sin, x2*cos + x1*sin) with explicit
 // round-to-nearest intrinsics so that nvcc does not contract the products

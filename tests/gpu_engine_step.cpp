@@ -1,4 +1,4 @@
-/* The decode engine on a CUDA cache (semantics.md S8): the same seeded
+/* The decode engine on a CUDA cache (docs/semantics.md S8): the same seeded
  * unscheduled workload (prefill, steps, an explicit abort, a failing layer
  * that aborts the token, finish, cancel, backpressure, a step captured in a
  * global-mode CUDA graph capture) runs on a CPU-cache engine and on a

@@ -1,5 +1,5 @@
 /* Paged KV cache: construction, configuration, request lifecycle, free-list
- * order, capacity, export and metrics (semantics.md S4, S7). */
+ * order, capacity, export and metrics (docs/semantics.md S4, S7). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

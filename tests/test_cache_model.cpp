@@ -1,4 +1,4 @@
-/* Model-based random test of the paged KV cache (semantics.md S4-S7).
+/* Model-based random test of the paged KV cache (docs/semantics.md S4-S7).
  *
  * A seeded generator issues a long random mix of valid and invalid calls
  * (requests, transactions, layer writes with and without RoPE, legacy append,

@@ -137,7 +137,7 @@ void test_full_run_and_auto_finish(void **) {
 }
 
 void test_boundary_deadlock_case_completes(void **) {
-  // semantics.md S10: 2 requests, context 0, 64 new tokens, 2 blocks of 32.
+  // docs/semantics.md S10: 2 requests, context 0, 64 new tokens, 2 blocks of 32.
   fd_cache *c = es_cache(1, 1, 4, 32, 2);
   fd_engine *e = es_engine(c);
   fd_scheduler *s = sched(2, 2);

@@ -1,4 +1,4 @@
-/* Shared prefix blocks (semantics.md S6): register, attach, evict, LRU
+/* Shared prefix blocks (docs/semantics.md S6): register, attach, evict, LRU
  * eviction, capacity failures, metrics, and every error rule. */
 #include <setjmp.h>
 #include <stdarg.h>

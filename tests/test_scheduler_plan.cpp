@@ -1,4 +1,4 @@
-// Scheduler (semantics.md S9): every rule and reason of plan(), snapshot
+// Scheduler (docs/semantics.md S9): every rule and reason of plan(), snapshot
 // validation and the decision accessors, through the public C API.
 #include <stdarg.h>
 #include <stddef.h>

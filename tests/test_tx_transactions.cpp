@@ -1,4 +1,4 @@
-/* Multi-layer token transactions (semantics.md S5): begin/write/commit/abort,
+/* Multi-layer token transactions (docs/semantics.md S5): begin/write/commit/abort,
  * views, handle errors, the terminal history, and every error rule. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* The struct_size policy (docs/abi.md, c-abi.md rule 10), as every component
+/* The struct_size policy (docs/abi.md rule 10), as every component
  * applies it:
  *  - inputs: a struct_size larger than the library's struct (a newer header)
  *    is refused; a struct_size that ends inside a field does not read that

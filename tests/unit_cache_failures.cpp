@@ -1,6 +1,6 @@
 /* Failures of the K/V storage behind a cache (a device copy or launch error),
  * injected through a storage double installed with the internal test hook:
- * - fd_prefix_register is all or nothing (semantics.md S6, c-abi.md rule 9):
+ * - fd_prefix_register is all or nothing (docs/semantics.md S6, docs/abi.md rule 9):
  *   a failing copy leaves the registry, the free list and every counter as
  *   they were, and a later registration gets exactly the blocks it would
  *   have got without the failure;

@@ -1,4 +1,4 @@
-/* fd_cache_validate (semantics.md S7): corrupts a healthy cache through the
+/* fd_cache_validate (docs/semantics.md S7): corrupts a healthy cache through the
  * internal test hook, one invariant at a time, and checks that the matching
  * check fires with a message in words. Also unit-tests the block allocator
  * and the transaction history directly. */

@@ -1,4 +1,4 @@
-/* fd_engine_apply_decision is all or nothing (semantics.md S8, c-abi.md rule
+/* fd_engine_apply_decision is all or nothing (docs/semantics.md S8, docs/abi.md rule
  * 9): a host allocation that fails anywhere inside the call, in particular in
  * the cache calls of the N-th admission (fd_cache_add_request, and
  * fd_prefix_attach for a prefixed request), leaves the engine and the cache

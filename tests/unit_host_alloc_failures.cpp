@@ -1,4 +1,4 @@
-/* Host allocation failure injection on the CPU backend (c-abi.md rule 9):
+/* Host allocation failure injection on the CPU backend (docs/abi.md rule 9):
  * every host allocation (operator new, tests/common/alloc_failures.h) made by
  * each call below fails in turn, one run per allocation on a fresh fixture.
  * Each failing run must return FD_ERR_OUT_OF_MEMORY with a message, leave

@@ -11,7 +11,7 @@ import (
 	"unsafe"
 )
 
-// The decode engine (semantics.md S8) over a CPU cache. An Engine borrows its
+// The decode engine (docs/semantics.md S8) over a CPU cache. An Engine borrows its
 // Cache: both are externally synchronised, their calls are serialised by the
 // cache's lock, and closing the cache closes the engine first.
 

@@ -313,7 +313,7 @@ func TestEngineSchedulerManagedLoop(t *testing.T) {
 			must(t, err)
 			runStep(t, e, step, run, &seed)
 		}
-		// The caller's fairness counters (semantics.md S9).
+		// The caller's fairness counters (docs/semantics.md S9).
 		for _, id := range ids(t, d, DecisionWaiting) {
 			fair[id].WaitSteps++
 			fair[id].SkipCount++

@@ -12,7 +12,7 @@ import (
 	"unsafe"
 )
 
-// The scheduler (semantics.md S9): a pure planner. Scheduler and Decision are
+// The scheduler (docs/semantics.md S9): a pure planner. Scheduler and Decision are
 // immutable and safe to share between goroutines; a Snapshot is externally
 // synchronised while it is being built and read-only afterwards.
 
@@ -265,7 +265,7 @@ const (
 var reasonNames = [...]string{"request_exceeds_capacity", "aging_drain", "active_limit", "capacity_deferred",
 	"admitted", "batch_limit", "idle"}
 
-// String is the semantics.md name, e.g. "active_limit".
+// String is the docs/semantics.md name, e.g. "active_limit".
 func (r ScheduleReason) String() string {
 	if r >= 0 && int(r) < len(reasonNames) {
 		return reasonNames[r]

@@ -28,7 +28,7 @@ import (
 	"unsafe"
 )
 
-// Workload drivers (semantics.md S10): deterministic, seeded scenarios on the
+// Workload drivers (docs/semantics.md S10): deterministic, seeded scenarios on the
 // CPU backend. Stateless and safe to call from many goroutines.
 
 // WorkloadKind is an fd_workload_kind.

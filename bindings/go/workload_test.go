@@ -35,7 +35,7 @@ func TestWorkloadCases(t *testing.T) {
 	asError(t, err, InvalidArgument, "7")
 }
 
-// semantics.md S10: 2 requests of 64 new tokens on 2 blocks of 32: greedy
+// docs/semantics.md S10: 2 requests of 64 new tokens on 2 blocks of 32: greedy
 // deadlocks, cancel-on-backpressure completes 1 of 2, lifetime 2 of 2.
 func TestWorkloadBoundaryDeadlock(t *testing.T) {
 	var calls, last, total uint64

@@ -1,4 +1,4 @@
-// Physical block allocator of the paged KV cache (semantics.md S4.2).
+// Physical block allocator of the paged KV cache (docs/semantics.md S4.2).
 //
 // The free list starts as 0..max_blocks-1 and allocation takes from its front.
 // Released blocks go back to the front, so the most recently released block is

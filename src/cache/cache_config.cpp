@@ -1,4 +1,4 @@
-// Checking and resolving fd_cache_config (semantics.md S4.1).
+// Checking and resolving fd_cache_config (docs/semantics.md S4.1).
 #include <unistd.h>
 
 #include <climits>

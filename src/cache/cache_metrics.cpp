@@ -1,4 +1,4 @@
-// Metrics of the paged cache (semantics.md S7).
+// Metrics of the paged cache (docs/semantics.md S7).
 #include <cstring>
 
 #include "cache/paged_cache.hpp"

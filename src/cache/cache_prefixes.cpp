@@ -1,4 +1,4 @@
-// Shared prefix blocks of the paged cache (semantics.md S6).
+// Shared prefix blocks of the paged cache (docs/semantics.md S6).
 #include <algorithm>
 #include <cassert>
 #include <utility>

@@ -1,4 +1,4 @@
-// Multi-layer token transactions of the paged cache (semantics.md S5).
+// Multi-layer token transactions of the paged cache (docs/semantics.md S5).
 #include <algorithm>
 #include <utility>
 

@@ -1,4 +1,4 @@
-// Invariant checks of the paged cache (semantics.md S7). Each check returns
+// Invariant checks of the paged cache (docs/semantics.md S7). Each check returns
 // the first violation in words; the empty string means every invariant holds.
 #include <algorithm>
 #include <string>

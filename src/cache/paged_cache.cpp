@@ -1,5 +1,5 @@
 // Paged KV cache: construction, request lifecycle and metadata export
-// (semantics.md S4). Transactions, prefixes, metrics and the validator live in
+// (docs/semantics.md S4). Transactions, prefixes, metrics and the validator live in
 // cache_transactions.cpp, cache_prefixes.cpp, cache_metrics.cpp and
 // cache_validator.cpp.
 #include "cache/paged_cache.hpp"

@@ -1,4 +1,4 @@
-// The paged KV cache (semantics.md S4-S7): block allocator, requests, at most
+// The paged KV cache (docs/semantics.md S4-S7): block allocator, requests, at most
 // one open transaction, shared prefixes and the K/V storage behind its seam.
 //
 // Every operation validates everything first and mutates only afterwards, so

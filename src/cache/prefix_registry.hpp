@@ -1,5 +1,5 @@
 // Resident shared prefixes with reference counts and an LRU clock
-// (semantics.md S6). Block allocation and request bookkeeping stay in the
+// (docs/semantics.md S6). Block allocation and request bookkeeping stay in the
 // cache; this class only keeps the prefix records and picks LRU victims.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Request records of the paged KV cache (semantics.md S4.3).
+// Request records of the paged KV cache (docs/semantics.md S4.3).
 #pragma once
 
 #include <cstdint>

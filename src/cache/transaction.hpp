@@ -1,5 +1,5 @@
 // The open multi-layer token transaction and the bounded history of terminal
-// transactions (semantics.md S5).
+// transactions (docs/semantics.md S5).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// `flashdec hostcost`: the host-side costs of benchmarks.md (CPU only, no
+// `flashdec hostcost`: the host-side costs of docs/benchmarks.md (CPU only, no
 // GPU):
 //  - cache transactions (cache_cost): fd_tx_begin + fd_tx_commit for batch
 //    1, 64 and 256; one layer write call (fd_tx_write_layer and

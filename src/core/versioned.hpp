@@ -1,5 +1,5 @@
 // Reading and writing the struct_size-versioned structs of the public API
-// (c-abi.md rule 10). One policy for the whole library (docs/abi.md):
+// (docs/abi.md rule 10). One policy for the whole library (docs/abi.md):
 //
 //  - Every call names a minimum struct_size: the end of the last field it
 //    cannot do without. A smaller struct_size is FD_ERR_INVALID_ARGUMENT.

@@ -1,4 +1,4 @@
-// The decode engine (semantics.md S8). It drives an fd_cache through the
+// The decode engine (docs/semantics.md S8). It drives an fd_cache through the
 // public C API (fd_cache_*, fd_tx_*, fd_prefix_*, fd_decode), with one
 // internal exception: apply_decision takes back its own admissions after a
 // failed one with PagedCache::discard_new_request (no public call removes a

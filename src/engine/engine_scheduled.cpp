@@ -1,5 +1,5 @@
 // Scheduler-managed mode of the engine: submission, prefixes, authoritative
-// snapshots and decision application (semantics.md S8, S9).
+// snapshots and decision application (docs/semantics.md S8, S9).
 #include <cstring>
 
 #include "cache/cache_handle.hpp"

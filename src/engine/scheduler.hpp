@@ -1,4 +1,4 @@
-// The block-aware lifetime-commitment scheduler (semantics.md S9) as plain
+// The block-aware lifetime-commitment scheduler (docs/semantics.md S9) as plain
 // C++ values. plan() is a pure function of its inputs; the C API in
 // scheduler_api.cpp wraps these types in opaque handles.
 #pragma once

@@ -1,4 +1,4 @@
-// The named workload cases of semantics.md S10, generated from a seed.
+// The named workload cases of docs/semantics.md S10, generated from a seed.
 #include "core/error.hpp"
 #include "engine/workloads.hpp"
 

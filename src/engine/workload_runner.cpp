@@ -1,5 +1,5 @@
 // Runs one workload case under one admission policy through the public API
-// (cache, engine, scheduler) and measures it (semantics.md S10).
+// (cache, engine, scheduler) and measures it (docs/semantics.md S10).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

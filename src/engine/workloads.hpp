@@ -1,4 +1,4 @@
-// Workload drivers (semantics.md S10): deterministic, seeded scenarios that
+// Workload drivers (docs/semantics.md S10): deterministic, seeded scenarios that
 // run the engine under one admission policy and report comparable numbers.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Dense reference attention (semantics.md S2, implementation 1): plain,
+// Dense reference attention (docs/semantics.md S2, implementation 1): plain,
 // single-threaded C++ over contiguous per-row K/V. It is the yardstick the
 // paged CPU backend and the CUDA kernel are checked against, so it favours
 // obviousness over speed.

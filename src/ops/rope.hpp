@@ -1,4 +1,4 @@
-// Rotary position embedding on the CPU (semantics.md S3.1, split-half form).
+// Rotary position embedding on the CPU (docs/semantics.md S3.1, split-half form).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 /* An independent, executable model of FlashDec's paged KV cache, written from
- * semantics.md S4-S7 and include/flashdec.h only (not from src/cache). The
+ * docs/semantics.md S4-S7 and include/flashdec.h only (not from src/cache). The
  * model test (tests/test_cache_model.cpp) runs the same random operations on
  * the library and on this model and compares every observable result.
  *

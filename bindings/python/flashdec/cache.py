@@ -31,7 +31,7 @@ Metrics = dataclasses.make_dataclass(
     ],
     frozen=True,
 )
-Metrics.__doc__ = "Counters and gauges of a cache (fd_cache_metrics, semantics S7)."
+Metrics.__doc__ = "Counters and gauges of a cache (fd_cache_metrics, docs/semantics.md S7)."
 Metrics.__module__ = __name__
 
 

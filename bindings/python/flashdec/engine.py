@@ -347,7 +347,7 @@ EngineMetrics = dataclasses.make_dataclass(
     [(n, int) for n, _ in _lib.ENGINE_METRICS_FIELDS if n != "struct_size"],
     frozen=True,
 )
-EngineMetrics.__doc__ = "Counters and gauges of an engine (fd_engine_metrics, semantics S8)."
+EngineMetrics.__doc__ = "Counters and gauges of an engine (fd_engine_metrics, docs/semantics.md S8)."
 EngineMetrics.__module__ = __name__
 
 
@@ -537,7 +537,7 @@ WorkloadReport = dataclasses.make_dataclass(
     ],
     frozen=True,
 )
-WorkloadReport.__doc__ = "Report of one policy run (fd_workload_report, semantics S10)."
+WorkloadReport.__doc__ = "Report of one policy run (fd_workload_report, docs/semantics.md S10)."
 WorkloadReport.__module__ = __name__
 
 TRACE_DTYPE = np.dtype(

@@ -124,7 +124,7 @@ def decode(
     check_indices: bool = False,
     stream: Optional[int] = None,
 ) -> Any:
-    """Paged decode attention (fd_decode, semantics S2). Returns ``out``.
+    """Paged decode attention (fd_decode, docs/semantics.md S2). Returns ``out``.
 
     Args:
         q: [batch, num_q_heads, head_dim], float32/float16/bf16 (numpy uint16

@@ -1,5 +1,5 @@
 """Another toolchain can parse the public header: cffi's cdef accepts
-include/flashdec.h once FD_API and preprocessor lines are removed (c-abi.md
+include/flashdec.h once FD_API and preprocessor lines are removed (docs/abi.md
 rule 14), and the layout cffi derives agrees with ctypes."""
 
 from __future__ import annotations
