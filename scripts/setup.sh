@@ -36,6 +36,9 @@ flashdec_missing() {
   [ -f /usr/include/CLI/CLI.hpp ] || echo libcli11-dev
   [ -f /usr/include/nlohmann/json.hpp ] || echo nlohmann-json3-dev
   flashdec_have rsvg-convert || echo librsvg2-bin
+  # bindgen regenerates the Rust -sys declarations from the header; the
+  # bindings' CI check compares its output with the checked-in file.
+  flashdec_have bindgen || echo bindgen
 }
 
 flashdec_setup() {
