@@ -20,6 +20,12 @@ install(FILES ${PROJECT_SOURCE_DIR}/include/flashdec.h
 install(EXPORT flashdecTargets NAMESPACE flashdec:: FILE flashdecTargets.cmake
   DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR} COMPONENT development)
 
+# Installed programs (the flashdec CLI) find the library through a RUNPATH
+# relative to themselves, so a relocated prefix needs no LD_LIBRARY_PATH.
+# src/cli applies it to its target.
+file(RELATIVE_PATH FLASHDEC_BIN_TO_LIB /prefix/${CMAKE_INSTALL_BINDIR} /prefix/${CMAKE_INSTALL_LIBDIR})
+set(FLASHDEC_INSTALL_BIN_RPATH "$ORIGIN/${FLASHDEC_BIN_TO_LIB}")
+
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashdecConfig.cmake.in
   ${PROJECT_BINARY_DIR}/flashdecConfig.cmake
   INSTALL_DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR})
@@ -32,7 +38,9 @@ install(FILES ${PROJECT_BINARY_DIR}/flashdecConfig.cmake
   DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR} COMPONENT development)
 
 # pkg-config: the prefix is derived from ${pcfiledir}, so the file stays right
-# when the install prefix is chosen at install time.
+# when the install prefix is chosen at install time. Libs carries
+# -Wl,-rpath,${libdir}: a program linked with these flags runs without
+# LD_LIBRARY_PATH (cgo's `#cgo pkg-config: flashdec` relies on it too).
 set(FLASHDEC_PC_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
   message(FATAL_ERROR "flashdec: CMAKE_INSTALL_LIBDIR and CMAKE_INSTALL_INCLUDEDIR must be "
