@@ -562,7 +562,7 @@ FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *re
 
 /**
  * @brief Reports an asynchronous device fault of work the cache enqueued
- * (c-abi rule 17; appended in 0.1).
+ * (docs/abi.md rule 17; appended in 0.1).
  *
  * Never blocks: it queries the CUDA events the cache recorded behind its own
  * work and the CUDA runtime's pending error. The first fault seen is kept and

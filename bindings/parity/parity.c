@@ -1,5 +1,5 @@
-/* Parity scenario, C reference. bindings/parity/README.md describes the
- * scenario; the Python, Rust and Go bindings run the same steps and
+/* Parity scenario, C reference: the steps are those of main() below; the
+ * Python, Rust and Go bindings run the same steps and
  * bindings/run-tests.sh diffs the four outputs byte for byte.
  *
  * Floats are printed as the hex bits of binary32 (exact in every language);

@@ -1,5 +1,5 @@
 """Parity scenario through the Python binding; must print exactly what
-bindings/parity/parity.c prints (see README.md there)."""
+bindings/parity/parity.c prints (the scenario is described there)."""
 
 from __future__ import annotations
 

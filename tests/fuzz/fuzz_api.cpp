@@ -23,7 +23,7 @@
  *     plan + apply (fresh, stale and foreign-config decisions). The engine
  *     has no executable model; the target checks what the spec states:
  *     fd_engine_validate and fd_cache_validate after every call; a failing
- *     call changes no metric, state or version (S8, c-abi rule 9) except the
+ *     call changes no metric, state or version (S8, docs/abi.md rule 9) except the
  *     counters the header names; a valid step opens (or reports backpressure
  *     exactly when blocks_needed > free) and every row's seq_len grows by one
  *     on commit and stays on abort; the engine's counters equal the counts of
@@ -271,7 +271,7 @@ class EngineRun {
     }
   }
 
-  /* A failing call changes nothing but the named counters (c-abi rule 9). */
+  /* A failing call changes nothing but the named counters (docs/abi.md rule 9). */
   void expect_unchanged(const char *allowed = "") {
     read_state(now_);
     fd_engine_metrics a = before_.em, b = now_.em;
