@@ -22,6 +22,14 @@ add_test(NAME abi_header_cxx17
 set_tests_properties(abi_exports abi_exports_selftest abi_header_c99 abi_header_cxx17
   PROPERTIES LABELS abi TIMEOUT 120)
 
+# (c) Every document cited in the header, sources, scripts and docs exists in
+# the repository (docs/semantics.md, docs/abi.md, ...), and the check can fail.
+add_test(NAME docs_links
+  COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_doc_links.sh ${PROJECT_SOURCE_DIR})
+add_test(NAME docs_links_selftest
+  COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_doc_links.sh --selftest)
+set_tests_properties(docs_links docs_links_selftest PROPERTIES LABELS "abi;docs" TIMEOUT 120)
+
 # Packaging: install into a temporary prefix, then build tests/consumer with
 # find_package(flashdec) and with pkg-config.
 set(flashdec_consumer_flags "")
