@@ -1,9 +1,11 @@
-"""ctypes mirrors of the header structs have the C layout: a tiny C program
-(bindings/layout_probe.c) compiled against the header prints sizeof/offsetof."""
+"""The generated ctypes structs have the C layout: bindings/layout_probe.c
+(itself generated from the header's struct list) is compiled against the header
+and prints every sizeof/offsetof, which must equal what ctypes computes."""
 
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 
@@ -21,11 +23,19 @@ def probe(tmp_path_factory) -> dict:
         pytest.skip("no C compiler")
     exe = tmp_path_factory.mktemp("probe") / "layout_probe"
     subprocess.run(
-        [cc, "-std=c99", "-I", str(HEADER.parent), str(REPO / "bindings" / "layout_probe.c"), "-o", str(exe)],
+        [cc, "-std=c99", "-Wall", "-Werror", "-I", str(HEADER.parent),
+         str(REPO / "bindings" / "layout_probe.c"), "-o", str(exe)],
         check=True,
     )
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+
+def test_every_header_struct_is_declared_and_probed(probe):
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    in_header = set(re.findall(r"typedef struct (fd_\w+) \{", text))
+    assert in_header and in_header == set(_lib.STRUCTS)
+    assert {k for k in probe if "." not in k} == in_header
 
 
 def test_struct_sizes(probe):
@@ -41,5 +51,5 @@ def test_field_offsets(probe):
             assert key in probe, f"probe does not print {key}"
             assert getattr(struct, field).offset == probe[key], key
             checked += 1
-    # every field the probe prints has a mirror
+    # every field the probe prints has a declaration
     assert checked == sum(1 for k in probe if "." in k)
