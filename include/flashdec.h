@@ -46,7 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/** @name Version
+/** @defgroup version Version
  *  Version of this header. The runtime library reports its own version through
  *  ::fd_version_number; header and runtime are compatible when their major
  *  versions are equal and the runtime's minor version is at least the
@@ -82,7 +82,9 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/** @name Status codes and errors
+/** @defgroup status Status codes and errors
+ *  Every fallible call returns an ::fd_status; ::fd_last_error_message says
+ *  why a call failed (docs/abi.md rules 6-9).
  *  @{ */
 
 /**
@@ -129,7 +131,7 @@ FD_API const char *fd_last_error_message(void);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Version queries
+/** @addtogroup version
  *  @{ */
 
 /** @brief Runtime version as a string. Thread-safe.
@@ -142,7 +144,9 @@ FD_API uint32_t fd_version_number(void);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Basic types
+/** @defgroup types Basic types
+ *  Element types, KV layouts, devices and CUDA streams shared by every
+ *  component (docs/semantics.md S1).
  *  @{ */
 
 /** @brief Element type of Q, K, V and output tensors. Values pinned. */
@@ -200,7 +204,7 @@ FD_API fd_status fd_cuda_device_count(int32_t *count);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Paged KV cache
+/** @defgroup cache Paged KV cache
  *
  *  A cache owns K and V storage for every layer, a block allocator, request
  *  state, at most one open transaction, and shared prefix blocks
@@ -577,7 +581,8 @@ FD_API fd_status fd_cache_async_error(const fd_cache *cache);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Multi-layer token transactions (docs/semantics.md S5)
+/** @defgroup transactions Multi-layer token transactions
+ *  Behaviour: docs/semantics.md S5.
  *
  *  One token for a batch of requests, written layer by layer, then published
  *  at once (commit) or rolled back (abort). At most one transaction is open per
@@ -786,7 +791,8 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint3
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Shared prefix blocks (docs/semantics.md S6)
+/** @defgroup prefixes Shared prefix blocks
+ *  Behaviour: docs/semantics.md S6.
  *  Immutable full blocks shared by several requests. Needs a cache created
  *  with prefix_cache_capacity_blocks > 0. Same thread contract as the cache.
  *  @{ */
@@ -863,7 +869,8 @@ FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Decode attention and RoPE (docs/semantics.md S1-S3)
+/** @defgroup decode Decode attention, RoPE and KV append
+ *  Behaviour: docs/semantics.md S1-S3.
  *
  *  Stateless functions; thread-safe (each call only touches the memory its
  *  parameters name).
@@ -1097,7 +1104,8 @@ FD_API fd_status fd_rope_kv_append(const fd_kv_append_params *params);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Block-aware scheduler (docs/semantics.md S9)
+/** @defgroup scheduler Block-aware scheduler
+ *  Behaviour: docs/semantics.md S9.
  *
  *  A pure, deterministic planner: ::fd_scheduler_plan reads only a scheduler
  *  configuration and an ::fd_snapshot (request metadata, no K/V) and returns
@@ -1395,7 +1403,8 @@ FD_API fd_status fd_decision_copy_snapshot(const fd_decision *decision, fd_snaps
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Decode engine (docs/semantics.md S8)
+/** @defgroup engine Decode engine
+ *  Behaviour: docs/semantics.md S8.
  *
  *  An engine drives one cache: request lifecycle (waiting, active, finished,
  *  cancelled, rejected), one step = one token for a batch through every layer
@@ -1848,7 +1857,8 @@ FD_API fd_status fd_engine_validate(const fd_engine *engine);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Workload drivers (docs/semantics.md S10)
+/** @defgroup workloads Workload drivers
+ *  Behaviour: docs/semantics.md S10.
  *
  *  Deterministic, seeded drivers that run whole scenarios on the CPU backend
  *  and report comparable numbers. Stateless functions; thread-safe. Results
