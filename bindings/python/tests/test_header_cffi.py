@@ -1,5 +1,5 @@
 """A second toolchain reads the public header: cffi's cdef accepts
-include/flashdec.h once FD_API and the preprocessor lines are removed (c-abi.md
+include/flashdec.h once FD_API and the preprocessor lines are removed (docs/abi.md
 rule 14). Its view of functions, layouts and enum values must agree with the
 generated ctypes declarations, and regenerating them from the header must give
 the installed _decls.py byte for byte."""
