@@ -9,7 +9,9 @@
 #   - any path under docs/ (`docs/perf/`, `docs/Doxyfile.in`).
 # A citation resolves when it names an existing file or folder relative to the
 # repository root or to the citing file's folder (a name with `*` is a pattern
-# that must match at least one). Names that follow `$VAR/`,
+# that must match at least one). Code that merely looks like a name (`o.md =
+# x`, `o.md.c_str()`: followed by `=`, `(`, `[`, `;`, `->` or `.name`) is not
+# a citation. Names that follow `$VAR/`,
 # `/` or `:` (generated paths, URLs) are not citations. The report files the
 # benchmark tools write (decode_bench.md, ...) are listed below as generated.
 #
@@ -33,6 +35,7 @@ selftest() {
   printf '// Cites docs/%s.md S5 and docs/perf/, writes $OUT/x.md, see https://e.org/y.md\n' \
     "$page" > "$work/src/a.cpp"
   printf '// Writes decode_bench.md (generated); results in docs/perf/no*.md.\n' > "$work/src/b.cpp"
+  printf 'o.md = argv[1]; f(o.md.c_str()); p->x.md[0] = 1;\n' >> "$work/src/b.cpp"
   if ! out=$(bash "$self" "$work" 2>&1); then
     echo "selftest: a tree whose citations all resolve was rejected:"; echo "$out"; return 1
   fi
@@ -90,7 +93,7 @@ done <<<"$list"
 [[ ${#files[@]} -gt 0 ]] || { echo "check_doc_links: no files to scan under $root"; exit 1; }
 
 # file:line:citation, for both kinds.
-md='(?<![\w./$@{}:*-])(?:[\w.*-]+/)*[\w*-]+\.md\b'
+md='(?<![\w./$@{}:*-])(?:[\w.*-]+/)*[\w*-]+\.md\b(?!\s*[=(\[;]|\.\w|->)'
 docs='(?<![\w./$@{}:*-])docs/[\w./*-]*[\w/*]'
 bad=0
 checked=0
