@@ -56,6 +56,15 @@ export CGO_LDFLAGS="-L$FLASHDEC_LIB_DIR -Wl,-rpath,$FLASHDEC_LIB_DIR"
 export CARGO_TARGET_DIR="$BUILD/cargo"
 "$PY" --version; cargo --version; go version
 
+# --- generated declarations and coverage ------------------------------------
+# The Python ctypes declarations, the layout probe and the Rust -sys crate are
+# generated from include/flashdec.h (bindings/tools/gen_bindings.py: pycparser
+# and Debian's bindgen, which scripts/setup.sh installs); this fails when a
+# checked-in file is stale. Without bindgen the Rust comparison is skipped
+# and the script says so.
+run "generated bindings current" "$PY" "$ROOT/bindings/tools/gen_bindings.py" --check
+run "binding coverage (every header function)" "$PY" "$ROOT/bindings/tools/check_coverage.py"
+
 # --- Python ------------------------------------------------------------------
 # Installed into a throwaway target dir so the suite tests the installed
 # package (pyproject + setuptools, offline) rather than the source tree.
