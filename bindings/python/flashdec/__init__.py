@@ -1,16 +1,46 @@
 """FlashDec: paged-KV decode attention (Python binding of libflashdec).
 
-Pure ctypes over the C ABI of include/flashdec.h. The library is found through
-the FLASHDEC_LIBRARY environment variable (full path), then a copy inside this
-package folder, then the system loader (``libflashdec.so.0``).
+A :class:`Cache` holds the K/V of many requests in fixed-size blocks; each
+decode step writes one token per request inside a :class:`Transaction` and
+runs :func:`decode` (paged attention) over the committed tokens. Arrays are
+numpy arrays or torch tensors (zero-copy; CUDA tensors for CUDA caches).
 
-    import numpy as np, flashdec
-    with flashdec.Cache(num_layers=2, num_kv_heads=2, head_dim=64) as cache:
-        cache.add_request(7)
-        with cache.begin([7]) as tx:
-            for layer in range(2):
-                tx.write_layer(layer, k, v)
-            tx.commit()
+Example (CPU, float32; two query heads share one KV head)::
+
+    >>> import numpy as np, flashdec
+    >>> rng = np.random.default_rng(0)
+    >>> ks, vs = [], []
+    >>> with flashdec.Cache(num_layers=1, num_kv_heads=1, head_dim=4, block_size=2,
+    ...                     max_blocks=8, dtype=flashdec.DType.F32) as cache:
+    ...     cache.add_request(7)
+    ...     for step in range(3):                     # three tokens of request 7
+    ...         k, v = rng.standard_normal((2, 1, 1, 4), dtype=np.float32)
+    ...         ks.append(k[0, 0]); vs.append(v[0, 0])
+    ...         with cache.begin([7]) as tx:
+    ...             tx.write_layer(0, k, v)
+    ...             tx.commit()
+    ...     q = rng.standard_normal((1, 2, 4), dtype=np.float32)
+    ...     out = cache.decode(0, q, request_ids=[7])
+    >>> out.shape
+    (1, 2, 4)
+    >>> w = np.exp(q[0] @ np.array(ks).T / 2.0)       # softmax(q K^T / sqrt(4)) V
+    >>> np.allclose(out[0], (w / w.sum(1, keepdims=True)) @ np.array(vs), atol=1e-5)
+    True
+
+Installing: ``pip install ./bindings/python`` from a FlashDec checkout builds
+libflashdec (with CUDA when nvcc is found) and puts it inside this package.
+The library is looked up in this order: the FLASHDEC_LIBRARY environment
+variable (full path; no fallback when set), the copy in this package folder,
+then the system loader (``libflashdec.so.0``). :func:`library_path` says which
+one was loaded.
+
+Enums mirror the header's C enums as ``int`` subclasses (members compare equal
+to the C values): :class:`DType` (F32, F16, BF16), :class:`Layout`
+(TOKEN_MAJOR, DIM_MAJOR), :class:`DeviceType` (CPU, CUDA),
+:class:`RequestState`, :class:`TxState`, :class:`Status` (the fd_status codes)
+and the scheduler/engine/workload enums :class:`EngineRequestState`,
+:class:`StepOutcome`, :class:`ScheduleReason`, :class:`DecisionList`,
+:class:`WorkloadKind` and :class:`WorkloadPolicy`.
 
 Every failure raises :class:`FlashDecError` with ``.status`` and ``.message``.
 """

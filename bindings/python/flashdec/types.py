@@ -1,16 +1,49 @@
-"""Enums and small value types of the public header."""
+"""Enums and small value types of the public header.
+
+The enums are :class:`CEnum` classes: plain ``int`` values (they compare equal
+to the header's numbers and pass to ctypes as they are) whose ``help()`` lists
+their members and own methods, not the inherited ``int`` API.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import enum
+import inspect
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import List, Tuple
 
 from . import _lib
 
+# What dir() keeps of the machinery of an enum class (the rest is int's API).
+_ENUM_DUNDERS = {"__class__", "__doc__", "__module__", "__name__", "__qualname__"}
+_ENUM_BASES = {int, object, enum.Enum, enum.IntEnum, getattr(enum, "ReprEnum", enum.Enum)}
 
-class DType(enum.IntEnum):
+
+class _CEnumType(enum.EnumMeta):
+    """Enum metaclass whose dir() (and so help() and pydoc) leaves out the
+    hundreds of methods every ``int`` subclass inherits."""
+
+    def __dir__(cls) -> List[str]:
+        names = set(_ENUM_DUNDERS)
+        for klass in cls.__mro__:
+            if klass in _ENUM_BASES:
+                continue
+            names.update(n for n in vars(klass) if not n.startswith("_"))
+        return sorted(names - {"name", "value"})  # documented once, in CEnum
+
+
+class CEnum(enum.IntEnum, metaclass=_CEnumType):
+    """Base of the binding's enums: an :class:`enum.IntEnum` mirroring a C enum
+    of flashdec.h, so members are ints (``DType.BF16 == 2``) with ``.name``
+    and ``.value``; ``Cls(number)`` and ``Cls["NAME"]`` look members up."""
+
+    __signature__ = inspect.Signature(
+        [inspect.Parameter("value", inspect.Parameter.POSITIONAL_ONLY)]
+    )
+
+
+class DType(CEnum):
     """fd_dtype. BF16 data travels in numpy as uint16 arrays (raw bits)."""
 
     F32 = 0
@@ -22,26 +55,32 @@ class DType(enum.IntEnum):
         return 4 if self is DType.F32 else 2
 
 
-class Layout(enum.IntEnum):
+class Layout(CEnum):
     """fd_kv_layout: TOKEN_MAJOR = [block_size][head_dim] per block/head."""
 
     TOKEN_MAJOR = 0
     DIM_MAJOR = 1
 
 
-class DeviceType(enum.IntEnum):
+class DeviceType(CEnum):
+    """fd_device_type: where a cache's memory lives and its work runs."""
+
     CPU = 0
     CUDA = 1
 
 
-class RequestState(enum.IntEnum):
+class RequestState(CEnum):
+    """fd_request_state of a cache request (:meth:`Cache.request_state`)."""
+
     UNKNOWN = 0
     ACTIVE = 1
     FINISHED = 2
     CANCELLED = 3
 
 
-class TxState(enum.IntEnum):
+class TxState(CEnum):
+    """fd_tx_state of a transaction."""
+
     OPEN = 0
     COMMITTED = 1
     ABORTED = 2
