@@ -60,7 +60,7 @@ def test_every_enum_is_a_cenum_with_short_help():
         text = _render(e)
         assert len(text.splitlines()) < 80, (e.__name__, len(text.splitlines()))
         for member in e:
-            assert f"{member.name} = <{e.__name__}.{member.name}: {int(member)}>" in text
+            assert f" |  {member.name} = <{e.__name__}." in text  # pydoc shortens long reprs
         assert "bit_length" not in text
         # Documented once, in the package docstring's enum paragraph.
         assert f":class:`{e.__name__}`" in package_doc, f"{e.__name__} missing from flashdec.__doc__"
