@@ -1,9 +1,20 @@
 //! Finds libflashdec and probes the C layout of the public structs.
 //!
 //! Library search, first match wins:
-//! 1. `FLASHDEC_LIB_DIR`: a directory holding libflashdec.so;
-//! 2. `pkg-config --libs flashdec` (flashdec.pc from `cmake --install`);
-//! 3. the linker's default paths (a cargo warning says so).
+//! 1. `FLASHDEC_DIR`: an install prefix (`cmake --install --prefix DIR`);
+//!    the library is taken from its lib/ (or lib64/); a prefix without one
+//!    fails the build;
+//! 2. `FLASHDEC_LIB_DIR`: a directory holding libflashdec.so (a build tree);
+//! 3. `pkg-config --libs flashdec` (flashdec.pc from `cmake --install`; the
+//!    `pkg-config` program is run directly, no crate needed);
+//! 4. the linker's default paths (a cargo warning says so).
+//!
+//! The directory found is also written into the executable as an rpath, so a
+//! program runs after a plain install without LD_LIBRARY_PATH. Cargo passes
+//! `rustc-link-arg` only to this package's own targets; a binary in another
+//! package gets the directory as `DEP_FLASHDEC_LIB_DIR` by depending on
+//! flashdec-sys directly and adds the rpath in its build script (see
+//! examples/rust/build.rs).
 //!
 //! Layout probe: compiles bindings/layout_probe.c against the header
 //! (`FLASHDEC_INCLUDE_DIR`, default the repository's include/) with the
@@ -17,6 +28,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
+    println!("cargo:rerun-if-env-changed=FLASHDEC_DIR");
     println!("cargo:rerun-if-env-changed=FLASHDEC_LIB_DIR");
     println!("cargo:rerun-if-env-changed=FLASHDEC_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
@@ -25,11 +37,36 @@ fn main() {
     probe_layout();
 }
 
+/// Links libflashdec from `dir` and records `dir` as the rpath.
+fn link_dir(dir: &str) {
+    println!("cargo:rustc-link-search=native={dir}");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    println!("cargo:lib_dir={dir}");
+}
+
 fn link() {
+    if let Ok(prefix) = env::var("FLASHDEC_DIR") {
+        let prefix = PathBuf::from(prefix);
+        let found = ["lib", "lib64"]
+            .iter()
+            .map(|d| prefix.join(d))
+            .find(|d| d.join("libflashdec.so").exists());
+        match found {
+            Some(dir) => {
+                link_dir(&dir.display().to_string());
+                println!("cargo:rustc-link-lib=dylib=flashdec");
+                return;
+            }
+            None => panic!(
+                "FLASHDEC_DIR={}: no lib/libflashdec.so or lib64/libflashdec.so there \
+                 (expected an install prefix: cmake --install BUILD --prefix DIR)",
+                prefix.display()
+            ),
+        }
+    }
     if let Ok(dir) = env::var("FLASHDEC_LIB_DIR") {
-        println!("cargo:rustc-link-search=native={dir}");
+        link_dir(&dir);
         println!("cargo:rustc-link-lib=dylib=flashdec");
-        println!("cargo:lib_dir={dir}");
         return;
     }
     if let Ok(out) = Command::new("pkg-config").args(["--libs", "flashdec"]).output() {
@@ -38,8 +75,7 @@ fn link() {
             let mut linked = false;
             for flag in text.split_whitespace() {
                 if let Some(dir) = flag.strip_prefix("-L") {
-                    println!("cargo:rustc-link-search=native={dir}");
-                    println!("cargo:lib_dir={dir}");
+                    link_dir(dir);
                 } else if let Some(lib) = flag.strip_prefix("-l") {
                     println!("cargo:rustc-link-lib=dylib={lib}");
                     linked |= lib == "flashdec";
@@ -51,7 +87,7 @@ fn link() {
         }
     }
     println!(
-        "cargo:warning=libflashdec not found through FLASHDEC_LIB_DIR or pkg-config; \
+        "cargo:warning=libflashdec not found through FLASHDEC_DIR, FLASHDEC_LIB_DIR or pkg-config; \
          relying on the linker's default search path"
     );
     println!("cargo:rustc-link-lib=dylib=flashdec");
