@@ -5,9 +5,22 @@
 #   bindings/run-tests.sh                 # builds the library in build-bind/
 #   FLASHDEC_LIB_DIR=/path bindings/run-tests.sh   # uses an existing build
 #
-# Needs: cmake + ninja + a C/C++ compiler (only without FLASHDEC_LIB_DIR),
-# python3 with pip (installs numpy, pytest, cffi), cargo (offline), and Go
-# (installed from Debian's golang-go when missing). Exit status 0 = all passed.
+# The library is installed into $BUILD/prefix first: Go finds it through
+# pkg-config there, and the Rust and Go examples also run from that install
+# with LD_LIBRARY_PATH unset.
+#
+# Needs: cmake + ninja + a C/C++ compiler (only without FLASHDEC_LIB_DIR), pkg-config,
+# python3 with venv + pip, cargo (offline), and Go (installed from Debian's
+# golang-go when missing, announced). Exit status 0 = all passed.
+#
+# Python runs in venvs under the build folder; nothing goes into the user's
+# Python. $BUILD/venv (created once, reused; --system-site-packages, so an
+# installed numpy/pytest/cffi/torch is used) gets what the suite misses.
+# "python wheel (fresh venv)" builds the package with pip (scikit-build-core from
+# PyPI compiles libflashdec into the wheel; CPU-only unless FLASHDEC_WHEEL_CUDA=AUTO
+# or ON, to keep CI time sane: the CUDA library is tested through FLASHDEC_LIBRARY)
+# and installs it into a new venv with numpy, pytest and cffi from PyPI.
+# Lines starting "INSTALL:" say what gets installed where and why.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,18 +54,44 @@ export FLASHDEC_INCLUDE_DIR="$ROOT/include"
 OUT="$BUILD/bindings-out"
 mkdir -p "$OUT"
 
+# --- install -----------------------------------------------------------------
+# Go builds, and the "installed, no env" example steps run, against the library
+# as a user gets it: `cmake --install` into $BUILD/prefix, found through
+# pkg-config (flashdec.pc carries the rpath).
+PREFIX="$BUILD/prefix"
+section "install libflashdec ($PREFIX)"
+[[ -f "$FLASHDEC_LIB_DIR/cmake_install.cmake" ]] ||
+  { echo "$FLASHDEC_LIB_DIR is not a CMake build tree (cmake --install needs one)"; exit 2; }
+rm -rf "$PREFIX"
+for component in runtime development; do
+  cmake --install "$FLASHDEC_LIB_DIR" --prefix "$PREFIX" --component "$component" >/dev/null
+done
+PC_DIR="$(dirname "$(find "$PREFIX" -name flashdec.pc | head -n 1)")"
+export PKG_CONFIG_PATH="$PC_DIR${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+echo "PKG_CONFIG_PATH=$PKG_CONFIG_PATH: $(pkg-config --libs flashdec)"
+
 # --- toolchains --------------------------------------------------------------
 section "toolchains"
-PY="${PYTHON:-python3}"
-# wheel: older setuptools (< 70.1) build wheels through it; with
-# --no-build-isolation below nothing else is fetched, so the install is offline.
-"$PY" -m pip install --quiet --disable-pip-version-check numpy pytest cffi wheel
+BASE_PY="${PYTHON:-python3}"
+VENV="$BUILD/venv"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "INSTALL: Python venv $VENV (--system-site-packages) for the binding suites"
+  "$BASE_PY" -m venv --system-site-packages "$VENV"
+fi
+PY="$VENV/bin/python"
+py_missing=()
+for module in numpy pytest cffi; do
+  "$PY" -c "import $module" 2>/dev/null || py_missing+=("$module")
+done
+if ((${#py_missing[@]})); then
+  echo "INSTALL: ${py_missing[*]} into $VENV with pip (the Python suite needs them)"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${py_missing[@]}"
+fi
 if ! command -v go >/dev/null 2>&1; then
+  echo "INSTALL: Debian package golang-go with apt-get (no go on PATH; the Go binding needs it)"
   apt-get install -y golang-go >/dev/null || { apt-get update >/dev/null && apt-get install -y golang-go >/dev/null; }
 fi
 export GOFLAGS=-mod=mod GOCACHE="$BUILD/gocache" GOPATH="$BUILD/gopath" GOTOOLCHAIN=local
-export CGO_CFLAGS="-I$ROOT/include"
-export CGO_LDFLAGS="-L$FLASHDEC_LIB_DIR -Wl,-rpath,$FLASHDEC_LIB_DIR"
 export CARGO_TARGET_DIR="$BUILD/cargo"
 "$PY" --version; cargo --version; go version
 
@@ -66,22 +105,42 @@ run "generated bindings current" "$PY" "$ROOT/bindings/tools/gen_bindings.py" --
 run "binding coverage (every header function)" "$PY" "$ROOT/bindings/tools/check_coverage.py"
 
 # --- Python ------------------------------------------------------------------
-# Installed into a throwaway target dir so the suite tests the installed
-# package (pyproject + setuptools, offline) rather than the source tree.
-py_install() {
-  # Build from a copy: setuptools writes build/ next to pyproject.toml.
-  rm -rf "$OUT/pysite" "$OUT/pysrc"
-  mkdir -p "$OUT/pysrc"
-  cp -r "$ROOT/bindings/python/pyproject.toml" "$ROOT/bindings/python/flashdec" "$OUT/pysrc/"
-  "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    --target "$OUT/pysite" "$OUT/pysrc"
+# The suite from the source tree against the library under test
+# (FLASHDEC_LIBRARY); the parity run and the example below use the same.
+export PYTHONPATH="$ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
+py_suite() { # python, extra pytest args...
+  local py="$1"; shift
+  # From $OUT: `python -m pytest` puts the cwd on sys.path; nothing there shadows flashdec.
+  (cd "$OUT" && "$py" -m pytest -q -p no:cacheprovider --rootdir "$ROOT/bindings/python" \
+    -c "$ROOT/bindings/python/pyproject.toml" "$@" "$ROOT/bindings/python/tests")
 }
-run "python install (pip, offline)" py_install
-export PYTHONPATH="$OUT/pysite${PYTHONPATH:+:$PYTHONPATH}"
-# Run from $OUT so `python -m pytest` (which puts the cwd on sys.path) imports
-# the installed package, not the source tree.
-run "python tests" bash -c "cd '$OUT' && '$PY' -m pytest -q -p no:cacheprovider \
-  --rootdir '$ROOT/bindings/python' -c '$ROOT/bindings/python/pyproject.toml' '$ROOT/bindings/python/tests'"
+run "python tests" py_suite "$PY"
+
+# The package as a user gets it: `pip wheel ./bindings/python` compiles
+# libflashdec into the wheel (CMake build folder $BUILD/wheel-build, kept, so a
+# rerun recompiles only what changed), then a venv made for this run installs
+# the wheel and runs the suite with FLASHDEC_LIBRARY, LD_LIBRARY_PATH and
+# PYTHONPATH unset (test_package.py checks the library came from the wheel).
+py_wheel() (
+  unset FLASHDEC_LIBRARY LD_LIBRARY_PATH PYTHONPATH
+  local wheels="$OUT/wheelhouse" venv="$BUILD/wheel-venv" cuda="${FLASHDEC_WHEEL_CUDA:-OFF}" wheel
+  rm -rf "$wheels" "$venv"
+  echo "INSTALL: nothing yet; pip wheel fetches the build backend scikit-build-core from PyPI" \
+    "into its isolated build environment (FLASHDEC_CUDA=$cuda, CMake build in $BUILD/wheel-build)"
+  CMAKE_ARGS="-DFLASHDEC_CUDA=$cuda" SKBUILD_BUILD_DIR="$BUILD/wheel-build" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$PY" -m pip wheel --quiet --disable-pip-version-check \
+    --no-deps -w "$wheels" "$ROOT/bindings/python" || return 1
+  wheel="$(ls "$wheels"/flashdec-*.whl)"
+  echo "INSTALL: fresh venv $venv: $(basename "$wheel") with its dependency numpy, and pytest +" \
+    "cffi for the suite, from PyPI"
+  "$BASE_PY" -m venv "$venv" || return 1
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$wheel" pytest cffi || return 1
+  export FLASHDEC_TEST_WHEEL=1
+  "$venv/bin/python" -c \
+    'import flashdec; print("installed flashdec", flashdec.version(), "loads", flashdec.library_path())' &&
+    py_suite "$venv/bin/python"
+)
+run "python wheel (fresh venv)" py_wheel
 
 # --- Rust --------------------------------------------------------------------
 run "rust tests" bash -c "cd '$ROOT/bindings/rust' && cargo test --offline -q 2>&1"
@@ -114,6 +173,34 @@ run "parity (C, Python, Rust, Go)" parity
 run "example python" "$PY" "$ROOT/examples/python/decode_loop.py"
 run "example rust" bash -c "cd '$ROOT/examples/rust' && cargo run --offline -q"
 run "example go" bash -c "cd '$ROOT/examples/go' && go run ."
+
+# --- installed, no env ---------------------------------------------------------
+# The examples as a user runs them after a plain install: LD_LIBRARY_PATH and
+# the build-tree variables unset, only PKG_CONFIG_PATH (or FLASHDEC_DIR) set.
+# Each program must load the library from $PREFIX through its own rpath.
+noenv=(env -u LD_LIBRARY_PATH -u FLASHDEC_LIB_DIR -u FLASHDEC_LIBRARY -u FLASHDEC_INCLUDE_DIR
+  -u CGO_CFLAGS -u CGO_LDFLAGS -u PKG_CONFIG_PATH)
+loads_from_prefix() { # executable
+  local lib
+  lib="$(env -u LD_LIBRARY_PATH ldd "$1" | awk '$1 ~ /^libflashdec/ { print $3 }')"
+  echo "$1 loads $lib"
+  [[ "$lib" == "$PREFIX"/* ]]
+}
+installed_rust() { # pkg-config | FLASHDEC_DIR
+  local found=(PKG_CONFIG_PATH="$PC_DIR")
+  [[ "$1" == FLASHDEC_DIR ]] && found=(FLASHDEC_DIR="$PREFIX")
+  (cd "$ROOT/examples/rust" &&
+    "${noenv[@]}" "${found[@]}" CARGO_TARGET_DIR="$BUILD/cargo-installed" cargo run --offline -q) &&
+    loads_from_prefix "$BUILD/cargo-installed/debug/flashdec-decode-loop"
+}
+installed_go() {
+  (cd "$ROOT/examples/go" && "${noenv[@]}" PKG_CONFIG_PATH="$PC_DIR" go run . &&
+    "${noenv[@]}" PKG_CONFIG_PATH="$PC_DIR" go build -o "$OUT/go-decode-loop" .) &&
+    loads_from_prefix "$OUT/go-decode-loop"
+}
+run "rust example (installed, pkg-config, no env)" installed_rust pkg-config
+run "rust example (installed, FLASHDEC_DIR, no env)" installed_rust FLASHDEC_DIR
+run "go example (installed, pkg-config, no env)" installed_go
 
 section "summary"
 if ((${#failures[@]})); then

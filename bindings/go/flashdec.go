@@ -11,13 +11,13 @@
 // Generic functions (StepLayer, Prefill, WriteLayer, ...) take float32 slices
 // for F32 caches and uint16 bit patterns for F16/BF16.
 //
-// Build: CGO_CFLAGS=-I<repo>/include CGO_LDFLAGS=-L<libdir> go build
-// (the include path below covers in-repo builds).
+// Build: the header and library come from pkg-config (flashdec.pc, installed
+// by `cmake --install`): PKG_CONFIG_PATH=<prefix>/lib/pkgconfig go build.
+// The .pc file's rpath lets the program run without LD_LIBRARY_PATH.
 package flashdec
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -lflashdec
+#cgo pkg-config: flashdec
 #include <stdlib.h>
 #include "flashdec.h"
 */
