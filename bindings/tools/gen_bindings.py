@@ -420,7 +420,7 @@ def emit_rust_named(m: Model) -> str:
             "        vec![",
         ]
         for f, t in fields:
-            if f == "struct_size" or f.startswith("reserved"):
+            if f == "struct_size" or re.fullmatch(r"reserved\d+", f):  # padding
                 continue
             if t.base == "double":
                 out.append(f'            ("{f}", FieldValue::F64(self.{f})),')
