@@ -926,7 +926,11 @@ typedef struct fd_decode_params {
   size_t workspace_size; /**< Bytes at workspace. */
   fd_device device;      /**< Where every pointer above lives and where the work runs. */
   fd_stream stream;      /**< CUDA stream the work is enqueued on (ignored on CPU). */
-  uint32_t cpu_threads;  /**< CPU backend worker threads; 0 = all hardware threads. */
+  uint32_t cpu_threads;  /**< CPU backend threads, the caller's included; 0 = the
+                            FLASHDEC_THREADS environment variable if set to a positive
+                            integer (read once, at the first call), else all hardware
+                            threads. Capped at 256. Threads come from a pool the library
+                            owns (see ::fd_decode); the output bits do not depend on it. */
   uint32_t reserved0;    /**< Must be 0. */
 } fd_decode_params;
 
@@ -950,7 +954,13 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
  * out[r,h] = softmax(sm_scale * q[r,h] . K[r,kvh,0..len)) @ V[r,kvh,0..len),
  * with kvh = h / (num_q_heads / num_kv_heads); empty rows give zeros.
  *
- * CPU device: runs synchronously on up to cpu_threads threads.
+ * CPU device: runs synchronously on the calling thread plus up to
+ * cpu_threads - 1 workers of a pool the library creates at the first
+ * multi-threaded call and joins when it is unloaded. The pool is shared by all
+ * calls but holds no state a caller can see: concurrent calls (each with its
+ * own buffers) never wait for one another, a call whose helpers are busy does
+ * its work itself, and results are the same bits for any thread count. In a
+ * child of fork() the parent's workers are not used; the child starts its own.
  * CUDA device: enqueued on @p params->stream; no host synchronisation and no
  * allocation on this path (unless ::FD_DECODE_CHECK_INDICES is set), so it can
  * be captured in a CUDA graph; results are ready when the stream reaches this
@@ -1447,7 +1457,8 @@ typedef struct fd_engine_config {
   uint32_t rotary_dim;  /**< RoPE dims, even and <= head_dim; 0 (default) = head_dim. */
   float rope_base;      /**< RoPE base, finite and > 0. Default 10000. */
   float sm_scale;       /**< Softmax scale; 0 (default) = 1/sqrt(head_dim). */
-  uint32_t cpu_threads; /**< Decode worker threads; 0 (default) = all hardware threads. */
+  uint32_t cpu_threads; /**< CPU decode threads (as in ::fd_decode_params); 0
+                           (default) = FLASHDEC_THREADS if set, else all hardware threads. */
 } fd_engine_config;
 
 /** @brief Fills @p config with defaults and sets struct_size. NULL is ignored.
@@ -1896,7 +1907,8 @@ typedef struct fd_workload_options {
   fd_workload_progress_fn
       progress;             /**< Called now and then from the calling thread; may be NULL. */
   void *progress_user_data; /**< Passed to @p progress. */
-  uint32_t cpu_threads;     /**< Decode threads; 0 = all hardware threads. Default 1. */
+  uint32_t cpu_threads;     /**< Decode threads; 0 = FLASHDEC_THREADS if set, else all
+                               hardware threads. Default 1. */
   uint32_t reserved0;       /**< Must be 0. */
 } fd_workload_options;
 
