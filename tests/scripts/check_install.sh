@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Packaging check: installs the build tree into a fresh temporary prefix and
-# builds tests/consumer against it, the way a downstream project would.
+# builds tests/consumer against it, the way a downstream project would. Every
+# installed program then runs with LD_LIBRARY_PATH unset: the flashdec CLI
+# (RUNPATH $ORIGIN/../lib, also from a copy of the prefix), the pkg-config
+# consumer (rpath from flashdec.pc), the CMake consumer from its build tree and
+# installed into a prefix of its own (CMAKE_INSTALL_RPATH_USE_LINK_PATH).
 #
 # usage: check_install.sh cmake|pkg-config CMAKE BUILD_DIR SOURCE_DIR WORK_DIR
 #                         LIBDIR VERSION C_COMPILER GENERATOR [EXTRA_FLAGS]
@@ -26,6 +30,27 @@ prefix=$work/prefix
 fail() {
   echo "FAIL: $*" >&2
   exit 1
+}
+
+# No variable may help the dynamic loader: what runs must find the library
+# through its own RUNPATH.
+unset LD_LIBRARY_PATH LD_PRELOAD
+
+# check_loads EXE DIR: EXE resolves libflashdec into DIR (paths compared
+# canonical: a RUNPATH of $ORIGIN/../lib resolves to bin/../lib/...).
+check_loads() {
+  local resolved
+  resolved=$(ldd "$1" | awk '$1 ~ /^libflashdec/ { print $3 }')
+  if [ -n "$resolved" ] && [ "$(readlink -f "$(dirname "$resolved")")" = "$(readlink -f "$2")" ]; then
+    echo "ok: $1 loads $resolved"
+  else
+    fail "$1 resolves libflashdec to '$resolved', not into $2"
+  fi
+}
+
+# runpath EXE: its DT_RUNPATH (or DT_RPATH).
+runpath() {
+  readelf -d "$1" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p'
 }
 
 # Exit 77 (CTest: skipped, shown) where a tool this check needs is absent,
@@ -58,6 +83,24 @@ for f in cmake/flashdec/flashdecConfig.cmake cmake/flashdec/flashdecConfigVersio
 done
 echo "ok: installed layout (SONAME $soname)"
 
+# The CLI is installed with the library and runs from the prefix, and from a
+# copy of it (the RUNPATH is relative to the executable).
+cli=$prefix/bin/flashdec
+[ -x "$cli" ] || fail "bin/flashdec not installed"
+# shellcheck disable=SC2016 # the literal $ORIGIN is what the RUNPATH holds
+case $(runpath "$cli") in
+  *'$ORIGIN/'*) echo "ok: bin/flashdec RUNPATH $(runpath "$cli")" ;;
+  *) fail "bin/flashdec has RUNPATH '$(runpath "$cli")', expected \$ORIGIN/..." ;;
+esac
+check_loads "$cli" "$lib"
+"$cli" --help > "$work/cli-help.log" 2>&1 ||
+  { cat "$work/cli-help.log" >&2; fail "$cli --help failed"; }
+cp -a "$prefix" "$work/moved"
+check_loads "$work/moved/bin/flashdec" "$work/moved/$libdir"
+"$work/moved/bin/flashdec" --help > /dev/null 2>&1 || fail "bin/flashdec --help from a moved prefix failed"
+echo "ok: bin/flashdec --help runs from the prefix and from a moved copy"
+rm -rf "$work/moved"
+
 case $mode in
   cmake)
     # Only the temporary prefix may satisfy find_package.
@@ -71,29 +114,33 @@ case $mode in
       fail "find_package did not pick the package from $prefix"
     "$cmake" --build "$work/build" > "$work/build.log" ||
       { cat "$work/build.log" >&2; fail "building the consumer failed"; }
-    exe=$work/build/consumer
-    # The build tree's RPATH must point at the installed library.
-    run_env=()
+    # From the build tree: CMake's build RPATH points at the installed library.
+    check_loads "$work/build/consumer" "$lib"
+    "$work/build/consumer"
+    # Installed into a prefix of its own: its install RPATH must.
+    "$cmake" --install "$work/build" --prefix "$work/app" > "$work/app-install.log" ||
+      { cat "$work/app-install.log" >&2; fail "installing the consumer failed"; }
+    exe=$work/app/bin/consumer
     ;;
   pkg-config)
     export PKG_CONFIG_PATH=$lib/pkgconfig
     [ "$(pkg-config --modversion flashdec)" = "$version" ] || fail "pkg-config --modversion"
     flags=$(pkg-config --cflags --libs flashdec)
     echo "pkg-config --cflags --libs flashdec: $flags"
+    case " $flags " in
+      *" -Wl,-rpath,"*) ;;
+      *) fail "pkg-config --libs flashdec carries no -Wl,-rpath" ;;
+    esac
     exe=$work/consumer
     # shellcheck disable=SC2086 # the flags are a word list by design
     "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra_flags \
       "$source_dir/tests/consumer/consumer.c" -o "$exe" $flags ||
       fail "compiling the consumer with pkg-config flags failed"
-    run_env=(env "LD_LIBRARY_PATH=$lib")
     ;;
   *) fail "unknown mode $mode" ;;
 esac
 
-# The program must load the installed copy, not the build tree's.
-resolved=$("${run_env[@]}" ldd "$exe" | awk '$1 ~ /^libflashdec/ { print $3 }')
-case $resolved in
-  "$lib"/*) echo "ok: consumer loads $resolved" ;;
-  *) fail "consumer resolves libflashdec to '$resolved', not into $lib" ;;
-esac
-"${run_env[@]}" "$exe"
+# The program must load the installed copy, not the build tree's, with
+# LD_LIBRARY_PATH unset.
+check_loads "$exe" "$lib"
+"$exe"
