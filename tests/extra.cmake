@@ -31,7 +31,8 @@ add_test(NAME docs_links_selftest
 set_tests_properties(docs_links docs_links_selftest PROPERTIES LABELS "abi;docs" TIMEOUT 120)
 
 # Packaging: install into a temporary prefix, then build tests/consumer with
-# find_package(flashdec) and with pkg-config.
+# find_package(flashdec) and with pkg-config; the consumers and the installed
+# flashdec CLI must run with LD_LIBRARY_PATH unset (their RUNPATH finds it).
 set(flashdec_consumer_flags "")
 if(FLASHDEC_SANITIZE)
   set(flashdec_consumer_flags "-fsanitize=address,undefined")
