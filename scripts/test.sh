@@ -48,7 +48,8 @@ if [ -x bindings/run-tests.sh ] || [ -f bindings/run-tests.sh ]; then
     echo "== bindings: bindings/run-tests.sh against $build_dir"
     FLASHDEC_LIB_DIR=$build_dir FLASHDEC_BIND_BUILD=$flashdec_root/$build_dir/bindings \
       JOBS=$jobs bash bindings/run-tests.sh > "$build_dir/bindings.log" 2>&1 || bindings_status=$?
-    grep -E '^(PASS|FAIL): ' "$build_dir/bindings.log" | sed 's/^/  /'
+    # INSTALL lines: what run-tests.sh installed (venvs under the build folder) and why.
+    grep -E '^(PASS|FAIL|INSTALL): ' "$build_dir/bindings.log" | sed 's/^/  /'
     if [ "$bindings_status" -ne 0 ]; then
       tail -n 40 "$build_dir/bindings.log"
       echo "FAIL: binding suites (full log: $build_dir/bindings.log)" >&2
