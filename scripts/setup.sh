@@ -39,6 +39,10 @@ flashdec_missing() {
   # bindgen regenerates the Rust -sys declarations from the header; the
   # bindings' CI check compares its output with the checked-in file.
   flashdec_have bindgen || echo bindgen
+  # bindings/run-tests.sh runs the Python suites in venvs under the build folder.
+  if flashdec_have python3 && ! python3 -c 'import ensurepip, venv' > /dev/null 2>&1; then
+    echo python3-venv
+  fi
 }
 
 flashdec_setup() {
