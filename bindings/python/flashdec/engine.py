@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -14,10 +13,10 @@ from . import _lib
 from ._arrays import empty_like_dtype, host_index_array, stream_for, tensor
 from .cache import Cache, _ids, _ids_ptr, _prefix_id, _rid
 from .errors import FlashDecError, Status, argument_error, check
-from .types import Layout
+from .types import CEnum, Layout
 
 
-class EngineRequestState(enum.IntEnum):
+class EngineRequestState(CEnum):
     UNKNOWN = 0
     WAITING = 1
     ACTIVE = 2
@@ -26,12 +25,12 @@ class EngineRequestState(enum.IntEnum):
     REJECTED = 5
 
 
-class StepOutcome(enum.IntEnum):
+class StepOutcome(CEnum):
     OPENED = 0
     BACKPRESSURE = 1
 
 
-class ScheduleReason(enum.IntEnum):
+class ScheduleReason(CEnum):
     REQUEST_EXCEEDS_CAPACITY = 0
     AGING_DRAIN = 1
     ACTIVE_LIMIT = 2
@@ -41,7 +40,7 @@ class ScheduleReason(enum.IntEnum):
     IDLE = 6
 
 
-class DecisionList(enum.IntEnum):
+class DecisionList(CEnum):
     ADMIT = 0
     RUNNABLE = 1
     DEFERRED = 2
@@ -49,13 +48,13 @@ class DecisionList(enum.IntEnum):
     REJECTED = 4
 
 
-class WorkloadKind(enum.IntEnum):
+class WorkloadKind(CEnum):
     SYNTHETIC = 0
     SCHEDULER = 1
     INTEGRATED = 2
 
 
-class WorkloadPolicy(enum.IntEnum):
+class WorkloadPolicy(CEnum):
     UNSCHEDULED = 0
     LIFETIME = 1
     GREEDY = 2

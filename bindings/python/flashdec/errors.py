@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Union
 
 from . import _lib
+from .types import CEnum
 
 
-class Status(enum.IntEnum):
+class Status(CEnum):
     """fd_status values (pinned forever in flashdec.h)."""
 
     OK = 0
