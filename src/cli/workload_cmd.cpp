@@ -1,14 +1,19 @@
 // `flashdec workload`: runs workload cases, prints a table, and optionally
-// writes JSON reports and an SVG trace (step latency and block usage).
+// writes a JSON report and an SVG trace (step latency and block usage per
+// run, drawn with svg_plot).
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
 #include "flashdec.h"
+#include "svg_plot.hpp"
 
 namespace {
 
@@ -27,11 +32,38 @@ struct Run {
   std::vector<fd_workload_trace_point> trace;
 };
 
-void progress(void *, uint64_t done, uint64_t total) {
-  std::fprintf(stderr, "\r  %3.0f%%",
-               total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0);
-  if (done >= total) std::fprintf(stderr, "\r      \r");
-}
+// A progress bar on stderr (only when it is a terminal): whole cases count
+// as equal shares, and inside a case the library's done/total; redrawn only
+// when the bar moves by one of its 40 cells, or at most every 100 ms.
+struct Progress {
+  std::string label;
+  size_t case_index = 0, cases = 1;
+  int drawn = -1;
+  std::chrono::steady_clock::time_point last{};
+
+  static void callback(void *user, uint64_t done, uint64_t total) {
+    static_cast<Progress *>(user)->update(
+        total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+  }
+  void update(double within) {
+    const double frac =
+        (static_cast<double>(case_index) + std::min(within, 1.0)) / static_cast<double>(cases);
+    const int cells = static_cast<int>(frac * 40);
+    const auto now = std::chrono::steady_clock::now();
+    if (cells == drawn && now - last < std::chrono::milliseconds(100)) return;
+    drawn = cells, last = now;
+    std::fprintf(stderr, "\r[%-40.*s] %3.0f%%  %s\033[K", cells,
+                 "########################################", 100 * frac, label.c_str());
+    std::fflush(stderr);
+  }
+  static void clear() { std::fprintf(stderr, "\r\033[K"); }
+};
+
+const char *kLegend =
+    "steps: iterations run; done: requests completed/submitted; p50_us, p99_us: step latency "
+    "percentiles (us);\ntok/s: useful tokens per second of step time; stalled: iterations that "
+    "ran no step; dead: deadlocks;\nfcanc: forced cancellations; peak: most KV blocks in use; "
+    "fair: fairness (1 = equal service); hits: prefix-cache hits.";
 
 void print_table(const std::vector<Run> &runs) {
   std::printf("%-18s %-12s %6s %9s %9s %9s %9s %8s %6s %6s %6s %7s %6s\n", "case", "policy",
@@ -39,7 +71,7 @@ void print_table(const std::vector<Run> &runs) {
               "fair", "hits");
   for (const Run &r : runs) {
     const fd_workload_report &p = r.report;
-    char done[32];
+    char done[48];
     std::snprintf(done, sizeof done, "%llu/%llu",
                   static_cast<unsigned long long>(p.requests_completed),
                   static_cast<unsigned long long>(p.requests_submitted));
@@ -52,182 +84,192 @@ void print_table(const std::vector<Run> &runs) {
                 static_cast<unsigned long long>(p.peak_used_blocks), p.fairness,
                 static_cast<unsigned long long>(p.prefix_hits));
   }
+  std::printf("\n%s\n", kLegend);
 }
 
-void write_json(FILE *f, const std::vector<Run> &runs) {
-  std::fprintf(f, "[\n");
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const fd_workload_report &p = runs[i].report;
-    std::fprintf(
-        f,
-        "  {\"case\": \"%s\", \"policy\": \"%s\", \"seed\": %llu, \"steps\": %llu, "
-        "\"executed_steps\": %llu, \"requests_submitted\": %llu, \"requests_completed\": %llu, "
-        "\"completion_rate\": %.6f, \"useful_tokens\": %llu, \"generated_tokens\": %llu, "
-        "\"tokens_per_second\": %.3f, \"step_latency_p50_us\": %.3f, \"step_latency_p90_us\": "
-        "%.3f, \"step_latency_p99_us\": %.3f, \"stalled_steps\": %llu, \"backpressure_steps\": "
-        "%llu, \"deadlocks\": %llu, \"forced_cancellations\": %llu, \"user_cancellations\": "
-        "%llu, \"rejected_requests\": %llu, \"aborted_steps\": %llu, "
-        "\"mean_admission_wait_steps\": %.3f, \"max_admission_wait_steps\": %llu, "
-        "\"max_service_wait_steps\": %llu, \"fairness\": %.6f, \"max_blocks\": %u, "
-        "\"peak_used_blocks\": %llu, \"mean_used_blocks\": %.3f, \"prefix_hits\": %llu, "
-        "\"prefix_misses\": %llu, \"peak_saved_prefix_blocks\": %llu, \"trajectory_hash\": "
-        "\"0x%016llx\"}%s\n",
-        p.case_name, policy_name(p.policy), static_cast<unsigned long long>(p.seed),
-        static_cast<unsigned long long>(p.steps), static_cast<unsigned long long>(p.executed_steps),
-        static_cast<unsigned long long>(p.requests_submitted),
-        static_cast<unsigned long long>(p.requests_completed), p.completion_rate,
-        static_cast<unsigned long long>(p.useful_tokens),
-        static_cast<unsigned long long>(p.generated_tokens), p.tokens_per_second,
-        p.step_latency_p50_us, p.step_latency_p90_us, p.step_latency_p99_us,
-        static_cast<unsigned long long>(p.stalled_steps),
-        static_cast<unsigned long long>(p.backpressure_steps),
-        static_cast<unsigned long long>(p.deadlocks),
-        static_cast<unsigned long long>(p.forced_cancellations),
-        static_cast<unsigned long long>(p.user_cancellations),
-        static_cast<unsigned long long>(p.rejected_requests),
-        static_cast<unsigned long long>(p.aborted_steps), p.mean_admission_wait_steps,
-        static_cast<unsigned long long>(p.max_admission_wait_steps),
-        static_cast<unsigned long long>(p.max_service_wait_steps), p.fairness, p.max_blocks,
-        static_cast<unsigned long long>(p.peak_used_blocks), p.mean_used_blocks,
-        static_cast<unsigned long long>(p.prefix_hits),
-        static_cast<unsigned long long>(p.prefix_misses),
-        static_cast<unsigned long long>(p.peak_saved_prefix_blocks),
-        static_cast<unsigned long long>(p.trajectory_hash), i + 1 < runs.size() ? "," : "");
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+nlohmann::ordered_json to_json(const std::vector<Run> &runs) {
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (const Run &r : runs) {
+    const fd_workload_report &p = r.report;
+    nlohmann::ordered_json j;
+    j["case"] = p.case_name;
+    j["policy"] = policy_name(p.policy);
+    j["seed"] = p.seed;
+    j["steps"] = p.steps;
+    j["executed_steps"] = p.executed_steps;
+    j["requests_submitted"] = p.requests_submitted;
+    j["requests_completed"] = p.requests_completed;
+    j["completion_rate"] = p.completion_rate;
+    j["useful_tokens"] = p.useful_tokens;
+    j["generated_tokens"] = p.generated_tokens;
+    j["tokens_per_second"] = p.tokens_per_second;
+    j["step_latency_p50_us"] = p.step_latency_p50_us;
+    j["step_latency_p90_us"] = p.step_latency_p90_us;
+    j["step_latency_p99_us"] = p.step_latency_p99_us;
+    j["stalled_steps"] = p.stalled_steps;
+    j["backpressure_steps"] = p.backpressure_steps;
+    j["deadlocks"] = p.deadlocks;
+    j["forced_cancellations"] = p.forced_cancellations;
+    j["user_cancellations"] = p.user_cancellations;
+    j["rejected_requests"] = p.rejected_requests;
+    j["aborted_steps"] = p.aborted_steps;
+    j["mean_admission_wait_steps"] = p.mean_admission_wait_steps;
+    j["max_admission_wait_steps"] = p.max_admission_wait_steps;
+    j["max_service_wait_steps"] = p.max_service_wait_steps;
+    j["fairness"] = p.fairness;
+    j["max_blocks"] = p.max_blocks;
+    j["peak_used_blocks"] = p.peak_used_blocks;
+    j["mean_used_blocks"] = p.mean_used_blocks;
+    j["prefix_hits"] = p.prefix_hits;
+    j["prefix_misses"] = p.prefix_misses;
+    j["peak_saved_prefix_blocks"] = p.peak_saved_prefix_blocks;
+    j["trajectory_hash"] = hex64(p.trajectory_hash);
+    all.push_back(std::move(j));
   }
-  std::fprintf(f, "]\n");
+  return all;
 }
 
-// One panel per run: step latency (line, left axis) and used blocks (area,
-// right axis, as a fraction of the pool).
-void write_svg(FILE *f, const std::vector<Run> &runs) {
-  const int w = 760, h = 180, pad = 40;
-  std::fprintf(f,
-               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n",
-               w, static_cast<int>(runs.size()) * (h + 20) + 10);
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const Run &r = runs[i];
-    const int y0 = static_cast<int>(i) * (h + 20) + 10;
-    const size_t n = std::max<size_t>(r.trace.size(), 2);
-    double lat_max = 1;
-    for (const auto &p : r.trace) lat_max = std::max(lat_max, p.latency_us);
-    const double pool = std::max<double>(r.report.max_blocks, 1);
-    auto x = [&](size_t k) {
-      return pad + (w - 2 * pad) * static_cast<double>(k) / static_cast<double>(n - 1);
-    };
-    std::fprintf(
-        f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
-        pad, y0, w - 2 * pad, h - 20);
-    std::fprintf(f,
-                 "<text x=\"%d\" y=\"%d\">%s / %s: blocks used (blue area, of %u), step latency "
-                 "(red, max %.0f us)</text>\n",
-                 pad, y0 + 12, r.report.case_name, policy_name(r.report.policy),
-                 r.report.max_blocks, lat_max);
-    std::string area = "M" + std::to_string(x(0)) + "," + std::to_string(y0 + h - 20);
-    std::string line;
-    for (size_t k = 0; k < r.trace.size(); ++k) {
-      const double yb = y0 + (h - 20) * (1.0 - r.trace[k].used_blocks / pool);
-      const double yl = y0 + (h - 20) * (1.0 - r.trace[k].latency_us / lat_max);
-      area += " L" + std::to_string(x(k)) + "," + std::to_string(yb);
-      line += (k == 0 ? "M" : " L") + std::to_string(x(k)) + "," + std::to_string(yl);
+// One panel per run: KV blocks in use (area, right axis, up to the pool
+// size) and step latency (line, left axis) against the iteration.
+std::string trace_svg(const std::vector<Run> &runs, uint64_t seed) {
+  fd_plot::Figure fig;
+  fig.title = "flashdec workload trace";
+  fig.note = "seed " + std::to_string(seed) +
+             "; one panel per case and policy; iterations that ran no step plot as 0 us";
+  for (const Run &r : runs) {
+    fd_plot::Panel p;
+    p.title = std::string(r.report.case_name) + " / " + policy_name(r.report.policy) + ": " +
+              std::to_string(r.report.requests_completed) + " of " +
+              std::to_string(r.report.requests_submitted) + " requests done";
+    p.x.label = "iteration (step number)";
+    p.y.label = "step latency (us)";
+    p.y2.label = "KV blocks in use";
+    p.y2.max = std::max<double>(r.report.max_blocks, 1);
+    fd_plot::Series blocks{
+        "KV blocks in use (right axis, pool of " + std::to_string(r.report.max_blocks) + ")",
+        "#6baed6",
+        {},
+        {},
+        true,
+        true};
+    fd_plot::Series lat{"step latency (left axis)", "#d62728", {}, {}, false, false};
+    for (const fd_workload_trace_point &t : r.trace) {
+      blocks.x.push_back(static_cast<double>(t.step));
+      blocks.y.push_back(t.used_blocks);
+      lat.x.push_back(static_cast<double>(t.step));
+      lat.y.push_back(t.latency_us);
     }
-    area += " L" + std::to_string(x(r.trace.empty() ? 0 : r.trace.size() - 1)) + "," +
-            std::to_string(y0 + h - 20) + " Z";
-    std::fprintf(f, "<path d=\"%s\" fill=\"#9ecae1\" stroke=\"none\"/>\n", area.c_str());
-    if (!line.empty()) {
-      std::fprintf(f, "<path d=\"%s\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1\"/>\n",
-                   line.c_str());
-    }
+    p.series.push_back(std::move(blocks));
+    p.series.push_back(std::move(lat));
+    fig.panels.push_back(std::move(p));
   }
-  std::fprintf(f, "</svg>\n");
+  return fd_plot::render(fig);
 }
 
-}  // namespace
-
-int workload_command(int argc, char **argv) {
-  if (argc < 1) {
-    std::fprintf(stderr,
-                 "usage: flashdec workload synthetic|scheduler|integrated [--case NAME] "
-                 "[--seed N] [--threads N] [--json FILE] [--svg FILE]\n");
-    return 2;
-  }
-  int32_t kind = -1;
-  if (std::strcmp(argv[0], "synthetic") == 0) kind = FD_WORKLOAD_SYNTHETIC;
-  if (std::strcmp(argv[0], "scheduler") == 0) kind = FD_WORKLOAD_SCHEDULER;
-  if (std::strcmp(argv[0], "integrated") == 0) kind = FD_WORKLOAD_INTEGRATED;
-  if (kind < 0) {
-    std::fprintf(stderr, "flashdec workload: unknown kind '%s'\n", argv[0]);
-    return 2;
-  }
-  const char *only = nullptr, *json = nullptr, *svg = nullptr;
+struct Options {
+  std::string kind, only, json, svg;
   uint64_t seed = 0;
   uint32_t threads = 1;
-  for (int i = 1; i < argc; ++i) {
-    const bool has_value = i + 1 < argc;
-    if (std::strcmp(argv[i], "--case") == 0 && has_value) {
-      only = argv[++i];
-    } else if (std::strcmp(argv[i], "--seed") == 0 && has_value) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else if (std::strcmp(argv[i], "--threads") == 0 && has_value) {
-      threads = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
-    } else if (std::strcmp(argv[i], "--json") == 0 && has_value) {
-      json = argv[++i];
-    } else if (std::strcmp(argv[i], "--svg") == 0 && has_value) {
-      svg = argv[++i];
-    } else {
-      std::fprintf(stderr, "flashdec workload: bad argument '%s'\n", argv[i]);
-      return 2;
-    }
+};
+
+int run(const Options &opt) {
+  int32_t kind = FD_WORKLOAD_SCHEDULER;
+  if (opt.kind == "synthetic") kind = FD_WORKLOAD_SYNTHETIC;
+  if (opt.kind == "integrated") kind = FD_WORKLOAD_INTEGRATED;
+  std::vector<std::string> names;
+  const char *name = nullptr;
+  for (uint32_t c = 0; fd_workload_case_name(kind, c, &name) == FD_OK; ++c) names.push_back(name);
+  std::vector<std::string> chosen;
+  for (const std::string &n : names)
+    if (opt.only.empty() || n == opt.only) chosen.push_back(n);
+  if (chosen.empty()) {
+    std::string list;
+    for (const std::string &n : names) list += (list.empty() ? "" : ", ") + n;
+    std::fprintf(stderr, "flashdec workload: --case: no %s case named '%s' (cases: %s)\n",
+                 opt.kind.c_str(), opt.only.c_str(), list.c_str());
+    return 2;
   }
   std::vector<Run> runs;
-  const char *name = nullptr;
-  for (uint32_t c = 0; fd_workload_case_name(kind, c, &name) == FD_OK; ++c) {
-    if (only != nullptr && std::strcmp(only, name) != 0) continue;
-    std::fprintf(stderr, "running %s (seed %llu)\n", name, static_cast<unsigned long long>(seed));
+  Progress progress;
+  progress.cases = chosen.size();
+  const bool show = progress_wanted();
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    progress.case_index = i;
+    progress.label = chosen[i] + " (case " + std::to_string(i + 1) + " of " +
+                     std::to_string(chosen.size()) + ", seed " + std::to_string(opt.seed) + ")";
+    if (show) progress.update(0);
     fd_workload_options o;
     fd_workload_options_init(&o);
     o.kind = kind;
-    o.case_name = name;
-    o.seed = seed;
-    o.cpu_threads = threads;
-    o.progress = progress;
+    o.case_name = chosen[i].c_str();
+    o.seed = opt.seed;
+    o.cpu_threads = opt.threads;
+    o.progress = show ? Progress::callback : nullptr;
+    o.progress_user_data = &progress;
     fd_workload_result *result = nullptr;
     const fd_status s = fd_workload_run(&o, &result);
     if (s != FD_OK) {
-      std::fprintf(stderr, "flashdec workload %s: %s: %s\n", name, fd_status_string(s),
+      if (show) Progress::clear();
+      std::fprintf(stderr, "flashdec workload %s: %s: %s\n", chosen[i].c_str(), fd_status_string(s),
                    fd_last_error_message());
       return 1;
     }
     uint32_t count = 0;
     fd_workload_result_count(result, &count);
-    for (uint32_t i = 0; i < count; ++i) {
+    for (uint32_t k = 0; k < count; ++k) {
       Run r;
       r.report.struct_size = sizeof r.report;
-      fd_workload_result_report(result, i, &r.report);
+      fd_workload_result_report(result, k, &r.report);
       uint32_t n = 0;
-      fd_workload_result_trace(result, i, nullptr, 0, &n);
+      fd_workload_result_trace(result, k, nullptr, 0, &n);
       r.trace.resize(n);
-      if (n != 0) fd_workload_result_trace(result, i, r.trace.data(), n, &n);
+      if (n != 0) fd_workload_result_trace(result, k, r.trace.data(), n, &n);
       runs.push_back(std::move(r));
     }
     fd_workload_result_destroy(result);
   }
-  if (runs.empty()) {
-    std::fprintf(stderr, "flashdec workload: no case named '%s'\n", only ? only : "");
-    return 2;
-  }
+  if (show) Progress::clear();
   print_table(runs);
-  if (json != nullptr) {
-    FILE *f = std::fopen(json, "w");
-    if (f == nullptr) return std::perror(json), 1;
-    write_json(f, runs);
-    std::fclose(f);
+  std::string error;
+  if (!opt.json.empty() && !fd_plot::write_file(opt.json, to_json(runs).dump(2) + "\n", &error)) {
+    std::fprintf(stderr, "flashdec workload: --json: %s\n", error.c_str());
+    return 1;
   }
-  if (svg != nullptr) {
-    FILE *f = std::fopen(svg, "w");
-    if (f == nullptr) return std::perror(svg), 1;
-    write_svg(f, runs);
-    std::fclose(f);
+  if (!opt.svg.empty() && !fd_plot::write_file(opt.svg, trace_svg(runs, opt.seed), &error)) {
+    std::fprintf(stderr, "flashdec workload: --svg: %s\n", error.c_str());
+    return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+CommandRun add_workload_command(CLI::App &root) {
+  auto opt = std::make_shared<Options>();
+  CLI::App *sub = root.add_subcommand(
+      "workload", "run the built-in serving workloads (CPU backend) and report each policy");
+  sub->add_option("kind", opt->kind, "workload family")
+      ->required()
+      ->check(CLI::IsMember({"synthetic", "scheduler", "integrated"}));
+  sub->add_option("--case", opt->only, "run only the case of this name (default: every case)");
+  sub->add_option("--seed", opt->seed, "seed of every random choice (0 .. 2^64-1)")
+      ->default_val(0)
+      ->check(whole_number(0, UINT64_MAX));
+  sub->add_option("--threads", opt->threads, "decode threads per step (1 .. 1024)")
+      ->default_val(1)
+      ->check(whole_number(1, 1024));
+  sub->add_option("--json", opt->json, "write the reports as a JSON array to FILE")
+      ->check(writable_file());
+  sub->add_option("--svg", opt->svg,
+                  "write a trace plot to FILE: per run, step latency and KV blocks in use "
+                  "against the iteration")
+      ->check(writable_file());
+  sub->footer(std::string("Table columns:\n") + kLegend);
+  return [opt] { return run(*opt); };
 }
