@@ -31,6 +31,7 @@
 #include "bench_common.cuh"
 #include "decode_bench.hpp"
 #include "flashdec.h"
+#include "svg_plot.hpp"
 
 namespace {
 
@@ -434,42 +435,30 @@ void write_markdown(const std::string &path, const std::vector<Result> &rs, doub
   fclose(f);
 }
 
-// Horizontal bar chart of fraction-of-copy per case, drawn by hand.
-void write_svg(const std::string &path, const std::vector<Result> &rs) {
-  FILE *f = fopen(path.c_str(), "w");
-  if (!f) return;
-  const int row_h = 14, left = 260, width = 500, top = 30;
-  const int height = top + row_h * static_cast<int>(rs.size()) + 30;
-  fprintf(f,
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-          "font-family=\"monospace\" font-size=\"10\">\n",
-          left + width + 60, height);
-  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-  fprintf(f,
-          "<text x=\"%d\" y=\"16\" font-size=\"12\">fd_decode effective bandwidth / copy "
-          "bandwidth (CUDA graph, median)</text>\n",
-          left);
-  for (size_t i = 0; i < rs.size(); ++i) {
-    const Result &r = rs[i];
-    const int y = top + row_h * static_cast<int>(i);
-    const double frac = std::max(0.0, std::min(1.2, r.fraction));
-    const char *color = r.kv_bytes < 16e6 ? "#9bb7d4" : (r.fraction >= 0.9 ? "#2e7d32" : "#ef6c00");
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", left - 6, y + 10,
-            case_name(r).c_str());
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n", left, y + 2,
-            frac / 1.2 * width, row_h - 3, color);
-    fprintf(f, "<text x=\"%.1f\" y=\"%d\">%.2f</text>\n", left + frac / 1.2 * width + 3, y + 10,
-            r.fraction);
+// Horizontal bar chart of fraction-of-copy per case (src/cli/svg_plot: the
+// same axes, legend and layout as the tools' other plots).
+void write_svg(const std::string &path, const std::vector<Result> &rs, double copy_gbps,
+               const char *device) {
+  fd_plot::BarChart c;
+  c.title = "fd_decode effective bandwidth as a fraction of device copy bandwidth";
+  char note[256];
+  snprintf(note, sizeof note,
+           "%s; copy ceiling %.0f GB/s (1 GiB D2D, read + write); CUDA-graph median per launch",
+           device, copy_gbps);
+  c.note = note;
+  c.x = {"effective bandwidth / copy bandwidth (fraction; bytes = K + V + Q + output)", 0, 1.2};
+  c.groups = {{"KV < 16 MB (launch-bound)", "#9bb7d4"},
+              {">= 0.9 of copy", "#2e7d32"},
+              {"< 0.9 of copy", "#ef6c00"},
+              {"correctness FAILED", "#b71c1c"}};
+  c.marks = {{0.6, "0.6 floor"}, {0.9, "0.9 target"}, {1.0, "copy"}};
+  for (const Result &r : rs) {
+    const size_t group = !r.ok ? 3 : r.kv_bytes < 16e6 ? 0 : (r.fraction >= 0.9 ? 1 : 2);
+    c.bars.push_back({case_name(r), r.fraction, group});
   }
-  for (double mark : {0.6, 0.9, 1.0}) {
-    const double x = left + mark / 1.2 * width;
-    fprintf(f,
-            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#555\" "
-            "stroke-dasharray=\"3,3\"/>\n<text x=\"%.1f\" y=\"%d\">%.1f</text>\n",
-            x, top, x, height - 20, x - 6, height - 8, mark);
-  }
-  fprintf(f, "</svg>\n");
-  fclose(f);
+  std::string error;
+  if (!fd_plot::write_file(path, fd_plot::render(c), &error))
+    fprintf(stderr, "decode_bench: %s\n", error.c_str());
 }
 
 // The targets of the issue, checked over this run.
@@ -637,7 +626,7 @@ int fd_decode_bench_main(int argc, char **argv) {
   printf("\n%s\n", summary.c_str());
   write_json(out_dir + "/decode_bench.json", results, copy, prop.name);
   write_markdown(out_dir + "/decode_bench.md", results, copy, prop.name, summary);
-  write_svg(out_dir + "/decode_bench.svg", results);
+  write_svg(out_dir + "/decode_bench.svg", results, copy, prop.name);
   CHECK_CUDA(cudaStreamDestroy(stream));
   return ok ? 0 : 1;
 }
