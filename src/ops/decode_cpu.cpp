@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -54,7 +55,9 @@ class ScratchArena {
     const size_t floats = 2 * group_ * dim_ + 2 * tile_ * dim_ + group_ * tile_ + 2 * group_;
     per_thread_ = (floats + 7 * kPad + kLine - 1) / kLine * kLine;
     // Not value-initialised: every float is written before it is read.
-    storage_.reset(new float[per_thread_ * threads + kLine]);
+    // Plain operator new (not new[]): the failure-injection tests replace it.
+    storage_.reset(
+        static_cast<float *>(::operator new((per_thread_ * threads + kLine) * sizeof(float))));
     const auto addr = reinterpret_cast<uintptr_t>(storage_.get());
     base_ = storage_.get() + (kLine - addr / sizeof(float) % kLine) % kLine;
   }
@@ -77,7 +80,10 @@ class ScratchArena {
   static constexpr size_t kLine = 64 / sizeof(float);
   static constexpr size_t kPad = kLine;
   size_t group_, dim_, tile_, per_thread_ = 0;
-  std::unique_ptr<float[]> storage_;
+  struct Free {
+    void operator()(float *p) const { ::operator delete(p); }
+  };
+  std::unique_ptr<float, Free> storage_;
   float *base_ = nullptr;
 };
 
