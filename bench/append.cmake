@@ -5,7 +5,8 @@
 # API for the host cost of begin / write / commit.
 if(FLASHDEC_HAVE_CUDA)
   add_executable(append_bench ${CMAKE_CURRENT_SOURCE_DIR}/append_bench.cu)
-  target_link_libraries(append_bench PRIVATE flashdec_internal CUDA::cudart)
+  # Its chart is drawn by fd_svg_plot (src/cli/svg_plot.cpp).
+  target_link_libraries(append_bench PRIVATE flashdec_internal CUDA::cudart fd_svg_plot)
   target_include_directories(append_bench PRIVATE ${PROJECT_SOURCE_DIR}/kernels
     ${PROJECT_SOURCE_DIR}/src)
   target_compile_options(append_bench PRIVATE ${FLASHDEC_CUDA_WARNINGS} -lineinfo)

@@ -16,7 +16,8 @@
 //    fd_tx_write_layer_rope and fd_tx_commit on a CUDA cache for batch 1, 64
 //    and 256 (median of 300 steps; the GPU work runs asynchronously).
 // Before timing, the fused and separate forms are checked to write identical
-// bytes. Writes append_bench.json and append_bench.md to --out.
+// bytes. Writes append_bench.json, append_bench.md and append_bench.svg (a bar
+// chart of the fraction of copy) to --out.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "append_launch.hpp"
 #include "bench_common.cuh"
 #include "flashdec.h"
+#include "svg_plot.hpp"
 
 namespace {
 
@@ -327,7 +329,7 @@ int main(int argc, char **argv) {
   const int parsed = fd_bench::parse_out_only(
       argc, argv,
       "Times KV append and fused RoPE + append (docs/benchmarks.md) on CUDA device 0 and\n"
-      "writes append_bench.json and append_bench.md to DIR (default .).\n",
+      "writes append_bench.json, append_bench.md and append_bench.svg to DIR (default .).\n",
       &out_dir);
   if (parsed >= 0) return parsed;
   cudaDeviceProp prop;
@@ -349,6 +351,21 @@ int main(int argc, char **argv) {
       "copy |\n|---|---|---|---|---|---|\n";
   bool first = true, ok = true;
   std::string shapes_md, shapes_json;
+  // The chart (append_bench.svg): fraction of copy per token count and form.
+  fd_plot::BarChart chart;
+  chart.title = "KV append and fused RoPE + append: effective bandwidth as a fraction of copy";
+  chart.note = strprintf(
+      "%s; copy ceiling %.0f GB/s (1 GiB D2D, read + write); shape A, block 32, bf16; CUDA-graph "
+      "median per launch",
+      prop.name, copy);
+  chart.x = {
+      "effective bandwidth / copy bandwidth (fraction; bytes = K, V read + written, q for "
+      "RoPE)",
+      0, 1.0};
+  chart.groups = {
+      {"append", "#1f77b4"}, {"fused RoPE + append", "#2e7d32"}, {"RoPE then append", "#ef6c00"}};
+  chart.marks = {{0.7, "0.7 target (8192 tokens)"}};
+  chart.value_decimals = 3;
   for (int tokens : {1, 64, 256, 8192}) {
     // Enough sets to exceed L2 several times for the large case.
     const size_t set_bytes = size_t(tokens) * (2 * HQ + 5 * HKV) * D * 2;
@@ -401,6 +418,10 @@ int main(int argc, char **argv) {
           first ? "" : ",\n", tokens, mode_name(mode), t.graph_us[0], t.graph_us[1], t.stream_us,
           gbps, gbps / copy);
       first = false;
+      chart.bars.push_back({strprintf("%d tokens, %s", tokens, mode_name(mode)), gbps / copy,
+                            static_cast<size_t>(mode == kAppend  ? 0
+                                                : mode == kFused ? 1
+                                                                 : 2)});
       md += strprintf("| %d | %s | %.2f, %.2f | %.2f | %.0f | %.3f |\n", tokens, mode_name(mode),
                       t.graph_us[0], t.graph_us[1], t.stream_us, gbps, gbps / copy);
       printf("%5d tokens %-18s graph %.2f / %.2f us  stream %.2f us  %.0f GB/s (%.3f of copy)\n",
@@ -445,6 +466,9 @@ int main(int argc, char **argv) {
   json += "\n  ],\n  \"fused_equals_separate\": " + std::string(ok ? "true" : "false") + "\n}\n";
   fd_bench::write_text(out_dir + "/append_bench.json", json);
   fd_bench::write_text(out_dir + "/append_bench.md", md);
+  std::string error;
+  if (!fd_plot::write_file(out_dir + "/append_bench.svg", fd_plot::render(chart), &error))
+    fprintf(stderr, "append_bench: %s\n", error.c_str());
   CHECK_CUDA(cudaStreamDestroy(stream));
   return ok ? 0 : 1;
 }
