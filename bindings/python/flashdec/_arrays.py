@@ -12,6 +12,7 @@ Metadata arrays (request ids, positions, block tables on the host) are small;
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
@@ -213,24 +214,32 @@ def _devname(d: Device) -> str:
     return "cpu" if d.type == DeviceType.CPU else f"cuda:{d.ordinal}"
 
 
-def stream_for(buffers: Sequence[Buffer], stream: Optional[int]) -> Optional[int]:
-    """The stream to pass to C: the caller's explicit one, else torch's current
-    stream of the first CUDA tensor (so work orders after the caller's own
-    kernels), else NULL (the legacy default stream)."""
+def stream_for(buffers: Sequence[Buffer], stream: Any) -> Optional[int]:
+    """The stream to pass to C: the caller's explicit one (an int handle, 0 for
+    the legacy default stream, or a ``torch.cuda.Stream``), else torch's
+    current stream of the first CUDA tensor (so work orders after the caller's
+    own kernels), else NULL (the legacy default stream)."""
     if stream is not None:
-        return int(stream)
+        return int(operator.index(getattr(stream, "cuda_stream", stream)))
     for b in buffers:
         if b.torch_stream is not None:
             return b.torch_stream or None
     return None
 
 
-def empty_like_dtype(shape: Sequence[int], dtype: DType, like: Any = None) -> Any:
+def empty_like_dtype(shape: Sequence[int], dtype: DType, like: Any = None, stream: Any = None) -> Any:
     """A new output array: a torch tensor on ``like``'s device when ``like`` is a
-    tensor, else a numpy array."""
+    tensor, else a numpy array. A CUDA tensor is allocated on ``stream`` (the
+    stream the call writing it runs on; None: torch's current stream), so
+    torch's caching allocator reuses its memory only in that stream's order."""
     if like is not None and is_torch_tensor(like):
         import torch
 
         tdt = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dtype]
+        if stream is not None and like.device.type == "cuda":
+            from ._cuda import torch_stream
+
+            with torch.cuda.stream(torch_stream(stream, like.device)):
+                return torch.empty(tuple(shape), dtype=tdt, device=like.device)
         return torch.empty(tuple(shape), dtype=tdt, device=like.device)
     return np.empty(tuple(shape), dtype=NUMPY_DTYPE[dtype])

@@ -11,7 +11,7 @@ library (index ranges, strides), so a failing call leaves the caches and
 from __future__ import annotations
 
 import ctypes
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
 
@@ -45,7 +45,7 @@ def _build(
     block_ids: Any,
     offsets: Any,
     layout: Layout,
-    stream: Optional[int],
+    stream: Any,
 ) -> Tuple[Any, List[Any], Buffer]:
     """Checked fd_kv_append_params for K/V, the paged caches and the slots,
     plus the objects that must stay alive during the call."""
@@ -96,7 +96,7 @@ def kv_append(
     offsets: Any,
     *,
     layout: Layout = Layout.TOKEN_MAJOR,
-    stream: Optional[int] = None,
+    stream: Any = None,
 ) -> None:
     """Writes token i's K and V into slot (block_ids[i], offsets[i]) of one
     layer's paged storage (fd_kv_append).
@@ -111,7 +111,12 @@ def kv_append(
             strides, equal for K and V, with the layout's contiguous axis at 1.
         block_ids, offsets: one int32 per token; any integer sequence on the
             host, int32 tensors on the device for CUDA.
-        stream: CUDA stream handle; default torch's current stream of k.
+        stream: CUDA stream (an int handle, 0 for the legacy default stream,
+            or a torch.cuda.Stream); default torch's current stream of k.
+            The indices are checked on the host first (copied from the
+            device after waiting for ``stream``), then the append kernel is
+            enqueued on ``stream``; the caches are written when it gets
+            there.
     Raises:
         FlashDecError: INVALID_ARGUMENT (shapes, types, devices; an id outside
             [0, num_blocks) or offset outside [0, block_size), named with its
@@ -136,7 +141,7 @@ def rope_kv_append(
     q_out: Any = None,
     *,
     layout: Layout = Layout.TOKEN_MAJOR,
-    stream: Optional[int] = None,
+    stream: Any = None,
 ) -> Any:
     """Fused RoPE + append (fd_rope_kv_append): rotates q and k of token i at
     positions[i], writes rotated K and raw V into (block_ids[i], offsets[i])
@@ -144,14 +149,15 @@ def rope_kv_append(
 
     q: [num_tokens, num_q_heads, head_dim], num_q_heads a multiple of k's
     heads; positions: one non-negative int32 per token (on the device for
-    CUDA). Other arguments as :func:`kv_append`. On failure nothing is
-    written, ``q_out`` included.
+    CUDA). Other arguments as :func:`kv_append` (streams included; ``q_out``,
+    allocated on ``stream`` when None, is ready when the stream gets there).
+    On failure nothing is written, ``q_out`` included.
     """
     p, keep, kb = _build(k, v, k_cache, v_cache, block_ids, offsets, layout, stream)
     n, _, d = kb.shape
     qb = tensor(q, "q", dtype=kb.dtype, shape=(n, None, d), device=kb.device)
     if q_out is None:
-        q_out = empty_like_dtype(qb.shape, kb.dtype, like=q)
+        q_out = empty_like_dtype(qb.shape, kb.dtype, like=q, stream=stream)
     ob = tensor(q_out, "q_out", dtype=kb.dtype, shape=qb.shape, writable=True, device=kb.device)
     pos_ptr, pos_owner = _index(positions, "positions", n, kb)
     p.num_q_heads = _u32(qb.shape[1], "num_q_heads")

@@ -15,6 +15,7 @@ from . import _lib
 from ._arrays import Buffer, host_index_array, index_tensor, stream_for, tensor
 from .errors import FlashDecError, Status, argument_error, check
 from .ops import decode as _decode
+from .ops import decode_workspace_size as _decode_workspace_size
 from .types import CacheConfig, Device, DeviceType, Layout, RequestState, TxState
 
 _U64P = ctypes.POINTER(ctypes.c_uint64)
@@ -99,6 +100,15 @@ class Cache:
     synchronised; this wrapper serialises calls with a lock, so a Cache may be
     shared between Python threads. Every failing call raises
     :class:`~flashdec.FlashDecError` and, as in C, changes nothing.
+
+    Streams (CUDA caches): every method that reads or writes device memory
+    takes ``stream=`` (an int ``cudaStream_t`` handle, 0 for the legacy
+    default stream, or a ``torch.cuda.Stream``; default: torch's current
+    stream of the device) and enqueues its work there; the others
+    (requests, :meth:`export`, :meth:`begin`, commit/abort, metrics) are host
+    bookkeeping. Creation clears owned storage on a private stream and waits
+    for it, so a new cache is ready for any stream; external storage is not
+    touched at creation.
     """
 
     def __init__(
@@ -248,27 +258,43 @@ class Cache:
         self._call(_lib.fd_cache_layer_storage, int(layer), ctypes.byref(k), ctypes.byref(v), strides)
         return LayerStorage(int(k.value or 0), int(v.value or 0), tuple(int(s) for s in strides))  # type: ignore[arg-type]
 
-    def layer_arrays(self, layer: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Read-only numpy views of a CPU cache's K and V for ``layer``, shaped
-        [max_blocks, num_kv_heads, block_size, head_dim] (token-major) or
-        [max_blocks, num_kv_heads, head_dim, block_size] (dim-major).
+    def layer_arrays(self, layer: int) -> Tuple[Any, Any]:
+        """Zero-copy views of the cache's own K and V storage for ``layer``,
+        shaped [max_blocks, num_kv_heads, block_size, head_dim] (token-major)
+        or [max_blocks, num_kv_heads, head_dim, block_size] (dim-major), with
+        the storage's strides (external storage: the caller's strides).
 
-        Zero-copy: the views alias cache memory and become invalid when the
-        cache closes; copy them if they must outlive it.
+        CPU cache: read-only numpy arrays (bf16 as uint16 bits). CUDA cache:
+        torch tensors on the cache's device (float32, float16 or bfloat16),
+        built through ``__cuda_array_interface__``; each keeps this Cache
+        object alive while it lives. Writing through them bypasses the cache's
+        bookkeeping: do not, except into blocks you own.
+
+        The views alias cache memory: :meth:`close` frees it (owned storage),
+        after which they must not be used. Creating a view enqueues nothing.
+        Streams: a CUDA view shows a write once the stream the write ran on
+        (``stream=`` of :meth:`Transaction.write_layer` etc.) reaches it; read
+        on that stream or order your stream after it (torch events).
         """
         cfg = self._config
-        if cfg.device.type != DeviceType.CPU:
-            raise argument_error("layer_arrays needs a CPU cache; use layer_storage for device memory")
         st = self.layer_storage(layer)
-        from ._arrays import NUMPY_DTYPE
-
-        dt = NUMPY_DTYPE[cfg.dtype]
         if cfg.layout == Layout.TOKEN_MAJOR:
             shape = (cfg.max_blocks, cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
             strides = (st.strides[0], st.strides[1], st.strides[2], st.strides[3])
         else:
             shape = (cfg.max_blocks, cfg.num_kv_heads, cfg.head_dim, cfg.block_size)
             strides = (st.strides[0], st.strides[1], st.strides[3], st.strides[2])
+        if cfg.device.type == DeviceType.CUDA:
+            from ._cuda import device_view
+
+            k = device_view(st.k, shape, strides, cfg.dtype, cfg.device.ordinal, self)
+            v = device_view(st.v, shape, strides, cfg.dtype, cfg.device.ordinal, self)
+            return k, v
+        if cfg.device.type != DeviceType.CPU:
+            raise argument_error(f"layer_arrays: unsupported device type {cfg.device.type}")
+        from ._arrays import NUMPY_DTYPE
+
+        dt = NUMPY_DTYPE[cfg.dtype]
         out = []
         for addr in (st.k, st.v):
             extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
@@ -286,9 +312,12 @@ class Cache:
             x, name, dtype=cfg.dtype, shape=(rows, cfg.num_kv_heads, cfg.head_dim), device=cfg.device
         )
 
-    def append(self, request_ids: Sequence[int], k: Any, v: Any, stream: Optional[int] = None) -> None:
+    def append(self, request_ids: Sequence[int], k: Any, v: Any, stream: Any = None) -> None:
         """Legacy single-layer append (one token per request; num_layers == 1).
-        k, v: [len(request_ids), num_kv_heads, head_dim] in the cache's dtype."""
+        k, v: [len(request_ids), num_kv_heads, head_dim] in the cache's dtype
+        and device memory. CUDA: k and v are read on ``stream`` (default:
+        torch's current stream of k), where the write is enqueued; the call
+        returns without waiting."""
         ids = _ids(request_ids)
         kb = self._token_buffer(k, "k", len(ids))
         vb = self._token_buffer(v, "v", len(ids))
@@ -327,14 +356,15 @@ class Cache:
         block_tables: Any = None,
         seq_lens: Any = None,
         *,
-        stream: Optional[int] = None,
+        stream: Any = None,
     ) -> None:
         """:meth:`export` into caller buffers on the cache's device
         (fd_cache_export_async): int32 ``block_tables`` [n, table_stride] and
         ``seq_lens`` [n], either may be None. For a CUDA cache they are CUDA
         tensors written asynchronously on ``stream`` (default: torch's current
-        stream of the tensors); for a CPU cache, host arrays written before
-        return. On failure nothing is written (nor enqueued)."""
+        stream of the tensors; an int handle or a torch.cuda.Stream); for a
+        CPU cache, host arrays written before return. On failure nothing is
+        written (nor enqueued)."""
         ids = _ids(request_ids)
         bt = self._async_dest(block_tables, "block_tables", (len(ids), None))
         sl = self._async_dest(seq_lens, "seq_lens", (len(ids),))
@@ -354,10 +384,13 @@ class Cache:
         return Transaction(self, tx)
 
     # -- prefixes --------------------------------------------------------
-    def register_prefix(self, prefix_id: str, k_blocks: Any, v_blocks: Any, stream: Optional[int] = None) -> None:
+    def register_prefix(self, prefix_id: str, k_blocks: Any, v_blocks: Any, stream: Any = None) -> None:
         """Registers an immutable shared prefix. k_blocks, v_blocks:
         [num_layers, n, num_kv_heads, block_size, head_dim] (dim-major caches:
-        [.., head_dim, block_size]) in the cache's dtype and device memory."""
+        [.., head_dim, block_size]) in the cache's dtype and device memory.
+        CUDA: copied on ``stream`` (default: torch's current stream of
+        k_blocks), which the library synchronises before returning, so the
+        blocks are in place for any stream and k_blocks may be reused."""
         cfg = self._config
         inner = (cfg.block_size, cfg.head_dim) if cfg.layout == Layout.TOKEN_MAJOR else (cfg.head_dim, cfg.block_size)
         shape = (cfg.num_layers, None, cfg.num_kv_heads) + inner
@@ -389,15 +422,31 @@ class Cache:
         *,
         tx: Optional["Transaction"] = None,
         out: Any = None,
+        stream: Any = None,
         **kwargs: Any,
     ) -> Any:
-        """Decode attention of ``q`` over this cache's ``layer`` for the listed
-        requests' committed tokens, or, with ``tx``, for the transaction's rows
-        including their new token (effective_seq_lens). CPU caches only; for
-        device caches use :func:`flashdec.decode` with :meth:`layer_storage`.
-        Extra keyword arguments go to :func:`flashdec.decode`."""
+        """Decode attention of ``q`` ([rows, num_q_heads, head_dim], the cache's
+        dtype) over this cache's ``layer`` for the listed requests' committed
+        tokens, or, with ``tx``, for the transaction's rows including their new
+        token (effective_seq_lens). Returns ``out`` (allocated when None).
+        Extra keyword arguments go to :func:`flashdec.decode`.
+
+        CPU cache: q/out are host arrays; runs before return. CUDA cache: q/out
+        are torch CUDA tensors on the cache's device; the block tables and
+        lengths are produced on the device (:meth:`export_async` /
+        :meth:`Transaction.block_tables_async`) into int32 tensors, the
+        split-KV workspace is a torch uint8 tensor of
+        :func:`flashdec.decode_workspace_size` bytes, and all of it plus
+        fd_decode is enqueued on ``stream`` (default: torch's current stream;
+        an int handle or a torch.cuda.Stream), with no host synchronisation.
+        Temporaries and an allocated ``out`` are allocated on that stream.
+        The tokens it reads must have been written on ``stream`` or on a
+        stream ordered before it; ``out`` is ready when ``stream`` gets there.
+        """
         if (request_ids is None) == (tx is None):
             raise argument_error("pass exactly one of request_ids or tx")
+        if self._config.device.type == DeviceType.CUDA:
+            return self._decode_cuda(layer, q, request_ids, tx, out, stream, kwargs)
         k, v = self.layer_arrays(layer)
         with self._lock:
             if tx is not None:
@@ -406,7 +455,45 @@ class Cache:
                 lens = rows.effective_seq_lens
             else:
                 tables, lens = self.export(request_ids)  # type: ignore[arg-type]
-            return _decode(q, k, v, tables, lens, out, layout=self._config.layout, **kwargs)
+            return _decode(q, k, v, tables, lens, out, layout=self._config.layout, stream=stream, **kwargs)
+
+    def _decode_cuda(
+        self, layer: int, q: Any, request_ids: Any, tx: Optional["Transaction"], out: Any, stream: Any, kwargs: dict
+    ) -> Any:
+        from ._cuda import torch_dtype, torch_module, torch_stream
+
+        torch = torch_module()
+        cfg = self._config
+        qb = tensor(q, "q", dtype=cfg.dtype, shape=(None, None, cfg.head_dim), device=cfg.device)
+        device = torch.device("cuda", cfg.device.ordinal)
+        s = torch_stream(stream, device)
+        k, v = self.layer_arrays(layer)
+        with self._lock, torch.cuda.stream(s):
+            if tx is not None:
+                info = tx.info()
+                rows, stride = info.batch, max(1, info.max_blocks_per_seq)
+            else:
+                ids = _ids(request_ids)
+                rows, stride = len(ids), max(1, self.max_blocks_per_seq(ids))
+            if qb.shape[0] != rows:
+                raise argument_error(f"q: expected {rows} rows (one per request), got {qb.shape[0]}")
+            tables = torch.empty((rows, stride), dtype=torch.int32, device=device)
+            lens = torch.empty((rows,), dtype=torch.int32, device=device)
+            if tx is not None:
+                tx.block_tables_async(tables, lens, stream=s)
+            else:
+                self.export_async(ids, tables, lens, stream=s)
+            if out is None:
+                out = torch.empty(qb.shape, dtype=torch_dtype(cfg.dtype), device=device)
+            workspace = kwargs.pop("workspace", None)
+            if workspace is None:
+                size = _decode_workspace_size(
+                    q, k, v, tables, lens, layout=cfg.layout, out=out,
+                    num_splits=kwargs.get("num_splits", 0), max_seq_len_hint=kwargs.get("max_seq_len_hint", 0),
+                )  # fmt: skip
+                if size:
+                    workspace = torch.empty((size,), dtype=torch.uint8, device=device)
+            return _decode(q, k, v, tables, lens, out, layout=cfg.layout, workspace=workspace, stream=s, **kwargs)
 
 
 def _set_external_storage(c: Any, cfg: CacheConfig, k: Any, v: Any) -> Tuple[Any, ...]:
@@ -467,8 +554,15 @@ class Transaction:
     def _rows(self) -> int:
         return self.info().batch
 
-    def write_layer(self, layer: int, k: Any, v: Any, stream: Optional[int] = None) -> None:
-        """Writes ``layer``'s K and V ([batch, num_kv_heads, head_dim] each)."""
+    def write_layer(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
+        """Writes ``layer``'s K and V ([batch, num_kv_heads, head_dim] each).
+
+        CUDA: k and v are read on ``stream`` (default: torch's current stream
+        of k; an int handle or a torch.cuda.Stream) and the call returns after
+        enqueueing. Every write of a transaction runs on the stream of its
+        first write (or one ordered after it): the rows' slots are uploaded
+        there. The committed token is in place once that stream reaches the
+        last write; later readers (decode, views) run on it or after it."""
         c = self.cache
         with c._lock:
             n = self._rows()
@@ -485,10 +579,12 @@ class Transaction:
         rotary_dim: int,
         rope_base: float = 10000.0,
         q_out: Any = None,
-        stream: Optional[int] = None,
+        stream: Any = None,
     ) -> Any:
         """Rotates q and k at each row's position, writes rotated K and raw V,
-        and returns the rotated Q (into ``q_out``, which may be ``q``)."""
+        and returns the rotated Q (into ``q_out``, which may be ``q``; when
+        None it is allocated, on ``stream`` for CUDA). Streams as
+        :meth:`write_layer`; q_out is ready when ``stream`` gets there."""
         c = self.cache
         cfg = c._config
         with c._lock:
@@ -499,7 +595,7 @@ class Transaction:
             if q_out is None:
                 from ._arrays import empty_like_dtype
 
-                q_out = empty_like_dtype(qb.shape, cfg.dtype, like=q)
+                q_out = empty_like_dtype(qb.shape, cfg.dtype, like=q, stream=stream)
             ob = tensor(q_out, "q_out", dtype=cfg.dtype, shape=qb.shape, writable=True, device=cfg.device)
             c._call(
                 _lib.fd_tx_write_layer_rope, self._tx, int(layer), qb.ptr, qb.shape[1], kb.ptr, vb.ptr,
@@ -542,7 +638,7 @@ class Transaction:
         return out
 
     def block_tables_async(
-        self, block_tables: Any = None, effective_seq_lens: Any = None, *, stream: Optional[int] = None
+        self, block_tables: Any = None, effective_seq_lens: Any = None, *, stream: Any = None
     ) -> None:
         """:meth:`block_tables` and the rows' effective_seq_lens into caller
         buffers on the cache's device (fd_tx_block_tables_async): int32

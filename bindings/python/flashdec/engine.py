@@ -381,17 +381,24 @@ class Step:
     def tx_id(self) -> int:
         return int(self._tx.id)
 
-    def layer(self, layer: int, q: Any, k: Any, v: Any, out: Any = None, stream: Optional[int] = None) -> Any:
+    def layer(self, layer: int, q: Any, k: Any, v: Any, out: Any = None, stream: Any = None) -> Any:
         """Runs ``layer``: RoPE on q/k, append, paged decode. Returns the
         attention output [batch, num_q_heads, head_dim]. A failure aborts the
-        whole step (library contract) and raises."""
+        whole step (library contract) and raises.
+
+        CUDA cache: q, k, v and out are CUDA tensors, read and written on
+        ``stream`` (default: torch's current stream of q; an int handle or a
+        torch.cuda.Stream); the call only enqueues, and ``out`` (allocated on
+        that stream when None) is ready when the stream gets there. Every
+        layer of a step, and the next step, must use the stream of layer 0
+        or one ordered after it (the engine reuses its device scratch)."""
         e = self.engine
         cfg = e.cache._config
         qb = tensor(q, "q", dtype=cfg.dtype, shape=(self.batch, None, cfg.head_dim), device=cfg.device)
         kb = e.cache._token_buffer(k, "k", self.batch)
         vb = e.cache._token_buffer(v, "v", self.batch)
         if out is None:
-            out = empty_like_dtype(qb.shape, cfg.dtype, like=q)
+            out = empty_like_dtype(qb.shape, cfg.dtype, like=q, stream=stream)
         ob = tensor(out, "out", dtype=cfg.dtype, shape=qb.shape, writable=True, device=cfg.device)
         try:
             e._call(_lib.fd_engine_step_layer, self._tx, int(layer), qb.ptr, kb.ptr, vb.ptr, ob.ptr,
@@ -423,10 +430,14 @@ class Step:
 
 
 class Engine(_Handle):
-    """Decode engine over a CPU :class:`Cache` (fd_engine).
+    """Decode engine over a CPU or CUDA :class:`Cache` (fd_engine).
 
     The engine borrows the cache: closing the cache closes the engine first.
     Calls are serialised with the cache's lock (they share one thread contract).
+    Streams: :meth:`Step.layer` and :meth:`register_prefix` take ``stream=``;
+    :meth:`prefill` orders itself after the caller's stream (see there); the
+    other methods are host bookkeeping (creation clears its device scratch
+    on a private stream and waits for it).
     """
 
     _destroy = staticmethod(lambda h: _lib.fd_engine_destroy(h))
@@ -477,12 +488,25 @@ class Engine(_Handle):
         self._call(_lib.fd_engine_begin_step, _ids_ptr(ids), len(ids), ctypes.byref(raw))
         return Step(self, raw)
 
-    def prefill(self, request_id: int, k: Any, v: Any) -> None:
-        """One prompt token, all layers: k, v [num_layers, num_kv_heads, head_dim]."""
+    def prefill(self, request_id: int, k: Any, v: Any, stream: Any = None) -> None:
+        """One prompt token, all layers: k, v [num_layers, num_kv_heads, head_dim].
+
+        CUDA cache: k and v are CUDA tensors. The C call takes no stream: it
+        reads them on the legacy default stream and synchronises that stream
+        before returning. So that it sees k and v as produced on ``stream``
+        (default: torch's current stream of k; an int handle or a
+        torch.cuda.Stream), this method first makes the legacy stream wait
+        for ``stream`` with an event (no host wait). On return the token is
+        in place for any stream and k, v may be reused. The call also waits
+        for unrelated work queued on the legacy stream (slow, not wrong)."""
         cfg = self.cache._config
         shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         kb = tensor(k, "k", dtype=cfg.dtype, shape=shape, device=cfg.device)
         vb = tensor(v, "v", dtype=cfg.dtype, shape=shape, device=cfg.device)
+        if kb.torch_stream is not None:  # a CUDA tensor: order its producer first
+            from ._cuda import order_legacy_stream_after
+
+            order_legacy_stream_after(stream, k.device)
         self._call(_lib.fd_engine_prefill_request_layers, _rid(request_id), kb.ptr, vb.ptr)
 
     # scheduler-managed mode
@@ -490,7 +514,10 @@ class Engine(_Handle):
         c = spec.to_c()
         self._call(_lib.fd_engine_submit_request, ctypes.byref(c))
 
-    def register_prefix(self, prefix_id: str, k_blocks: Any, v_blocks: Any, stream: Optional[int] = None) -> None:
+    def register_prefix(self, prefix_id: str, k_blocks: Any, v_blocks: Any, stream: Any = None) -> None:
+        """As :meth:`Cache.register_prefix` (same shapes and stream rules: the
+        copy runs on ``stream``, default torch's current stream of k_blocks,
+        and is finished before return)."""
         cfg = self.cache._config
         inner = (cfg.block_size, cfg.head_dim) if cfg.layout == Layout.TOKEN_MAJOR else (cfg.head_dim, cfg.block_size)
         shape = (cfg.num_layers, None, cfg.num_kv_heads) + inner

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Sequence, Tuple
 
 import numpy as np
 
@@ -55,7 +55,7 @@ def _build_decode(
     cpu_threads: int,
     max_seq_len_hint: int,
     check_indices: bool,
-    stream: Optional[int],
+    stream: Any,
 ) -> Tuple[_Decode, Any]:
     layout = Layout(layout)
     qb = tensor(q, "q")
@@ -76,7 +76,7 @@ def _build_decode(
     bt = index_tensor(block_tables, "block_tables", kind="int32", shape=(batch, None), device=dev)
     sl = index_tensor(seq_lens, "seq_lens", kind="int32", shape=(batch,), device=dev)
     if out is None:
-        out = empty_like_dtype((batch, hq, d), qb.dtype, like=q)
+        out = empty_like_dtype((batch, hq, d), qb.dtype, like=q, stream=stream)
     ob = tensor(out, "out", dtype=qb.dtype, shape=(batch, hq, d), writable=True, device=dev)
     dec = _Decode()
     p = dec.params
@@ -122,7 +122,7 @@ def decode(
     cpu_threads: int = 0,
     max_seq_len_hint: int = 0,
     check_indices: bool = False,
-    stream: Optional[int] = None,
+    stream: Any = None,
 ) -> Any:
     """Paged decode attention (fd_decode, docs/semantics.md S2). Returns ``out``.
 
@@ -139,7 +139,12 @@ def decode(
         out: written in place when given ([batch, num_q_heads, head_dim], same
             type and device as q); allocated otherwise.
         workspace: uint8 1-D scratch for split-KV (see decode_workspace_size).
-        stream: CUDA stream handle; default torch's current stream of q.
+        stream: CUDA stream (an int handle, 0 for the legacy default stream,
+            or a torch.cuda.Stream); default torch's current stream of q.
+            Everything is read and written on it with no host wait (unless
+            check_indices, which waits for it); an allocated ``out`` is
+            allocated on it and ready when the stream gets there. Inputs
+            produced on another stream must be ordered before it.
     Raises:
         FlashDecError: INVALID_ARGUMENT (from the binding's checks or the
             library's), UNSUPPORTED, NO_DEVICE, DEVICE.
@@ -166,7 +171,8 @@ def decode_workspace_size(
     max_seq_len_hint: int = 0,
     out: Any = None,
 ) -> int:
-    """Workspace bytes :func:`decode` needs for these arguments."""
+    """Workspace bytes :func:`decode` needs for these arguments (host only:
+    nothing is read from the arrays, nothing enqueued)."""
     dec, _ = _build_decode(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=0.0, num_splits=num_splits, workspace=None, cpu_threads=0,
@@ -204,7 +210,8 @@ def rope_apply(
 def reference_attention_dense(
     q: Any, k: Any, v: Any, seq_lens: Sequence[int], sm_scale: float = 0.0, out: Any = None
 ) -> Any:
-    """Dense CPU reference attention (fd_reference_attention_dense).
+    """Dense CPU reference attention (fd_reference_attention_dense); host
+    memory only, runs before return.
 
     q: [batch, num_q_heads, head_dim]; k, v: [batch, num_kv_heads,
     max_seq_len, head_dim]; all host, contiguous, same type. Returns ``out``.
