@@ -214,13 +214,24 @@ def _devname(d: Device) -> str:
     return "cpu" if d.type == DeviceType.CPU else f"cuda:{d.ordinal}"
 
 
+def stream_handle(stream: Any) -> int:
+    """A stream argument (int handle or object with ``cuda_stream``, such as a
+    torch.cuda.Stream) as the int handle C takes."""
+    try:
+        return int(operator.index(getattr(stream, "cuda_stream", stream)))
+    except TypeError:
+        raise argument_error(
+            f"stream: expected an int cudaStream_t handle or a torch.cuda.Stream, got {type(stream).__name__}"
+        ) from None
+
+
 def stream_for(buffers: Sequence[Buffer], stream: Any) -> Optional[int]:
     """The stream to pass to C: the caller's explicit one (an int handle, 0 for
     the legacy default stream, or a ``torch.cuda.Stream``), else torch's
     current stream of the first CUDA tensor (so work orders after the caller's
     own kernels), else NULL (the legacy default stream)."""
     if stream is not None:
-        return int(operator.index(getattr(stream, "cuda_stream", stream)))
+        return stream_handle(stream)
     for b in buffers:
         if b.torch_stream is not None:
             return b.torch_stream or None

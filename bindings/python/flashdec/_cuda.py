@@ -9,9 +9,9 @@ legacy default stream) or a ``torch.cuda.Stream``.
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
+from ._arrays import stream_handle
 from .errors import FlashDecError, Status
 from .types import DType
 
@@ -30,14 +30,6 @@ def torch_module() -> Any:
     if not torch.cuda.is_available():
         raise FlashDecError(Status.NO_DEVICE, "torch sees no CUDA device")
     return torch
-
-
-def stream_handle(stream: Any) -> Optional[int]:
-    """A stream argument as the int handle C takes: None stays None, a
-    ``torch.cuda.Stream`` (anything with ``cuda_stream``) gives its handle."""
-    if stream is None:
-        return None
-    return operator.index(getattr(stream, "cuda_stream", stream))
 
 
 def torch_stream(stream: Any, device: Any) -> Any:

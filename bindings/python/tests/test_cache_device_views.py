@@ -136,3 +136,24 @@ def test_async_error_on_a_closed_cache_raises():
     c = fd.Cache(small_config())
     c.close()
     assert_fails(c.async_error, fd.Status.INVALID_STATE, "cache is closed")
+
+
+def test_stream_arguments_accept_handles_and_stream_objects_on_cpu(rng):
+    # stream= takes an int handle or anything with .cuda_stream (a
+    # torch.cuda.Stream); CPU caches and host arrays ignore it.
+    class FakeStream:
+        cuda_stream = 0
+
+    with fd.Cache(small_config(num_layers=1)) as c:
+        c.add_request(1)
+        k = rng.standard_normal((1, 2, 8)).astype(np.float32)
+        c.append([1], k, 2 * k, stream=FakeStream())
+        c.append([1], k, 2 * k, stream=0)
+        q = rng.standard_normal((1, 2, 8)).astype(np.float32)
+        a = c.decode(0, q, [1], stream=FakeStream())
+        b = c.decode(0, q, [1])
+        np.testing.assert_array_equal(a, b)
+        karr, varr = c.layer_arrays(0)
+        assert isinstance(karr, np.ndarray) and not karr.flags.writeable
+        assert_fails(lambda: c.append([1], k, k, stream="s"), fd.Status.INVALID_ARGUMENT,
+                     "stream: expected an int cudaStream_t handle or a torch.cuda.Stream, got str")
