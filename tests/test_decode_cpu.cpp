@@ -306,6 +306,67 @@ void test_deterministic_across_thread_counts(void **state) {
   assert_true(worst_rel_error(p, dense_reference(p)) <= tolerance(c.dtype));
 }
 
+/* Batch-1 rows around the CPU backend's chunk boundaries (rows are split
+ * into chunks of 256 tokens that threads share): the same bits for every
+ * thread count, and within the tolerance of the dense reference. */
+void test_long_row_chunks_across_thread_counts(void **state) {
+  (void)state;
+  const int32_t chunk = 256;
+  const int32_t lens[] = {chunk - 1, chunk, chunk + 1, 2 * chunk + 17, 8 * chunk};
+  uint64_t seed = 300;
+  for (int32_t len : lens)
+    for (int32_t dtype : {FD_DTYPE_BF16, FD_DTYPE_F32}) {
+      Case c;
+      c.seed = seed++;
+      c.dtype = dtype;
+      c.hq = 32, c.hkv = 8, c.dim = 128, c.bs = 16, c.batch = 1;
+      if (dtype == FD_DTYPE_F32) c.hq = 6, c.hkv = 2, c.dim = 40; /* odd group and dim tails */
+      c.mbps = ((uint32_t)len + c.bs - 1) / c.bs;
+      c.lens = {len};
+      Problem p = build(c);
+      std::vector<uint8_t> first;
+      for (uint32_t threads : {1u, 2u, 3u, 16u, 0u}) {
+        p.out.assign(p.out.size(), 0xFF);
+        fd_decode_params prm = params_for(p);
+        prm.cpu_threads = threads;
+        FD_ASSERT_OK(fd_decode(&prm));
+        if (first.empty())
+          first = p.out;
+        else
+          assert_memory_equal(first.data(), p.out.data(), first.size());
+      }
+      const double err = worst_rel_error(p, dense_reference(p));
+      if (!(err <= tolerance(dtype))) {
+        print_error("len %d dtype %d: rel err %.3g\n", (int)len, (int)dtype, err);
+        fail();
+      }
+    }
+}
+
+/* A batch mixing rows of one chunk, several chunks and none: the same bits
+ * for every thread count. */
+void test_mixed_chunk_rows_across_thread_counts(void **state) {
+  (void)state;
+  Case c;
+  c.seed = 9;
+  c.dtype = FD_DTYPE_F16;
+  c.hq = 8, c.hkv = 2, c.dim = 64, c.bs = 16, c.mbps = 64, c.batch = 5;
+  c.lens = {1024, 0, 255, 513, 1};
+  Problem p = build(c);
+  std::vector<uint8_t> first;
+  for (uint32_t threads : {1u, 4u, 7u}) {
+    p.out.assign(p.out.size(), 0xFF);
+    fd_decode_params prm = params_for(p);
+    prm.cpu_threads = threads;
+    FD_ASSERT_OK(fd_decode(&prm));
+    if (first.empty())
+      first = p.out;
+    else
+      assert_memory_equal(first.data(), p.out.data(), first.size());
+  }
+  assert_true(worst_rel_error(p, dense_reference(p)) <= tolerance(c.dtype));
+}
+
 /* Table entries past a row's last used block are never read or checked. */
 void test_unused_table_entries_ignored(void **state) {
   (void)state;
@@ -583,6 +644,8 @@ int main(void) {
       cmocka_unit_test(test_paged_matches_dense_sweep),
       cmocka_unit_test(test_long_rows),
       cmocka_unit_test(test_deterministic_across_thread_counts),
+      cmocka_unit_test(test_long_row_chunks_across_thread_counts),
+      cmocka_unit_test(test_mixed_chunk_rows_across_thread_counts),
       cmocka_unit_test(test_unused_table_entries_ignored),
       cmocka_unit_test(test_scale_default_and_hint),
       cmocka_unit_test(test_params_init),
