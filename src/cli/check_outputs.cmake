@@ -18,18 +18,21 @@ foreach(f IN LISTS JSON)
   endif()
   message("${f}: JSON ${out}")
 endforeach()
-if(SVG)
-  find_program(RSVG rsvg-convert)
-  if(NOT RSVG)
-    message(FATAL_ERROR "rsvg-convert not found (Debian librsvg2-bin; scripts/setup.sh)")
-  endif()
-endif()
+# Without rsvg-convert (scripts/setup.sh installs it; a bare GPU machine may
+# lack it) the SVGs are still parsed, and the test reports itself skipped
+# (SKIP_REGULAR_EXPRESSION in CMakeLists.txt) instead of passing.
+find_program(RSVG rsvg-convert)
 foreach(f IN LISTS SVG)
   execute_process(COMMAND ${PYTHON3} -c
     "import sys, xml.etree.ElementTree as E; r=E.parse(sys.argv[1]).getroot(); assert r.tag.endswith('svg'), r.tag; assert len(r.findall('.//{http://www.w3.org/2000/svg}text')) > 3, 'no text'"
     ${f} RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${f} is not a well-formed SVG:\n${err}")
+  endif()
+  if(NOT RSVG)
+    message("SKIPPED: rsvg-convert not found (Debian librsvg2-bin; scripts/setup.sh): "
+            "${f} parsed but not rendered")
+    continue()
   endif()
   execute_process(COMMAND ${RSVG} ${f} -o ${f}.png RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
