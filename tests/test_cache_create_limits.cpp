@@ -5,13 +5,12 @@
  * token). Before, the per-block bookkeeping (gigabytes for 2^31 blocks) was
  * built first and the storage size checked only afterwards.
  *
- * The global operator new of this binary counts the bytes requested while a
- * call runs (the shared library's allocations come here too); the wall time
+ * The global operator new of this binary (tests/common/alloc_failures.h)
+ * counts the bytes requested while a call runs (the shared library's
+ * allocations come here too); the wall time
  * bound is generous (100 ms, for a loaded CI machine): the refusal itself is
  * a handful of multiplications. */
 #include <chrono>
-#include <cstdlib>
-#include <new>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +21,7 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include "alloc_failures.h"
 #include "fd_test.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -33,49 +33,29 @@ extern "C" __attribute__((visibility("default"), used)) const char *__asan_defau
 #endif
 
 namespace {
-bool g_counting = false;
-size_t g_counted_bytes = 0;
-}  // namespace
-
-// Out of line: inlined, GCC pairs the free() below with the operator new of
-// the caller's allocation and reports a mismatch (-Wmismatched-new-delete).
-[[gnu::noinline]] void *operator new(std::size_t n) {
-  if (g_counting) g_counted_bytes += n;
-  void *p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-[[gnu::noinline]] void operator delete(void *p) noexcept {
-  std::free(p);
-}
-[[gnu::noinline]] void operator delete(void *p, std::size_t) noexcept {
-  std::free(p);
-}
-
-namespace {
 
 constexpr size_t kMaxBytes = 1u << 20;
 constexpr double kMaxSeconds = 0.1;
 
 void expect_refused_fast(const fd_cache_config &cfg, fd_status status, const char *text) {
-  fd_cache *out = reinterpret_cast<fd_cache *>(&g_counted_bytes);
-  g_counted_bytes = 0;
-  g_counting = true;
+  int sentinel = 0;
+  fd_cache *out = reinterpret_cast<fd_cache *>(&sentinel);
+  fd_alloc_count_start();
   const auto t0 = std::chrono::steady_clock::now();
   const fd_status s = fd_cache_create(&cfg, &out);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  g_counting = false;
+  const size_t bytes = fd_alloc_count_stop();
   const char *msg = fd_last_error_message();
   if (s != status || strstr(msg, text) == NULL) {
     print_error("fd_cache_create returned %s (\"%s\"), expected %s with \"%s\"\n",
                 fd_status_string(s), msg, fd_status_string(status), text);
     fail();
   }
-  assert_ptr_equal(out, reinterpret_cast<fd_cache *>(&g_counted_bytes));
-  if (seconds > kMaxSeconds || g_counted_bytes > kMaxBytes) {
+  assert_ptr_equal(out, reinterpret_cast<fd_cache *>(&sentinel));
+  if (seconds > kMaxSeconds || bytes > kMaxBytes) {
     print_error("refusing took %.3f s and %zu bytes of operator new (limits %.3f s, %zu bytes)\n",
-                seconds, g_counted_bytes, kMaxSeconds, kMaxBytes);
+                seconds, bytes, kMaxSeconds, kMaxBytes);
     fail();
   }
 }
