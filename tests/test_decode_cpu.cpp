@@ -367,6 +367,46 @@ void test_mixed_chunk_rows_across_thread_counts(void **state) {
   assert_true(worst_rel_error(p, dense_reference(p)) <= tolerance(c.dtype));
 }
 
+/* The token-major path widens 16-bit K/V eight at a time in vector form, the
+ * dim-major path one value at a time; both must give the same FP32 tiles, so
+ * the same output bits, subnormals included: half of
+ * the K/V values (those with an odd last bit) get their exponent cleared
+ * (f16 and bf16 subnormals). */
+void make_some_subnormal(std::vector<uint8_t> &bytes, int32_t dtype) {
+  const uint16_t keep = dtype == FD_DTYPE_F16 ? 0x83ffu : 0x807fu; /* sign + mantissa */
+  for (size_t i = 0; i + 2 <= bytes.size(); i += 2) {
+    uint16_t v;
+    memcpy(&v, &bytes[i], 2);
+    if (v & 1u) v = (uint16_t)(v & keep);
+    memcpy(&bytes[i], &v, 2);
+  }
+}
+
+void test_vector_conversion_matches_scalar(void **state) {
+  (void)state;
+  for (int32_t dtype : {FD_DTYPE_F16, FD_DTYPE_BF16})
+    for (uint32_t dim : {128u, 40u, 17u}) {
+      std::vector<uint8_t> outs[2];
+      for (int layout = 0; layout < 2; ++layout) {
+        Case c;
+        c.seed = 77 + dim;
+        c.dtype = dtype;
+        c.layout = layout ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
+        c.hq = 8, c.hkv = 2, c.dim = dim, c.bs = 16, c.mbps = 40, c.batch = 2;
+        c.lens.push_back(600);
+        c.lens.push_back(97);
+        c.cpu_threads = layout ? 1u : 3u;
+        Problem p = build(c);
+        make_some_subnormal(p.k_cache, dtype);
+        make_some_subnormal(p.v_cache, dtype);
+        fd_decode_params prm = params_for(p);
+        FD_ASSERT_OK(fd_decode(&prm));
+        outs[layout] = p.out;
+      }
+      assert_memory_equal(outs[0].data(), outs[1].data(), outs[0].size());
+    }
+}
+
 /* Table entries past a row's last used block are never read or checked. */
 void test_unused_table_entries_ignored(void **state) {
   (void)state;
@@ -646,6 +686,7 @@ int main(void) {
       cmocka_unit_test(test_deterministic_across_thread_counts),
       cmocka_unit_test(test_long_row_chunks_across_thread_counts),
       cmocka_unit_test(test_mixed_chunk_rows_across_thread_counts),
+      cmocka_unit_test(test_vector_conversion_matches_scalar),
       cmocka_unit_test(test_unused_table_entries_ignored),
       cmocka_unit_test(test_scale_default_and_hint),
       cmocka_unit_test(test_params_init),

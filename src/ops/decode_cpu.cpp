@@ -174,7 +174,14 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
   const size_t dim = dim_, group = group_;
   const size_t first = (static_cast<size_t>(row) * pb_.num_q_heads + kv_head * group) * dim;
   const T *q = static_cast<const T *>(pb_.q) + first;
-  for (size_t i = 0; i < group * dim; ++i) s.q[i] = Elem<kDtype>::to_f32(q[i]) * pb_.sm_scale;
+  {
+    const size_t nq = group * dim;
+    size_t i = 0;
+    for (; i + 8 <= nq; i += 8) Elem<kDtype>::to_f32x8(q + i, s.q + i);
+    for (; i < nq; ++i) s.q[i] = Elem<kDtype>::to_f32(q[i]);
+    const float scale = pb_.sm_scale;
+    for (i = 0; i < nq; ++i) s.q[i] *= scale;
+  }
   std::fill(s.m, s.m + group, -INFINITY);
   std::fill(s.l, s.l + group, 0.f);
   std::fill(s.acc, s.acc + group * dim, 0.f);

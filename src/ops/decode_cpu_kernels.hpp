@@ -37,6 +37,42 @@ typedef uint32_t U8 __attribute__((vector_size(32)));
 #define FD_LOAD8(dst, src) std::memcpy(&(dst), (src), sizeof(F8))
 #define FD_STORE8(dst, src) std::memcpy((dst), &(src), sizeof(F8))
 
+// Eight 16-bit K/V/Q elements (bf16 or f16 bits) widened to FP32 in vector
+// form. Both conversions are exact, so they give the same bits as the scalar
+// fd::bf16_to_f32 / fd::f16_to_f32.
+typedef uint16_t U16x8 __attribute__((vector_size(16)));
+
+// bf16 -> f32: the bits shifted up by 16.
+FD_HOT_INLINE void bf16x8_to_f32(const uint16_t *src, float *dst) {
+  U16x8 h;
+  std::memcpy(&h, src, sizeof h);
+  const U8 bits = __builtin_convertvector(h, U8) << 16;
+  std::memcpy(dst, &bits, sizeof bits);
+}
+
+// f16 -> f32, branch-free: normal numbers re-bias the exponent, inf/NaN keep
+// an all-ones exponent, subnormals are an exact integer-to-float conversion
+// (mantissa * 2^-24), picked lane by lane with bit masks.
+FD_HOT_INLINE void f16x8_to_f32(const uint16_t *src, float *dst) {
+  U16x8 h16;
+  std::memcpy(&h16, src, sizeof h16);
+  const U8 h = __builtin_convertvector(h16, U8);
+  const U8 sign = (h & 0x8000u) << 16;
+  const U8 exp = (h >> 10) & 0x1fu;
+  const U8 mant = h & 0x3ffu;
+  const U8 is_subnormal = (U8)(exp == 0u);  // all ones where true
+  const U8 is_special = (U8)(exp == 31u);
+  const U8 normal = ((exp + 112u) << 23) | (mant << 13);
+  const U8 special = 0x7f800000u | (mant << 13);
+  const F8 sub_f = __builtin_convertvector((I8)mant, F8) * 0x1p-24f;
+  U8 subnormal;
+  std::memcpy(&subnormal, &sub_f, sizeof subnormal);
+  U8 bits = (normal & ~is_special) | (special & is_special);
+  bits = (bits & ~is_subnormal) | (subnormal & is_subnormal);
+  bits |= sign;
+  std::memcpy(dst, &bits, sizeof bits);
+}
+
 FD_HOT_INLINE F8 splat(float x) {
   return F8{} + x;
 }

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtype.hpp"
+#include "ops/decode_cpu_kernels.hpp"
 #include "ops/decode_problem.hpp"
 
 namespace fd {
@@ -17,6 +19,9 @@ template <>
 struct Elem<FD_DTYPE_F32> {
   using T = float;
   static float to_f32(float x) { return x; }
+  [[gnu::always_inline]] static void to_f32x8(const float *src, float *dst) {
+    std::memcpy(dst, src, 8 * sizeof(float));
+  }
   static float from_f32(float x) { return x; }
 };
 template <>
@@ -38,12 +43,18 @@ struct Elem<FD_DTYPE_F16> {
     bits = (bits & ~is_subnormal) | (subnormal & is_subnormal);
     return bits_f32(bits | sign);
   }
+  [[gnu::always_inline]] static void to_f32x8(const uint16_t *src, float *dst) {
+    cpu::f16x8_to_f32(src, dst);
+  }
   static uint16_t from_f32(float x) { return f32_to_f16(x); }
 };
 template <>
 struct Elem<FD_DTYPE_BF16> {
   using T = uint16_t;
   static float to_f32(uint16_t h) { return bf16_to_f32(h); }
+  [[gnu::always_inline]] static void to_f32x8(const uint16_t *src, float *dst) {
+    cpu::bf16x8_to_f32(src, dst);
+  }
   static uint16_t from_f32(float x) { return f32_to_bf16(x); }
 };
 
@@ -78,7 +89,9 @@ class TileSource {
         for (size_t i = 0; i < run; ++i) {
           const T *tok = src + static_cast<int64_t>(i) * stride_token_;
           float *o = out + i * dim_;
-          for (size_t d = 0; d < dim_; ++d) o[d] = Elem<kDtype>::to_f32(tok[d]);
+          size_t d = 0;
+          for (; d + 8 <= dim_; d += 8) Elem<kDtype>::to_f32x8(tok + d, o + d);
+          for (; d < dim_; ++d) o[d] = Elem<kDtype>::to_f32(tok[d]);
         }
       } else {
         // Each dim's tokens are contiguous (stride_token == 1): transpose.
