@@ -12,6 +12,7 @@ extern "C" {
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <vector>
 
@@ -284,16 +285,12 @@ void test_long_rows(void **state) {
   }
 }
 
-void test_deterministic_across_thread_counts(void **state) {
-  (void)state;
-  Case c;
-  c.seed = 5;
-  c.dtype = FD_DTYPE_BF16;
-  c.hq = 16, c.hkv = 4, c.dim = 64, c.bs = 16, c.mbps = 128, c.batch = 3;
-  c.lens = {2048, 1500, 1000};
-  Problem p = build(c);
+/* Decodes p once per thread count (output NaN-poisoned with 0xFF bytes
+ * before each run) and requires the same output bits every time; p.out then
+ * holds the last run's output. */
+void expect_same_bits_for_thread_counts(Problem &p, std::initializer_list<uint32_t> counts) {
   std::vector<uint8_t> first;
-  for (uint32_t threads : {1u, 2u, 7u}) {
+  for (uint32_t threads : counts) {
     p.out.assign(p.out.size(), 0xFF);
     fd_decode_params prm = params_for(p);
     prm.cpu_threads = threads;
@@ -303,6 +300,17 @@ void test_deterministic_across_thread_counts(void **state) {
     else
       assert_memory_equal(first.data(), p.out.data(), first.size());
   }
+}
+
+void test_deterministic_across_thread_counts(void **state) {
+  (void)state;
+  Case c;
+  c.seed = 5;
+  c.dtype = FD_DTYPE_BF16;
+  c.hq = 16, c.hkv = 4, c.dim = 64, c.bs = 16, c.mbps = 128, c.batch = 3;
+  c.lens = {2048, 1500, 1000};
+  Problem p = build(c);
+  expect_same_bits_for_thread_counts(p, {1u, 2u, 7u});
   assert_true(worst_rel_error(p, dense_reference(p)) <= tolerance(c.dtype));
 }
 
@@ -324,17 +332,7 @@ void test_long_row_chunks_across_thread_counts(void **state) {
       c.mbps = ((uint32_t)len + c.bs - 1) / c.bs;
       c.lens = {len};
       Problem p = build(c);
-      std::vector<uint8_t> first;
-      for (uint32_t threads : {1u, 2u, 3u, 16u, 0u}) {
-        p.out.assign(p.out.size(), 0xFF);
-        fd_decode_params prm = params_for(p);
-        prm.cpu_threads = threads;
-        FD_ASSERT_OK(fd_decode(&prm));
-        if (first.empty())
-          first = p.out;
-        else
-          assert_memory_equal(first.data(), p.out.data(), first.size());
-      }
+      expect_same_bits_for_thread_counts(p, {1u, 2u, 3u, 16u, 0u});
       const double err = worst_rel_error(p, dense_reference(p));
       if (!(err <= tolerance(dtype))) {
         print_error("len %d dtype %d: rel err %.3g\n", (int)len, (int)dtype, err);
@@ -353,17 +351,7 @@ void test_mixed_chunk_rows_across_thread_counts(void **state) {
   c.hq = 8, c.hkv = 2, c.dim = 64, c.bs = 16, c.mbps = 64, c.batch = 5;
   c.lens = {1024, 0, 255, 513, 1};
   Problem p = build(c);
-  std::vector<uint8_t> first;
-  for (uint32_t threads : {1u, 4u, 7u}) {
-    p.out.assign(p.out.size(), 0xFF);
-    fd_decode_params prm = params_for(p);
-    prm.cpu_threads = threads;
-    FD_ASSERT_OK(fd_decode(&prm));
-    if (first.empty())
-      first = p.out;
-    else
-      assert_memory_equal(first.data(), p.out.data(), first.size());
-  }
+  expect_same_bits_for_thread_counts(p, {1u, 4u, 7u});
   assert_true(worst_rel_error(p, dense_reference(p)) <= tolerance(c.dtype));
 }
 
