@@ -220,16 +220,22 @@ bool same(const Observed &a, const Observed &b, const char *what,
   return equal;
 }
 
-/* A cache with: request 1 empty, 2 with 4 tokens (next token needs a block),
- * 3 with 5 tokens, 4 attached to prefix "hot"; prefixes "old" (inactive, least
- * recently used) and "hot" (referenced). */
-void make_cache_state(Fixture &f) {
+/* The cache both fixtures start from, with prefixes "old" (registered first,
+ * least recently used) and "hot", two blocks each. */
+void create_cache_with_prefixes(Fixture &f) {
   const fd_cache_config cfg = cache_config();
   FD_ASSERT_OK(fd_cache_create(&cfg, &f.c));
   const size_t blk = (size_t)kLayers * kKv * kBs * kD;
   std::vector<float> a = values(2 * blk, 0.5f), b = values(2 * blk, -0.25f);
   FD_ASSERT_OK(fd_prefix_register(f.c, "old", a.data(), b.data(), 2, NULL));
   FD_ASSERT_OK(fd_prefix_register(f.c, "hot", b.data(), a.data(), 2, NULL));
+}
+
+/* A cache with: request 1 empty, 2 with 4 tokens (next token needs a block),
+ * 3 with 5 tokens, 4 attached to prefix "hot"; prefixes "old" (inactive, least
+ * recently used) and "hot" (referenced). */
+void make_cache_state(Fixture &f) {
+  create_cache_with_prefixes(f);
   for (uint64_t id : {1, 2, 3, 4}) FD_ASSERT_OK(fd_cache_add_request(f.c, id));
   FD_ASSERT_OK(fd_prefix_attach(f.c, 4, "hot"));
   const size_t row = (size_t)kKv * kD;
@@ -290,12 +296,7 @@ fd_status write_layer(Fixture &f, uint32_t layer, bool rope) {
  * 2 (4 tokens: its next token needs a block), 3 (5 tokens) and 4 (empty),
  * all admitted through the engine. */
 void make_engine_state(Fixture &f) {
-  const fd_cache_config cfg = cache_config();
-  FD_ASSERT_OK(fd_cache_create(&cfg, &f.c));
-  const size_t blk = (size_t)kLayers * kKv * kBs * kD;
-  std::vector<float> a = values(2 * blk, 0.5f), b = values(2 * blk, -0.25f);
-  FD_ASSERT_OK(fd_prefix_register(f.c, "old", a.data(), b.data(), 2, NULL));
-  FD_ASSERT_OK(fd_prefix_register(f.c, "hot", b.data(), a.data(), 2, NULL));
+  create_cache_with_prefixes(f);
   f.e = es_engine(f.c, kHq);
   for (uint64_t id : {1, 2, 3, 4}) {
     FD_ASSERT_OK(fd_engine_add_request(f.e, id));
