@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -132,7 +133,7 @@ void resolve_external_storage(const fd_cache_config &c, KvGeometry &g) {
 }
 
 std::unique_ptr<KvStorage> make_kv_storage(const KvGeometry &geometry, const fd_device &device) {
-  if (device.type == FD_DEVICE_CUDA) return make_cuda_kv_storage(geometry, device.ordinal);
+  if (device.type == FD_DEVICE_CUDA) return backend::make_cuda_kv_storage(geometry, device.ordinal);
   return make_cpu_kv_storage(geometry);
 }
 

@@ -1,7 +1,7 @@
 // The seam between the paged cache's bookkeeping and the memory that holds
 // K and V. The cache decides *where* each token goes; a KvStorage only moves
-// bytes. The CPU implementation lives in cpu_kv_storage.cpp; a CUDA one plugs
-// in through make_cuda_kv_storage() without touching the cache logic.
+// bytes. The CPU implementation lives in cpu_kv_storage.cpp; the CUDA one comes
+// through the backend seam (backend::make_cuda_kv_storage, backend/backend.hpp).
 #pragma once
 
 #include <cstddef>
@@ -140,10 +140,6 @@ std::unique_ptr<KvStorage> make_cpu_kv_storage(const KvGeometry &geometry);
 // Resolves and checks the external-storage fields of a config (reserved0,
 // pointers, strides) into `g`. Throws FD_ERR_INVALID_ARGUMENT naming the field.
 void resolve_external_storage(const fd_cache_config &c, KvGeometry &g);
-
-// Device storage on CUDA device `ordinal`. Defined by the CUDA backend; until
-// that exists it fails with FD_ERR_NO_DEVICE / FD_ERR_UNSUPPORTED.
-std::unique_ptr<KvStorage> make_cuda_kv_storage(const KvGeometry &geometry, int32_t ordinal);
 
 // Picks the implementation for `device` (already validated).
 std::unique_ptr<KvStorage> make_kv_storage(const KvGeometry &geometry, const fd_device &device);

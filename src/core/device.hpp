@@ -1,20 +1,15 @@
-// CUDA runtime queries that the rest of the library needs without including
-// CUDA headers. Implemented in src/cuda (CUDA builds) or src/nocuda.
+// Transitional forwarder, to be deleted once no file includes it: the device
+// queries are part of the backend seam, backend/backend.hpp (namespace
+// fd::backend). Include that header and call backend::cuda_device_count,
+// backend::require_cuda_device and backend::is_cuda_device_memory instead.
 #pragma once
 
-#include <cstdint>
+#include "backend/backend.hpp"
 
 namespace fd {
 
-// Usable CUDA devices; 0 without a driver or a device (never throws).
-int32_t cuda_device_count() noexcept;
-
-// Throws FD_ERR_NO_DEVICE unless `ordinal` names a usable device.
-void require_cuda_device(int32_t ordinal);
-
-// True when `p` points to device (or managed) memory of CUDA device
-// `ordinal`. A pure query (no host sync) that is legal inside any stream
-// capture; always false in builds without CUDA.
-bool is_cuda_device_memory(const void *p, int32_t ordinal) noexcept;
+using backend::cuda_device_count;
+using backend::is_cuda_device_memory;
+using backend::require_cuda_device;
 
 }  // namespace fd

@@ -13,42 +13,12 @@
 #include <string>
 
 #include "append_launch.hpp"
+#include "backend/backend.hpp"
 #include "cache/kv_storage.hpp"
-#include "core/device.hpp"
 #include "core/arg_checks.hpp"
 #include "core/error.hpp"
 
 namespace fd {
-
-void cuda_check(cudaError_t err, const char *what) {
-  if (err == cudaSuccess) return;
-  if (err == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();  // not sticky: leave the runtime clean for later calls
-    fail(FD_ERR_OUT_OF_MEMORY, "%s failed: %s", what, cudaGetErrorString(err));
-  }
-  fail(FD_ERR_DEVICE, "%s failed: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
-}
-
-void cuda_zero_fill_sync(void *p, size_t bytes, const char *what) {
-  if (bytes == 0) return;
-  cudaStream_t s = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-             "cudaStreamCreateWithFlags (clearing device memory)");
-  cudaError_t e = cudaMemsetAsync(p, 0, bytes, s);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  (void)cudaStreamDestroy(s);  // after the synchronisation: nothing pending on it
-  cuda_check(e, what);
-}
-
-CudaDeviceScope::CudaDeviceScope(int32_t ordinal) {
-  cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != ordinal) cuda_check(cudaSetDevice(ordinal), "cudaSetDevice");
-}
-
-CudaDeviceScope::~CudaDeviceScope() {
-  int now = previous_;
-  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-}
 
 /* StagingRing ------------------------------------------------------------- */
 
@@ -184,7 +154,7 @@ cudaError_t StagingRing::query_errors() const {
 namespace {
 
 void require_device_memory(const void *p, int32_t ordinal, const char *what) {
-  if (!is_cuda_device_memory(p, ordinal))
+  if (!backend::is_cuda_device_memory(p, ordinal))
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d", what, ordinal);
 }
 
@@ -441,7 +411,8 @@ class CudaKvStorage final : public KvStorage {
 
 }  // namespace
 
-std::unique_ptr<KvStorage> make_cuda_kv_storage(const KvGeometry &geometry, int32_t ordinal) {
+std::unique_ptr<KvStorage> backend::make_cuda_kv_storage(const KvGeometry &geometry,
+                                                         int32_t ordinal) {
   require_cuda_device(ordinal);
   if (geometry.dtype != FD_DTYPE_F16 && geometry.dtype != FD_DTYPE_BF16)
     fail(FD_ERR_UNSUPPORTED, "dtype %s is not supported by CUDA caches (use f16 or bf16)",

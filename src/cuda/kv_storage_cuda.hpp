@@ -1,45 +1,17 @@
-// CUDA backend of the cache's K/V storage (make_cuda_kv_storage, declared in
-// cache/kv_storage.hpp) and the helpers it shares with the append
-// primitives. This header's presence switches off
-// src/cache/kv_storage_cuda_stub.cpp.
+// Pinned staging of the CUDA backend's cache storage (kv_storage_cuda.cpp,
+// whose factory is backend::make_cuda_kv_storage in backend/backend.hpp).
+// The CUDA helpers (cuda_check, CudaDeviceScope, cuda_zero_fill_sync) are in
+// cuda/cuda_util.hpp, included here for the files that use both.
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "cuda/cuda_util.hpp"
+
 namespace fd {
-
-// Throws FD_ERR_DEVICE naming `what` and the CUDA error unless err is
-// cudaSuccess (FD_ERR_OUT_OF_MEMORY for cudaErrorMemoryAllocation, whose
-// non-sticky last-error state is cleared).
-void cuda_check(cudaError_t err, const char *what);
-
-// Zero-fills `bytes` of device memory and waits until the fill is done, on a
-// private non-blocking stream: on return the memory is ready for work on any
-// stream, without waiting for unrelated work the caller has queued elsewhere.
-// (A cudaMemset on the legacy default stream returns before it runs, and
-// nothing orders it before later work on a non-blocking stream: such work
-// could be overwritten by the late fill. docs/cuda-streams.md lists every
-// place the library touches a stream it does not own.) Not capture-safe;
-// for creation paths only. Throws FD_ERR_OUT_OF_MEMORY / FD_ERR_DEVICE.
-void cuda_zero_fill_sync(void *p, size_t bytes, const char *what);
-
-// Makes `ordinal` the calling thread's current device for the scope and
-// restores the previous one afterwards.
-class CudaDeviceScope {
- public:
-  explicit CudaDeviceScope(int32_t ordinal);
-  ~CudaDeviceScope();
-  CudaDeviceScope(const CudaDeviceScope &) = delete;
-  CudaDeviceScope &operator=(const CudaDeviceScope &) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // Pinned host staging (and optionally a device twin) reused in stream order.
 // A slot is handed out again only when the CUDA event recorded behind its
