@@ -1,57 +1,45 @@
+// Device scratch of an engine, through the backend seam's device buffers
+// (backend/backend.hpp). In a CPU-only build the first allocation throws
+// FD_ERR_NO_DEVICE; the engine creates a DeviceScratch only for a CUDA cache,
+// which cannot exist there.
 #include "engine/engine_device.hpp"
 
 #include <algorithm>
-#include <cstring>
 
-#include "core/device.hpp"
+#include "backend/backend.hpp"
 #include "core/error.hpp"
 #include "flashdec.h"
 
-#if FLASHDEC_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "cuda/kv_storage_cuda.hpp"
-#endif
-
 namespace fd {
-
-#if FLASHDEC_HAVE_CUDA
 
 DeviceScratch::DeviceScratch(const DeviceScratchSizes &sizes) : sizes_(sizes) {
   try {
-    CudaDeviceScope scope(sizes_.ordinal);
     prefill_q_ = allocate(sizes_.prefill_q_bytes, "cudaMalloc (engine prefill scratch)");
     // RoPE runs over it: keep it finite. Cleared and finished here, like the
     // cache's storage, rather than left queued on the legacy default stream
     // (docs/cuda-streams.md).
-    cuda_zero_fill_sync(prefill_q_, sizes_.prefill_q_bytes,
-                        "clearing the engine's prefill scratch");
+    backend::cuda_zero_fill_sync(sizes_.ordinal, prefill_q_, sizes_.prefill_q_bytes,
+                                 "clearing the engine's prefill scratch");
     reserve(sizes_.initial_rows, sizes_.initial_table_entries);
   } catch (...) {
-    for (void *p : owned_) (void)cudaFree(p);
+    for (void *p : owned_) backend::cuda_free(sizes_.ordinal, p);
     throw;
   }
 }
 
 DeviceScratch::~DeviceScratch() {
-  int previous = 0;
-  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-  (void)cudaSetDevice(sizes_.ordinal);
-  for (void *p : owned_) (void)cudaFree(p);
-  if (restore) (void)cudaSetDevice(previous);
+  for (void *p : owned_) backend::cuda_free(sizes_.ordinal, p);
 }
 
 void *DeviceScratch::allocate(size_t bytes, const char *what) {
-  void *p = nullptr;
   owned_.reserve(owned_.size() + 1);  // so that recording p cannot throw
-  cuda_check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), what);
+  void *p = backend::cuda_alloc(sizes_.ordinal, bytes, what);
   owned_.push_back(p);
   return p;
 }
 
 void DeviceScratch::reserve(uint32_t rows, uint64_t table_entries) {
   if (rows <= rows_ && table_entries <= table_entries_) return;
-  CudaDeviceScope scope(sizes_.ordinal);
   if (rows > rows_) {
     const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(
         std::max<uint64_t>(rows, uint64_t{rows_} * 2), std::max(sizes_.max_rows, rows)));
@@ -72,51 +60,19 @@ void DeviceScratch::reserve(uint32_t rows, uint64_t table_entries) {
 
 void DeviceScratch::allocate_workspace(size_t bytes) {
   if (bytes == 0) return;
-  CudaDeviceScope scope(sizes_.ordinal);
   workspace_ = allocate(bytes, "cudaMalloc (engine split-KV workspace)");
   workspace_size_ = bytes;
 }
 
 void DeviceScratch::require_device_pointer(const void *p, int32_t ordinal, const char *what) {
-  if (!is_cuda_device_memory(p, ordinal)) {
+  if (!backend::is_cuda_device_memory(p, ordinal)) {
     fail(FD_ERR_INVALID_ARGUMENT, "%s is not device memory of CUDA device %d (the cache's device)",
          what, ordinal);
   }
 }
 
 void DeviceScratch::synchronize_default_stream(int32_t ordinal) {
-  CudaDeviceScope scope(ordinal);
-  cuda_check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (prefill)");
+  backend::cuda_sync_default_stream(ordinal, "cudaStreamSynchronize (prefill)");
 }
-
-#else  // !FLASHDEC_HAVE_CUDA
-
-namespace {
-[[noreturn]] void no_cuda() {
-  fail(FD_ERR_UNSUPPORTED, "this build of the library has no CUDA backend");
-}
-}  // namespace
-
-DeviceScratch::DeviceScratch(const DeviceScratchSizes &sizes) : sizes_(sizes) {
-  no_cuda();
-}
-DeviceScratch::~DeviceScratch() = default;
-void *DeviceScratch::allocate(size_t, const char *) {
-  no_cuda();
-}
-void DeviceScratch::reserve(uint32_t, uint64_t) {
-  no_cuda();
-}
-void DeviceScratch::allocate_workspace(size_t) {
-  no_cuda();
-}
-void DeviceScratch::require_device_pointer(const void *, int32_t, const char *) {
-  no_cuda();
-}
-void DeviceScratch::synchronize_default_stream(int32_t) {
-  no_cuda();
-}
-
-#endif
 
 }  // namespace fd

@@ -3,8 +3,9 @@
 // creation from the cache geometry and grown (doubling) only when a step has
 // more rows or a larger table than any before; replaced buffers are kept
 // until the engine is destroyed, because queued work may still read them and
-// freeing would synchronise the host. In builds without CUDA every member
-// fails with FD_ERR_UNSUPPORTED (no CUDA cache can exist there).
+// freeing would synchronise the host. Memory comes through the backend seam
+// (backend::cuda_alloc and friends): in builds without CUDA creating one
+// fails with FD_ERR_NO_DEVICE (no CUDA cache can exist there).
 #pragma once
 
 #include <cstddef>
