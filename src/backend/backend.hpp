@@ -1,9 +1,18 @@
 // The one seam between the library and its CUDA backend. Everything outside
-// src/cuda (cache, engine, attention front end, append front end) reaches
-// CUDA only through these functions. CMake builds exactly one implementation:
-// src/cuda/ (CUDA builds) or src/nocuda/backend_nocuda.cpp (CPU-only builds,
-// where every CUDA request is FD_ERR_NO_DEVICE). No other file tests
-// FLASHDEC_HAVE_CUDA or includes a CUDA header to choose a path.
+// src/cuda (cache, engine, attention front end, append front end, the public
+// device query) reaches CUDA only through these functions. CMake builds
+// exactly one implementation, and CMakeLists.txt is the only place that
+// chooses:
+//   - CUDA builds: src/cuda/ -- device_cuda.cpp (device queries, device
+//     buffers), decode_cuda.cpp (attention), append_cuda.cpp (append),
+//     kv_storage_cuda.cpp (cache storage), all on the one set of CUDA helpers
+//     in cuda/cuda_util.hpp (cuda_check, CudaDeviceScope, cuda_zero_fill_sync);
+//   - CPU-only builds: src/nocuda/backend_nocuda.cpp, where no device exists:
+//     queries answer 0 / false, cuda_free does nothing, and every other
+//     request is FD_ERR_NO_DEVICE ("... built without CUDA").
+// No other file tests for CUDA with the preprocessor or includes a CUDA
+// header: a caller needs no #if, because the CPU-only backend answers every
+// function.
 //
 // The CPU backend is always built and needs no seam: the front ends call it
 // directly (attention/decode_cpu.cpp, ops/kv_append_cpu.cpp,
