@@ -30,6 +30,16 @@ add_test(NAME docs_links_selftest
   COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_doc_links.sh --selftest)
 set_tests_properties(docs_links docs_links_selftest PROPERTIES LABELS "abi;docs" TIMEOUT 120)
 
+# (d) tests/abi_layout_expected.h (the table test_abi_layout checks) is
+# current, and the ABI only grew by appending since bindings/abi/baseline.txt
+# (bindings/tools/gen_bindings.py; skipped without Python 3 + pycparser).
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME abi_baseline
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bindings/tools/gen_bindings.py --check --abi-only)
+  set_tests_properties(abi_baseline PROPERTIES LABELS abi TIMEOUT 120 SKIP_RETURN_CODE 77)
+endif()
+
 # Packaging: install into a temporary prefix, then build tests/consumer with
 # find_package(flashdec) and with pkg-config; the consumers and the installed
 # flashdec CLI must run with LD_LIBRARY_PATH unset (their RUNPATH finds it).

@@ -2,7 +2,12 @@
 """Derives the bindings' declarations from include/flashdec.h, the one source.
 
     python3 bindings/tools/gen_bindings.py           # rewrite the generated files
-    python3 bindings/tools/gen_bindings.py --check   # exit 1 if one is stale
+    python3 bindings/tools/gen_bindings.py --check   # exit 1 if one is stale or the ABI broke
+    python3 bindings/tools/gen_bindings.py --check --abi-only   # the ABI part only (ctest)
+
+After a header edit (a new field, enum value or function) the first command
+is the only step: it rewrites every file below and appends the new items to
+the ABI baseline.
 
 The header is parsed by a real C parser (pycparser, the parser behind cffi's
 ``cdef``) after the preprocessor lines, the C++ guard and the export macro are
@@ -16,7 +21,20 @@ From that one model it writes:
 * ``bindings/rust/flashdec-sys/tests/common/fields.rs``: the struct/field list
   of the Rust layout test;
 * ``bindings/rust/flashdec-sys/src/fields.rs``: ``named_fields()`` of the
-  metrics structs (generic printing in the parity example).
+  metrics structs (generic printing in the parity example);
+* ``tests/abi_layout_expected.h``: the LP64 layout (every struct's size and
+  alignment, every field's offset and size), every enum value and constant,
+  computed here with the C layout rules; tests/test_abi_layout.c checks each
+  line with the compiler;
+* ``bindings/abi/baseline.txt``: the append-only guard. It lists the released
+  ABI (the table above plus the functions' and callbacks' signatures); a run
+  appends new items to it, and ``--check`` fails when an item listed there
+  moved, was resized, changed or disappeared, or when a field was added
+  inside a struct's released size (older callers' padding). An intended break
+  needs a version that may break (a new major; a new minor while the major is
+  0) and ``--accept-abi-break``, which starts the baseline again. ``--check``
+  first runs a self-test: edits of the header the guard must report (and
+  appends it must accept).
 
 The Rust declarations themselves (``flashdec-sys/src/generated.rs``) come from
 bindgen (Debian package ``bindgen``) with the flags in ``BINDGEN_FLAGS``. When
@@ -431,6 +449,295 @@ def emit_rust_named(m: Model) -> str:
 
 
 # --------------------------------------------------------------------------
+# ABI layout: the LP64 table of tests/test_abi_layout.c and the append-only
+# baseline
+
+
+# Size and alignment of the header's scalar types on LP64 (x86-64 and AArch64
+# Linux). Enums are 4 bytes (each has a *_FORCE_32BIT member, checked below);
+# pointers, handles, callbacks and fd_stream are 8.
+LP64 = {
+    "uint32_t": (4, 4),
+    "int32_t": (4, 4),
+    "uint64_t": (8, 8),
+    "int64_t": (8, 8),
+    "size_t": (8, 8),
+    "float": (4, 4),
+    "double": (8, 8),
+    "char": (1, 1),
+}
+POINTER = (8, 8)
+
+
+@dataclass
+class FieldLayout:
+    name: str
+    type: str  # C spelling (const dropped), e.g. "int32_t *", "char[32]"
+    offset: int
+    size: int
+
+
+@dataclass
+class StructLayout:
+    size: int
+    align: int
+    fields: List[FieldLayout]
+
+
+def _enum_is_32bit(m: Model, name: str) -> bool:
+    values = [v for _, v in m.enums[name]]
+    return max(values) == 0x7FFFFFFF and min(values) >= 0
+
+
+def type_layout(m: Model, t: CType, layouts: Dict[str, StructLayout]) -> Tuple[int, int]:
+    """(size, alignment) of a field type on LP64."""
+    if t.pointers:
+        size, align = POINTER
+    elif t.base in m.enums:
+        if not _enum_is_32bit(m, t.base):
+            raise SystemExit(f"enum {t.base} lacks a *_FORCE_32BIT = 0x7fffffff member: its size is not fixed")
+        size, align = 4, 4
+    elif t.base in m.aliases:
+        size, align = type_layout(m, m.aliases[t.base], layouts)
+    elif t.base in m.callbacks:
+        size, align = POINTER
+    elif t.base in layouts:
+        size, align = layouts[t.base].size, layouts[t.base].align
+    elif t.base in LP64:
+        size, align = LP64[t.base]
+    else:
+        raise SystemExit(f"no LP64 layout for type {t.c()}")
+    return size * (t.array or 1), align
+
+
+def struct_layouts(m: Model) -> Dict[str, StructLayout]:
+    """Every struct's LP64 layout: fields at the next multiple of their
+    alignment, the size rounded up to the largest alignment (the C rules;
+    tests/test_abi_layout.c checks them against the compiler)."""
+    layouts: Dict[str, StructLayout] = {}
+    for name, fields in m.structs.items():  # header order: nested structs come first
+        offset, align, out = 0, 1, []
+        for fname, t in fields:
+            size, a = type_layout(m, t, layouts)
+            offset = (offset + a - 1) // a * a
+            out.append(FieldLayout(fname, t.c(), offset, size))
+            offset += size
+            align = max(align, a)
+        layouts[name] = StructLayout((offset + align - 1) // align * align, align, out)
+    return layouts
+
+
+ABI_EXPECTED_OUT = ROOT / "tests" / "abi_layout_expected.h"
+ABI_BASELINE = ROOT / "bindings" / "abi" / "baseline.txt"
+# Constants that change by design (the version macros); the others are pinned.
+UNPINNED_CONSTANTS = re.compile(r"FD_VERSION_\w+")
+
+
+def _c_int(v: int) -> str:
+    return f"{v:#x}" if v >= 0x10000 else str(v)
+
+
+def emit_abi_expected(m: Model) -> str:
+    layouts = struct_layouts(m)
+    out = [
+        "/* Generated by bindings/tools/gen_bindings.py from include/flashdec.h. Do not edit:",
+        " * change the header and run `python3 bindings/tools/gen_bindings.py`.",
+        " *",
+        " * The LP64 ABI of the header, computed by the generator with the C layout rules",
+        " * (not by a compiler): tests/test_abi_layout.c defines the macros and checks",
+        " * every line against the compiler. That fields only move by appending is",
+        " * checked by the generator against bindings/abi/baseline.txt. */",
+        "",
+        "/* FD_STRUCT(type, size, alignment); FD_FIELD(type, field, offset, size) */",
+    ]
+    for name, s in layouts.items():
+        out.append(f"FD_STRUCT({name}, {s.size}, {s.align});")
+        out += [f"FD_FIELD({name}, {f.name}, {f.offset}, {f.size});" for f in s.fields]
+    out += ["", "/* FD_ENUM_TYPE(type): a 32-bit enum; FD_ENUM(constant, value) */"]
+    for name, values in m.enums.items():
+        out.append(f"FD_ENUM_TYPE({name});")
+        out += [f"FD_ENUM({k}, {_c_int(v)});" for k, v in values]
+    out += ["", "/* FD_POINTER_TYPE(type): a typedef of a pointer (streams, callbacks) */"]
+    out += [f"FD_POINTER_TYPE({n});" for n, t in m.aliases.items() if t.pointers]
+    out += [f"FD_POINTER_TYPE({n});" for n in m.callbacks]
+    out += ["", "/* FD_CONSTANT(macro, value): #define constants (the version macros excepted) */"]
+    out += [f"FD_CONSTANT({k}, {_c_int(v)});" for k, v in m.constants.items() if not UNPINNED_CONSTANTS.fullmatch(k)]
+    return "\n".join(out) + "\n"
+
+
+def _signature(ret: CType, args: List[CType]) -> str:
+    return f"{ret.c()}({', '.join(a.c() for a in args) or 'void'})".replace(" *", "*")
+
+
+def abi_items(m: Model) -> Dict[str, str]:
+    """The ABI as ordered "kind name" -> "value" items (the baseline's lines)."""
+    items: Dict[str, str] = {}
+    for name, s in struct_layouts(m).items():
+        items[f"struct {name}"] = f"align {s.align} size {s.size}"
+        for f in s.fields:
+            items[f"field {name}.{f.name}"] = f"offset {f.offset} size {f.size} type {f.type.replace(' ', '')}"
+    for name, values in m.enums.items():
+        items[f"enum {name}"] = "size 4"
+        items.update({f"value {name}.{k}": str(v) for k, v in values})
+    items.update({f"constant {k}": str(v) for k, v in m.constants.items() if not UNPINNED_CONSTANTS.fullmatch(k)})
+    items.update({f"opaque {n}": "struct" for n in m.opaque})
+    items.update({f"alias {n}": t.c().replace(" ", "") for n, t in m.aliases.items()})
+    items.update({f"callback {n}": _signature(r, a) for n, (r, a) in m.callbacks.items()})
+    items.update({f"function {n}": _signature(r, [t for _, t in a]) for n, (r, a) in m.functions.items()})
+    return items
+
+
+def version_of(m: Model) -> Tuple[int, int, int]:
+    c = m.constants
+    return c["FD_VERSION_MAJOR"], c["FD_VERSION_MINOR"], c["FD_VERSION_PATCH"]
+
+
+BASELINE_HEAD = """\
+# The ABI of include/flashdec.h as released, for the append-only guard of
+# bindings/tools/gen_bindings.py. Generated: do not edit. One item a line:
+# struct (alignment; the size may only grow), field (offset, size, type),
+# enum and value, constant, opaque, alias, callback, function (signature).
+#
+# `gen_bindings.py` appends new items (fields past the struct's end, new
+# structs, enum values, functions); `gen_bindings.py --check` fails when an
+# item listed here moved, changed or disappeared, or when one is missing.
+# An intended break needs a version that may break (a new FD_VERSION_MAJOR;
+# in 0.x a new FD_VERSION_MINOR) and `gen_bindings.py --accept-abi-break`,
+# which starts this file again from the header.
+"""
+
+
+def format_baseline(version: Tuple[int, int, int], items: Dict[str, str]) -> str:
+    lines = [BASELINE_HEAD, "version " + ".".join(map(str, version))]
+    lines += [f"{k} {v}" for k, v in items.items()]
+    return "\n".join(lines) + "\n"
+
+
+def parse_baseline(text: str) -> Tuple[Tuple[int, int, int], Dict[str, str]]:
+    version: Optional[Tuple[int, int, int]] = None
+    items: Dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        kind, rest = line.split(" ", 1)
+        if kind == "version":
+            major, minor, patch = (int(x) for x in rest.split("."))
+            version = (major, minor, patch)
+            continue
+        name, _, value = rest.partition(" ")
+        items[f"{kind} {name}"] = value
+    if version is None:
+        raise SystemExit(f"{ABI_BASELINE.relative_to(ROOT)}: no version line")
+    return version, items
+
+
+def _numbers(value: str) -> Dict[str, str]:
+    it = iter(value.split(" "))
+    return dict(zip(it, it))
+
+
+def abi_compare(base: Dict[str, str], cur: Dict[str, str]) -> Tuple[List[str], List[str]]:
+    """(breaks, appended): what changed of the baseline's items, and the
+    current items it lacks. A field may only be appended past the end its
+    struct had (older callers' structs stop there, and the bytes inside it
+    that were padding hold garbage), except that a field may take over a
+    reserved field's place (reservedN, which callers set to 0) exactly."""
+    breaks: List[str] = []
+    appended = [k for k in cur if k not in base]
+    taken_over = set()
+    for key, value in base.items():
+        kind, name = key.split(" ", 1)
+        if key not in cur:
+            if kind == "field" and re.fullmatch(r"reserved\d+", name.split(".")[1]):
+                struct = name.split(".")[0]
+                old = _numbers(value)
+                heir = [k for k in appended if k.startswith(f"field {struct}.")
+                        and _numbers(cur[k])["offset"] == old["offset"] and _numbers(cur[k])["size"] == old["size"]]
+                if heir:
+                    taken_over.add(heir[0])
+                    continue
+            breaks.append(f"{kind} {name} was removed (it was: {value})")
+        elif kind == "struct":
+            old, new = _numbers(value), _numbers(cur[key])
+            if new["align"] != old["align"]:
+                breaks.append(f"struct {name}: alignment {old['align']} -> {new['align']} (older callers' "
+                              "sizes are multiples of the old one: docs/abi.md, whole fields only)")
+            if int(new["size"]) < int(old["size"]):
+                breaks.append(f"struct {name}: size {old['size']} -> {new['size']} (shrank)")
+        elif cur[key] != value:
+            breaks.append(f"{kind} {name}: {value} -> {cur[key]}")
+    for key in appended:
+        kind, name = key.split(" ", 1)
+        struct = name.split(".")[0]
+        if kind == "field" and f"struct {struct}" in base and key not in taken_over:
+            end = int(_numbers(base[f"struct {struct}"])["size"])
+            offset = int(_numbers(cur[key])["offset"])
+            if offset < end:
+                breaks.append(f"field {name} was inserted at offset {offset}, inside the {end} bytes "
+                              f"{struct} had: append new fields at the end")
+    return breaks, appended
+
+
+def may_break(base_version: Tuple[int, int, int], version: Tuple[int, int, int]) -> bool:
+    """A break needs a new major version, or in 0.x a new minor one."""
+    if version[0] != base_version[0]:
+        return version[0] > base_version[0]
+    return version[0] == 0 and version[1] > base_version[1]
+
+
+def abi_guard_self_test(text: str) -> List[str]:
+    """Edits the header the ways the guard must catch (and the ways it must
+    accept) and returns what it missed: the guard is only worth as much as it
+    is known to fail."""
+    base = abi_items(parse(text))
+    misses: List[str] = []
+
+    def edited(what: str, pattern: str, repl: str) -> Optional[Dict[str, str]]:
+        new, n = re.subn(pattern, repl, text, count=1, flags=re.S)
+        if n != 1:
+            misses.append(f"self-test '{what}': the header no longer matches {pattern!r}")
+            return None
+        return abi_items(parse(new))
+
+    struct = r"(typedef struct fd_decode_params \{\s*uint32_t struct_size;[^\n]*\n)"
+    must_break = {
+        "a field inserted before others": (struct, r"\1  uint32_t self_test_inserted;\n"),
+        "a field resized": (r"(typedef struct fd_decode_params \{.*?)uint32_t batch;", r"\1uint64_t batch;"),
+        "an enum value changed": (r"FD_ERR_UNSUPPORTED = 6,", "FD_ERR_UNSUPPORTED = 60,"),
+        "a function removed": (r"FD_API fd_status fd_decode\(const fd_decode_params \*params\);", ""),
+        "a parameter type changed": (r"fd_decode_plan_workspace_size\(const fd_decode_plan \*plan, size_t \*bytes\)",
+                                     "fd_decode_plan_workspace_size(const fd_decode_plan *plan, uint32_t *bytes)"),
+    }
+    for what, (pattern, repl) in must_break.items():
+        cur = edited(what, pattern, repl)
+        if cur is not None and not abi_compare(base, cur)[0]:
+            misses.append(f"self-test: '{what}' was not reported")
+    # A struct released with tail padding (a 4-byte field after 8-byte ones):
+    # a field appended into that padding moves nothing, but an older caller's
+    # struct_size covers it, so the library would read the caller's padding.
+    tail = r"(\n\} fd_decode_params;)"
+    padded = edited("tail padding", tail, r"\n  uint32_t self_test_tail;\1")
+    in_padding = edited("a field put in tail padding", tail,
+                        r"\n  uint32_t self_test_tail;\n  uint32_t self_test_in_padding;\1")
+    if padded is not None and in_padding is not None and not abi_compare(padded, in_padding)[0]:
+        misses.append("self-test: 'a field put in tail padding' was not reported")
+    must_pass = {
+        "a field appended": (r"(\n\} fd_decode_params;)", r"\n  uint64_t self_test_appended;\1"),
+        "a reserved field taken over": (r"(typedef struct fd_prefix_info \{.*?)uint32_t reserved0;",
+                                        r"\1uint32_t self_test_heir;"),
+        "a function appended": (r"(FD_API fd_status fd_decode\(const fd_decode_params \*params\);)",
+                                r"\1\nFD_API void fd_self_test_new(void);"),
+    }
+    for what, (pattern, repl) in must_pass.items():
+        cur = edited(what, pattern, repl)
+        if cur is not None:
+            breaks, appended = abi_compare(base, cur)
+            if breaks or not appended:
+                misses.append(f"self-test: '{what}' gave breaks {breaks} / appended {appended}")
+    return misses
+
+
+# --------------------------------------------------------------------------
 # bindgen
 
 
@@ -470,18 +777,76 @@ def same_tokens(a: str, b: str) -> bool:
     return re.sub(r"\s+", "", a) == re.sub(r"\s+", "", b)
 
 
+def abi_baseline(m: Model, args: argparse.Namespace, stale: List[str]) -> int:
+    """Checks the header against bindings/abi/baseline.txt and, when writing,
+    extends it (or, with --accept-abi-break, starts it again). 0 or 1."""
+    rel = ABI_BASELINE.relative_to(ROOT)
+    if args.check:
+        misses = abi_guard_self_test(HEADER.read_text())
+        if misses:
+            print("ABI guard self-test failed:", *misses, sep="\n  ")
+            return 1
+    version, cur = version_of(m), abi_items(m)
+    if not ABI_BASELINE.exists():
+        if args.check:
+            stale.append(f"{rel} (missing)")
+            return 0
+        ABI_BASELINE.parent.mkdir(parents=True, exist_ok=True)
+        ABI_BASELINE.write_text(format_baseline(version, cur))
+        print(f"wrote {rel} (new baseline at {'.'.join(map(str, version))})")
+        return 0
+    base_version, base = parse_baseline(ABI_BASELINE.read_text())
+    breaks, appended = abi_compare(base, cur)
+    if breaks:
+        v, bv = ".".join(map(str, version)), ".".join(map(str, base_version))
+        if args.check or not args.accept_abi_break:
+            print(f"ABI break against {rel} (released at {bv}, header {v}):", *breaks, sep="\n  ")
+            print("Append new fields at the end of their struct and new enum values/functions after the "
+                  "others. An intended break needs a version that may break (major; minor in 0.x) and "
+                  "`gen_bindings.py --accept-abi-break`.")
+            return 1
+        if not may_break(base_version, version):
+            print(f"--accept-abi-break: header {v} may not break the ABI of {bv}: bump FD_VERSION_MAJOR "
+                  "(FD_VERSION_MINOR while the major is 0) first.", *breaks, sep="\n  ")
+            return 1
+        ABI_BASELINE.write_text(format_baseline(version, cur))
+        print(f"wrote {rel} (ABI break accepted, new baseline at {v}):", *breaks, sep="\n  ")
+        return 0
+    # Same items in the header's order, appended ones included (a grown
+    # struct's size is the current one).
+    text = format_baseline(max(version, base_version), cur)
+    if text != ABI_BASELINE.read_text():
+        if args.check:
+            stale.append(f"{rel} (append: {', '.join(appended) or 'version/sizes'})")
+        else:
+            ABI_BASELINE.write_text(text)
+            print(f"wrote {rel}" + (f" (appended: {', '.join(appended)})" if appended else ""))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 when stale")
+    ap.add_argument("--abi-only", action="store_true",
+                    help="only the ABI layout table and the baseline (no bindings, no bindgen)")
+    ap.add_argument("--accept-abi-break", action="store_true",
+                    help="start the ABI baseline again (only with a version that may break)")
     args = ap.parse_args()
+    try:
+        import pycparser  # noqa: F401
+    except ImportError:
+        print("SKIP: pycparser is not installed (Debian python3-pycparser, or pip install pycparser)")
+        return 77 if args.abi_only else 1
     m = header_model()
-    outputs = {
-        PY_OUT: emit_python(m),
-        PROBE_OUT: emit_probe(m),
-        RUST_FIELDS_OUT: emit_rust_fields(m),
-        RUST_NAMED_OUT: emit_rust_named(m),
-    }
-    stale = []
+    outputs = {ABI_EXPECTED_OUT: emit_abi_expected(m)}
+    if not args.abi_only:
+        outputs.update({
+            PY_OUT: emit_python(m),
+            PROBE_OUT: emit_probe(m),
+            RUST_FIELDS_OUT: emit_rust_fields(m),
+            RUST_NAMED_OUT: emit_rust_named(m),
+        })
+    stale: List[str] = []
     for path, text in outputs.items():
         rel = path.relative_to(ROOT)
         if args.check:
@@ -490,24 +855,30 @@ def main() -> int:
         elif not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {rel}")
-    rust = run_bindgen(m)
-    rel = RUST_SYS_OUT.relative_to(ROOT)
-    if rust is None:
-        print(f"SKIP: bindgen not installed (Debian package `bindgen`); {rel} not regenerated/compared")
-    elif args.check:
-        if not RUST_SYS_OUT.exists() or not same_tokens(RUST_SYS_OUT.read_text(), rust):
-            stale.append(str(rel))
-        else:
-            print(f"{rel} matches bindgen {subprocess.run(['bindgen', '--version'], capture_output=True, text=True).stdout.strip()}")
-    elif not RUST_SYS_OUT.exists() or not same_tokens(RUST_SYS_OUT.read_text(), rust):
-        RUST_SYS_OUT.write_text(rust)
-        print(f"wrote {rel}")
+    status = abi_baseline(m, args, stale)
+    if not args.abi_only:
+        rust = run_bindgen(m)
+        rel = RUST_SYS_OUT.relative_to(ROOT)
+        if rust is None:
+            print(f"SKIP: bindgen not installed (Debian package `bindgen`); {rel} not regenerated/compared")
+        elif args.check:
+            if not RUST_SYS_OUT.exists() or not same_tokens(RUST_SYS_OUT.read_text(), rust):
+                stale.append(str(rel))
+            else:
+                ver = subprocess.run(["bindgen", "--version"], capture_output=True, text=True).stdout.strip()
+                print(f"{rel} matches {ver}")
+        elif not RUST_SYS_OUT.exists() or not same_tokens(RUST_SYS_OUT.read_text(), rust):
+            RUST_SYS_OUT.write_text(rust)
+            print(f"wrote {rel}")
     if stale:
         print("stale generated files (run python3 bindings/tools/gen_bindings.py):", *stale, sep="\n  ")
         return 1
+    if status:
+        return status
     if args.check:
-        print(f"generated bindings are current ({len(m.functions)} functions, {len(m.structs)} structs, "
-              f"{len(m.enums)} enums)")
+        what = "ABI layout table and baseline are" if args.abi_only else "generated bindings and ABI baseline are"
+        print(f"{what} current ({len(m.functions)} functions, {len(m.structs)} structs, {len(m.enums)} enums; "
+              f"ABI guard self-test passed)")
     return 0
 
 

@@ -47,9 +47,9 @@ def _ptr(ctype: type) -> type:
 
 # #define FD_* constants
 FD_VERSION_MAJOR = 0
-FD_VERSION_MINOR = 1
+FD_VERSION_MINOR = 2
 FD_VERSION_PATCH = 0
-FD_VERSION_NUMBER = 100
+FD_VERSION_NUMBER = 200
 FD_DECODE_CHECK_INDICES = 1
 
 # Enums: name -> [(constant, value)], header order. fd_status and the others
@@ -227,7 +227,7 @@ fd_workload_kind = c_int32
 fd_workload_policy = c_int32
 
 # Incomplete handle types: pointers to them travel as c_void_p.
-OPAQUE: Tuple[str, ...] = ('fd_cache', 'fd_scheduler', 'fd_snapshot', 'fd_decision', 'fd_engine', 'fd_workload_result')
+OPAQUE: Tuple[str, ...] = ('fd_cache', 'fd_decode_plan', 'fd_scheduler', 'fd_snapshot', 'fd_decision', 'fd_engine', 'fd_workload_result')
 fd_stream = c_void_p  # struct CUstream_st *
 fd_workload_progress_fn = CFUNCTYPE(None, c_void_p, c_uint64, c_uint64)
 
@@ -348,18 +348,17 @@ class fd_prefix_info(Structure):
 class fd_decode_params(Structure):
     _fields_ = [
         ('struct_size', c_uint32),  # uint32_t
-        ('dtype', c_int32),  # int32_t
-        ('layout', c_int32),  # int32_t
         ('batch', c_uint32),  # uint32_t
         ('num_q_heads', c_uint32),  # uint32_t
         ('num_kv_heads', c_uint32),  # uint32_t
         ('head_dim', c_uint32),  # uint32_t
+        ('q_dtype', c_int32),  # int32_t
+        ('kv_dtype', c_int32),  # int32_t
+        ('out_dtype', c_int32),  # int32_t
+        ('layout', c_int32),  # int32_t
         ('block_size', c_uint32),  # uint32_t
         ('num_blocks', c_uint32),  # uint32_t
         ('max_blocks_per_seq', c_uint32),  # uint32_t
-        ('sm_scale', c_float),  # float
-        ('flags', c_uint32),  # uint32_t
-        ('q', c_void_p),  # void *
         ('k_cache', c_void_p),  # void *
         ('v_cache', c_void_p),  # void *
         ('stride_block', c_int64),  # int64_t
@@ -368,15 +367,19 @@ class fd_decode_params(Structure):
         ('stride_dim', c_int64),  # int64_t
         ('block_tables', c_void_p),  # int32_t *
         ('seq_lens', c_void_p),  # int32_t *
+        ('q', c_void_p),  # void *
+        ('q_indptr', c_void_p),  # int32_t *
         ('out', c_void_p),  # void *
+        ('sm_scale', c_float),  # float
+        ('flags', c_uint32),  # uint32_t
         ('max_seq_len_hint', c_int32),  # int32_t
+        ('max_q_len_hint', c_int32),  # int32_t
         ('num_splits', c_int32),  # int32_t
+        ('cpu_threads', c_uint32),  # uint32_t
         ('workspace', c_void_p),  # void *
         ('workspace_size', c_size_t),  # size_t
         ('device', fd_device),  # fd_device
         ('stream', c_void_p),  # fd_stream
-        ('cpu_threads', c_uint32),  # uint32_t
-        ('reserved0', c_uint32),  # uint32_t
     ]
 
 
@@ -647,6 +650,10 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_decode_params_init': (None, [POINTER(fd_decode_params)]),
     'fd_decode_workspace_size': (fd_status, [POINTER(fd_decode_params), _ptr(c_size_t)]),
     'fd_decode': (fd_status, [POINTER(fd_decode_params)]),
+    'fd_decode_plan_create': (fd_status, [POINTER(fd_decode_params), _ptr(c_int32), POINTER(c_void_p)]),
+    'fd_decode_plan_destroy': (None, [c_void_p]),
+    'fd_decode_plan_workspace_size': (fd_status, [c_void_p, _ptr(c_size_t)]),
+    'fd_decode_run': (fd_status, [c_void_p, POINTER(fd_decode_params)]),
     'fd_rope_apply': (fd_status, [c_int32, c_void_p, c_uint32, c_uint32, c_uint32, _ptr(c_int32), c_uint32, c_float]),
     'fd_reference_attention_dense': (fd_status, [c_int32, c_uint32, c_uint32, c_uint32, c_uint32, c_uint32, c_void_p, c_void_p, c_void_p, _ptr(c_int32), c_float, c_void_p]),
     'fd_kv_append_params_init': (None, [POINTER(fd_kv_append_params)]),
@@ -740,6 +747,10 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_decode_params_init': ('params',),
     'fd_decode_workspace_size': ('params', 'bytes'),
     'fd_decode': ('params',),
+    'fd_decode_plan_create': ('params', 'host_seq_lens', 'out'),
+    'fd_decode_plan_destroy': ('plan',),
+    'fd_decode_plan_workspace_size': ('plan', 'bytes'),
+    'fd_decode_run': ('plan', 'params'),
     'fd_rope_apply': ('dtype', 'x', 'num_tokens', 'num_heads', 'head_dim', 'positions', 'rotary_dim', 'rope_base'),
     'fd_reference_attention_dense': ('dtype', 'batch', 'num_q_heads', 'num_kv_heads', 'head_dim', 'max_seq_len', 'q', 'k', 'v', 'seq_lens', 'sm_scale', 'out'),
     'fd_kv_append_params_init': ('params',),
