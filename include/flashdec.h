@@ -60,7 +60,7 @@
 /** Major version: changes only on an ABI break (it is the SONAME suffix). */
 #define FD_VERSION_MAJOR 0
 /** Minor version: grows when functions or struct fields are appended. */
-#define FD_VERSION_MINOR 1
+#define FD_VERSION_MINOR 2
 /** Patch version: fixes with no interface change. */
 #define FD_VERSION_PATCH 0
 /** Version as one number: major * 10000 + minor * 100 + patch. */
@@ -883,32 +883,44 @@ FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id
 #define FD_DECODE_CHECK_INDICES 1u
 
 /**
- * @brief Parameters of ::fd_decode. Initialise with ::fd_decode_params_init.
+ * @brief Parameters of ::fd_decode, ::fd_decode_plan_create and
+ * ::fd_decode_run (reshaped in 0.2). Initialise with ::fd_decode_params_init.
  *
- * Element (block b, kv head h, token t, dim d) of a K or V cache lives at
- * `base + b*stride_block + h*stride_head + t*stride_token + d*stride_dim`
- * (strides in elements). All four strides 0 means packed storage of @p layout:
- * token-major [num_blocks, num_kv_heads, block_size, head_dim] or dim-major
- * [num_blocks, num_kv_heads, head_dim, block_size]. With explicit strides the
- * layout's contiguous axis must have stride 1 (dim for token-major, token for
- * dim-major); e.g. vLLM/FlashInfer NHD pages [num_blocks, block_size,
- * num_kv_heads, head_dim] are token-major with strides
- * {block_size*H*D, D, H*D, 1}.
+ * Five sections: shape, element types, the paged K/V view, queries and
+ * output, the attention variant, and execution. New fields are appended at
+ * the end (docs/abi.md).
+ *
+ * Paged K/V view: element (block b, kv head h, token t, dim d) of a K or V
+ * cache lives at `base + b*stride_block + h*stride_head + t*stride_token +
+ * d*stride_dim` (strides in elements). All four strides 0 means packed
+ * storage of @p layout: token-major [num_blocks, num_kv_heads, block_size,
+ * head_dim] or dim-major [num_blocks, num_kv_heads, head_dim, block_size].
+ * With explicit strides the layout's contiguous axis must have stride 1 (dim
+ * for token-major, token for dim-major); e.g. vLLM/FlashInfer NHD pages
+ * [num_blocks, block_size, num_kv_heads, head_dim] are token-major with
+ * strides {block_size*H*D, D, H*D, 1}. The same view describes external
+ * cache storage (::fd_cache_config) and appends (::fd_kv_append_params).
+ *
+ * Element types served (anything else is ::FD_ERR_UNSUPPORTED naming the
+ * field): q_dtype == kv_dtype == out_dtype, each f16 or bf16 on both
+ * backends, or f32 on the CPU backend.
  */
 typedef struct fd_decode_params {
-  uint32_t struct_size;        /**< sizeof(fd_decode_params) as compiled by the caller. */
-  int32_t dtype;               /**< ::fd_dtype of q, k, v and out. */
+  uint32_t struct_size; /**< sizeof(fd_decode_params) as compiled by the caller. */
+  /* Shape. */
+  uint32_t batch;        /**< Rows (requests), >= 1. */
+  uint32_t num_q_heads;  /**< Positive multiple of num_kv_heads. */
+  uint32_t num_kv_heads; /**< KV heads (>= 1). */
+  uint32_t head_dim;     /**< Elements per head (>= 1). */
+  /* Element types. */
+  int32_t q_dtype;   /**< ::fd_dtype of q. Default ::FD_DTYPE_BF16. */
+  int32_t kv_dtype;  /**< ::fd_dtype of k_cache and v_cache. Default ::FD_DTYPE_BF16. */
+  int32_t out_dtype; /**< ::fd_dtype of out. Default ::FD_DTYPE_BF16. */
+  /* Paged K/V view. */
   int32_t layout;              /**< ::fd_kv_layout of the K/V cache. */
-  uint32_t batch;              /**< Rows (>= 1). */
-  uint32_t num_q_heads;        /**< Positive multiple of num_kv_heads. */
-  uint32_t num_kv_heads;       /**< KV heads (>= 1). */
-  uint32_t head_dim;           /**< Elements per head. */
-  uint32_t block_size;         /**< Tokens per block. */
-  uint32_t num_blocks;         /**< Physical blocks addressable through k/v. */
-  uint32_t max_blocks_per_seq; /**< Row stride of block_tables. */
-  float sm_scale;              /**< Softmax scale; 0 means 1/sqrt(head_dim). */
-  uint32_t flags;              /**< FD_DECODE_* flags. */
-  const void *q;               /**< [batch, num_q_heads, head_dim]. */
+  uint32_t block_size;         /**< Tokens per block (>= 1). */
+  uint32_t num_blocks;         /**< Physical blocks addressable through k/v (>= 1). */
+  uint32_t max_blocks_per_seq; /**< Row stride of block_tables (>= 1). */
   const void *k_cache;         /**< K storage of one layer (see strides). */
   const void *v_cache;         /**< V storage of one layer, same strides as K. */
   int64_t stride_block;        /**< Elements between blocks (0: packed). */
@@ -916,34 +928,46 @@ typedef struct fd_decode_params {
   int64_t stride_token;        /**< Elements between tokens (0: packed). */
   int64_t stride_dim;          /**< Elements between dims (0: packed). */
   const int32_t *block_tables; /**< [batch, max_blocks_per_seq]; unused slots -1. */
-  const int32_t *seq_lens;     /**< [batch]; each in [0, max_blocks_per_seq*block_size] (the
-                                  product is exact in 64 bits). */
-  void *out;                   /**< [batch, num_q_heads, head_dim]; must not alias inputs. */
-  int32_t max_seq_len_hint;    /**< Host-known upper bound of seq_lens (0:
-                                  max_blocks_per_seq*block_size). */
+  const int32_t *seq_lens;     /**< [batch] K/V tokens per row (the new token included); each
+                                  in [0, max_blocks_per_seq*block_size] (exact in 64 bits). */
+  /* Queries and output. */
+  const void *q;           /**< [query tokens, num_q_heads, head_dim]: one token per row. */
+  const int32_t *q_indptr; /**< Per-row query lengths as offsets into q, [batch + 1], or NULL
+                                (the default): one query token per row. 0.2 serves only NULL;
+                                any other value is ::FD_ERR_UNSUPPORTED. */
+  void *out;               /**< [query tokens, num_q_heads, head_dim]; must not alias inputs. */
+  /* Attention variant (docs/semantics.md S2). */
+  float sm_scale; /**< Softmax scale; 0 means 1/sqrt(head_dim). */
+  /* Execution. */
+  uint32_t flags;           /**< FD_DECODE_* flags. */
+  int32_t max_seq_len_hint; /**< Host-known upper bound of seq_lens (0:
+                                 max_blocks_per_seq*block_size). */
+  int32_t max_q_len_hint;   /**< Host-known upper bound of query tokens per row (0: 1); 0.2
+                                 serves 0 and 1, larger values are ::FD_ERR_UNSUPPORTED. */
   int32_t num_splits; /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
-  void *workspace;    /**< Scratch for split-KV partials (device memory for CUDA); may be NULL. */
+  uint32_t cpu_threads; /**< CPU backend threads, the caller's included; 0 = the
+                             FLASHDEC_THREADS environment variable if set to a positive
+                             integer (read once, at the first call), else all hardware
+                             threads. Capped at 256. Threads come from a pool the library
+                             owns (see ::fd_decode); the output bits do not depend on it. */
+  void *workspace;       /**< Scratch for split-KV partials (device memory for CUDA); may be
+                              NULL. */
   size_t workspace_size; /**< Bytes at workspace. */
   fd_device device;      /**< Where every pointer above lives and where the work runs. */
   fd_stream stream;      /**< CUDA stream the work is enqueued on (ignored on CPU). */
-  uint32_t cpu_threads;  /**< CPU backend threads, the caller's included; 0 = the
-                            FLASHDEC_THREADS environment variable if set to a positive
-                            integer (read once, at the first call), else all hardware
-                            threads. Capped at 256. Threads come from a pool the library
-                            owns (see ::fd_decode); the output bits do not depend on it. */
-  uint32_t reserved0;    /**< Must be 0. */
 } fd_decode_params;
 
-/** @brief Fills @p params with defaults (CPU device, token-major, bf16,
- *  automatic splits, packed strides) and sets struct_size. NULL is ignored.
+/** @brief Fills @p params with defaults (CPU device, token-major, bf16 q, K/V
+ *  and out, automatic splits, packed strides, one query token per row) and
+ *  sets struct_size. NULL is ignored.
  *  @param[out] params Borrowed for the call; may be NULL. */
 FD_API void fd_decode_params_init(fd_decode_params *params);
 
 /**
  * @brief Workspace bytes ::fd_decode needs for @p params (with num_splits 0,
  * for the split count it would choose given max_seq_len_hint).
- * @param[in] params Borrowed for the call; not NULL. Its pointers are not
- *   dereferenced.
+ * @param[in] params Borrowed for the call; not NULL. Its buffer pointers are
+ *   not dereferenced and may be NULL (0.2); given ones must be aligned.
  * @param[out] bytes Not NULL; receives the byte count (0: no workspace needed).
  * @return ::FD_OK; as ::fd_decode for invalid or unsupported parameters.
  */
@@ -953,6 +977,11 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
  * @brief Paged decode attention (S2): for each row r and query head h,
  * out[r,h] = softmax(sm_scale * q[r,h] . K[r,kvh,0..len)) @ V[r,kvh,0..len),
  * with kvh = h / (num_q_heads / num_kv_heads); empty rows give zeros.
+ *
+ * Equivalent to ::fd_decode_plan_create from @p params (without host lengths),
+ * ::fd_decode_run and ::fd_decode_plan_destroy, except that on CUDA it
+ * allocates nothing on the host either. Prefer a plan when many calls
+ * (layers) share one shape and one set of lengths.
  *
  * CPU device: runs synchronously on the calling thread plus up to
  * cpu_threads - 1 workers of a pool the library creates at the first
@@ -979,6 +1008,77 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
  *   parameter); ::FD_ERR_NO_DEVICE; ::FD_ERR_DEVICE (a launch failed).
  */
 FD_API fd_status fd_decode(const fd_decode_params *params);
+
+/**
+ * @brief A decode plan (appended in 0.2): the split-KV work list of one step,
+ * made once on the host and used by every layer's ::fd_decode_run.
+ *
+ * Immutable after ::fd_decode_plan_create; thread-safe (any number of threads
+ * may run with one plan at once, each with its own buffers).
+ */
+typedef struct fd_decode_plan fd_decode_plan;
+
+/**
+ * @brief Plans the decode calls of one step (appended in 0.2).
+ *
+ * Checks @p params as ::fd_decode does, except that its buffer pointers are
+ * not dereferenced and may be NULL (given ones must be aligned), and decides
+ * the work list: which (row, KV head, token range)
+ * items the attention kernel runs and where each leaves its partial result
+ * for the merge. With @p host_seq_lens (the step's exact K/V lengths, in
+ * host memory) the split-KV layout is chosen from them; without it, from
+ * max_seq_len_hint as ::fd_decode does. Automatic splitting (num_splits 0)
+ * is limited to the workspace @p params names when its workspace pointer is
+ * not NULL; with a NULL workspace the plan splits as it sees fit and
+ * ::fd_decode_plan_workspace_size says what every run must provide.
+ * A run whose device seq_lens differ from the planned ones is still correct
+ * (a row longer than planned costs speed, never tokens); a row longer than
+ * max_seq_len_hint is refused where indices are checked, as in ::fd_decode.
+ * @param[in] params Borrowed for the call; not NULL. The plan is made for
+ *   its batch, num_q_heads, num_kv_heads, head_dim and device; every run must
+ *   use the same five values and takes all other fields from its own params.
+ * @param[in] host_seq_lens Host memory, [params->batch] lengths, each in
+ *   [0, max_seq_len_hint resolved]; borrowed for the call; may be NULL.
+ * @param[out] out Not NULL; receives a new plan (owned by the caller, release
+ *   with ::fd_decode_plan_destroy) on success, untouched on failure.
+ * @return ::FD_OK; as ::fd_decode for invalid or unsupported parameters;
+ *   ::FD_ERR_INVALID_ARGUMENT for a host length out of range (the message
+ *   names the row); ::FD_ERR_OUT_OF_MEMORY. Thread-safe.
+ */
+FD_API fd_status fd_decode_plan_create(const fd_decode_params *params,
+                                       const int32_t *host_seq_lens, fd_decode_plan **out);
+
+/** @brief Releases @p plan (appended in 0.2). NULL is ignored. Work already
+ *  enqueued with it is not affected (a plan holds no device memory). */
+FD_API void fd_decode_plan_destroy(fd_decode_plan *plan);
+
+/**
+ * @brief Workspace bytes every ::fd_decode_run with @p plan needs (appended in
+ * 0.2). Thread-safe.
+ * @param[in] plan Not NULL.
+ * @param[out] bytes Not NULL; receives the byte count (0: none needed).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL argument).
+ */
+FD_API fd_status fd_decode_plan_workspace_size(const fd_decode_plan *plan, size_t *bytes);
+
+/**
+ * @brief Runs one decode call with a plan (appended in 0.2): the attention of
+ * ::fd_decode, with the split-KV layout the plan decided.
+ *
+ * @p params must have the planned batch, num_q_heads, num_kv_heads, head_dim
+ * and device (see ::fd_decode_plan_create); every other field (buffers,
+ * stream, element types, strides, sm_scale) may differ from call to call.
+ * CUDA: launches only (no allocation, no host
+ * synchronisation unless ::FD_DECODE_CHECK_INDICES), so it can be captured
+ * in a CUDA graph. CPU: as ::fd_decode. Output bits equal ::fd_decode's for
+ * the same split layout.
+ * @param[in] plan Not NULL; borrowed for the call.
+ * @param[in] params Borrowed for the call; not NULL.
+ * @return As ::fd_decode; ::FD_ERR_INVALID_ARGUMENT also when a planned field
+ *   differs (the message names it) or the workspace is smaller than
+ *   ::fd_decode_plan_workspace_size.
+ */
+FD_API fd_status fd_decode_run(const fd_decode_plan *plan, const fd_decode_params *params);
 
 /**
  * @brief Applies RoPE (S3.1, split-half form) in place to @p x, host memory

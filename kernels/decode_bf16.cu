@@ -1,12 +1,13 @@
-// bf16 instantiations of the paged decode kernels (head_dim 64/128 x both layouts).
+// bf16 instantiations of the paged decode kernels (q, K/V and out bf16; head_dim
+// 64/128 x both layouts).
 #include "decode_kernel.cuh"
 
 namespace fd {
 namespace cuda {
 
 template <>
-cudaError_t launch_decode_typed<__nv_bfloat16>(const DecodeLaunch &launch) {
-  return launch_decode_dispatch<__nv_bfloat16>(launch);
+cudaError_t launch_decode_typed<__nv_bfloat16, __nv_bfloat16>(const DecodeLaunch &launch) {
+  return launch_decode_dispatch<__nv_bfloat16, __nv_bfloat16>(launch);
 }
 
 }  // namespace cuda

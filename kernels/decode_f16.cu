@@ -1,12 +1,13 @@
-// f16 instantiations of the paged decode kernels (head_dim 64/128 x both layouts).
+// f16 instantiations of the paged decode kernels (q, K/V and out f16; head_dim
+// 64/128 x both layouts).
 #include "decode_kernel.cuh"
 
 namespace fd {
 namespace cuda {
 
 template <>
-cudaError_t launch_decode_typed<__half>(const DecodeLaunch &launch) {
-  return launch_decode_dispatch<__half>(launch);
+cudaError_t launch_decode_typed<__half, __half>(const DecodeLaunch &launch) {
+  return launch_decode_dispatch<__half, __half>(launch);
 }
 
 }  // namespace cuda

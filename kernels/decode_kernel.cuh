@@ -38,6 +38,13 @@ constexpr int kTile = kDecodeTileTokens;
 constexpr int kStepTokens = 16;  // tokens per warp step (the PV mma's k)
 constexpr int kStepsPerTile = kTile / kStepTokens;
 
+// Elements per 16-byte copy. The staging, the swizzles and the ldmatrix /
+// mma fragments below are laid out for 16-bit K/V elements (8 per 16-byte
+// chunk); the kernels static_assert it, so an 8-bit K/V type (FP8) cannot
+// reach this path without its own conversion step.
+constexpr int kKvElemBytes = 2;
+constexpr int kChunkElems = 16 / kKvElemBytes;
+
 template <int D>
 struct Config {
   static constexpr int kTileElems = kTile * D;  // of K (or V) per stage
@@ -47,8 +54,8 @@ struct Config {
   // 0.98, C ragged 0.76 -> 0.86 of copy; D = 64 with 3 x 4 instead of 4 x 3:
   // D 128x2048 0.79 -> 0.95, D ragged 0.76 -> 0.80 (docs/kernel-design.md).
   static constexpr int kStages = D == 128 ? 2 : 3;
-  static constexpr int kChunksPerThread = kTileElems / 8 / kThreads;  // 16-byte copies
-  static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kChunksPerThread = kTileElems / kChunkElems / kThreads;  // 16-byte copies
+  static constexpr int kSmemBytes = kStages * 2 * kTileElems * kKvElemBytes;
   static constexpr int kCtasPerSm = D == 128 ? 3 : 4;
 };
 
@@ -265,29 +272,34 @@ struct Params {
   const int32_t *block_tables;
   const int32_t *seq_lens;
   int64_t stride_block, stride_head, stride_token, stride_dim;
-  int32_t num_kv_heads, group_size, block_size_log2, num_blocks, max_blocks_per_seq;
-  int32_t num_splits, tiles_per_split, m_tiles;
-  float scale_log2;
+  int32_t block_size_log2, num_blocks, max_blocks_per_seq, m_tiles;
+  DecodeWorkList work;    // which (row, KV head, split) each CTA serves
+  VariantPolicy variant;  // logits (attention/variant.hpp)
   float *partial_o;
   float *partial_ml;
 };
 
-template <class T, int D, bool kDimMajor>
+// TQ: element type of q and out; TKV: of K and V (the host serves TQ == TKV).
+template <class TQ, class TKV, int D, bool kDimMajor>
 __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
+  static_assert(sizeof(TKV) == kKvElemBytes && sizeof(TQ) == 2,
+                "the tensor-core path reads 16-bit q and K/V elements");
+  static_assert(std::is_same<TQ, TKV>::value, "one mma type for q and K/V");
   using Cfg = Config<D>;
-  using M = Mma<T>;
+  using M = Mma<TKV>;
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
   constexpr int kNch = Cfg::kChunksPerThread;
   constexpr int kS = Cfg::kStages;
-  extern __shared__ __align__(128) uint16_t smem[];
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  TKV *smem = reinterpret_cast<TKV *>(smem_bytes);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int split = blockIdx.x % p.num_splits;
-  const int rest = blockIdx.x / p.num_splits;
-  const int kvh = rest % p.num_kv_heads;
-  const int row = rest / p.num_kv_heads;
+  const DecodeWorkItem item = p.work.item(static_cast<int32_t>(blockIdx.x));
+  const int split = item.split;
+  const int kvh = item.kv_head;
+  const int row = item.row;
   const int bs_log2 = p.block_size_log2;
   const int bs_mask = (1 << bs_log2) - 1;
   const int cpb_log2 = bs_log2 - 3;
@@ -304,9 +316,9 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
 
   const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
   const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
-  const T *kbase = static_cast<const T *>(p.k) + head_off;
-  const T *vbase = static_cast<const T *>(p.v) + head_off;
-  const int tile_begin = split * p.tiles_per_split;
+  const TKV *kbase = static_cast<const TKV *>(p.k) + head_off;
+  const TKV *vbase = static_cast<const TKV *>(p.v) + head_off;
+  const int tile_begin = item.tile_begin;
 
   // Raw block-table entries of the blocks holding this thread's copies of
   // tile j (-1 past the table row). They do not depend on seq_len, so the
@@ -329,21 +341,20 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
   FD_TRACE(fd_trace_attn, 8, 2, seq_len);
   const int row_tiles = (seq_len + kTile - 1) / kTile;
-  int n_tiles = row_tiles - tile_begin;
   // The last partition takes every remaining tile, so a seq_len above the
-  // caller's max_seq_len_hint costs speed, never tokens.
-  if (split + 1 < p.num_splits && n_tiles > p.tiles_per_split) n_tiles = p.tiles_per_split;
+  // planned length costs speed, never tokens.
+  const int n_tiles = p.work.item_tiles(item, row_tiles);
   // An empty partition writes nothing: the merge reads only partitions that
   // hold tokens. Unsplit rows always write (zeros for an empty row).
-  if (n_tiles <= 0 && p.num_splits > 1) return;
+  if (n_tiles <= 0 && p.work.has_partials()) return;
 
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
   // kernel read outside the cache.
   auto issue = [&](int j, const int ids[kNch]) {
     const int tok0 = (tile_begin + j) * kTile;
-    uint16_t *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
-    uint16_t *sv = sk + Cfg::kTileElems;
+    TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
+    TKV *sv = sk + Cfg::kTileElems;
 #pragma unroll
     for (int i = 0; i < kNch; ++i) {
       const CopyCoords cc = copy_coords<kDimMajor, D>(tid, i, cpb_log2);
@@ -353,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       if (kDimMajor)
         off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
       else
-        off += static_cast<int64_t>(t & bs_mask) * p.stride_token + cc.chunk * 8;
+        off += static_cast<int64_t>(t & bs_mask) * p.stride_token + cc.chunk * kChunkElems;
       if (!valid) off = 0;
       cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
       cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
@@ -376,10 +387,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int slice_step = kWarps / p.m_tiles;
   const int g = lane >> 2;
   const int tig = lane & 3;
-  const int group = p.group_size;
-  const int num_q_heads = p.num_kv_heads * group;
+  const int group = p.work.group_size;
+  const int num_q_heads = p.work.num_kv_heads * group;
   const int64_t q_row0 = (static_cast<int64_t>(row) * num_q_heads + kvh * group) * D;
-  const uint16_t *qbits = static_cast<const uint16_t *>(p.q) + q_row0;
+  const TQ *qrow = static_cast<const TQ *>(p.q) + q_row0;
 
   // Q as mma A fragments: rows g and g+8 of the m-tile, dims 2*tig.. of each
   // 16-dim k-step. Heads past the group are zero rows.
@@ -393,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       auto pair = [&](int h, int dd) -> uint32_t {
         if (h >= group) return 0u;
         // One 4-byte load per pair (the host requires q 4-byte aligned).
-        return __ldg(reinterpret_cast<const uint32_t *>(qbits + static_cast<int64_t>(h) * D + dd));
+        return __ldg(reinterpret_cast<const uint32_t *>(qrow + static_cast<int64_t>(h) * D + dd));
       };
       qa[ks][0] = pair(h0, d);
       qa[ks][1] = pair(h1, d);
@@ -407,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = neg_inf(), m1 = neg_inf();  // running max (base 2) of heads g, g+8
   float l0 = 0.f, l1 = 0.f;              // this thread's part of the running sums
-  const float scale = p.scale_log2;
+  const VariantPolicy variant = p.variant;
   const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
   const int rr = lane & 7;   // ... and which of its rows
 
@@ -422,8 +433,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     cp_async_commit();
 
     const int tok0 = (tile_begin + j) * kTile;
-    uint16_t *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
-    uint16_t *sv = sk + Cfg::kTileElems;
+    TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
+    TKV *sv = sk + Cfg::kTileElems;
     if (kDimMajor && tok0 + kTile > seq_len) {
       // A dim-major copy brings 8 tokens at once, so the last tile can hold
       // tokens past the row's end: stale cache contents (maybe NaN) that a
@@ -431,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       const int first = seq_len - tok0 < 0 ? 0 : seq_len - tok0;
       for (int e = tid; e < D * kTile; e += kThreads) {
         const int d = e / kTile, t = e % kTile;
-        if (t >= first) sv[dm_offset<D>(d, t / 8, cpb_log2) + (t & 7)] = 0;
+        if (t >= first) sv[dm_offset<D>(d, t / 8, cpb_log2) + (t & 7)] = TKV(0.f);
       }
       __syncthreads();
     }
@@ -466,13 +477,13 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
         M::run(s[1], qa[ks], b[2], b[3]);
       }
 
-      // Online softmax in base 2 (scale includes log2(e)).
+      // Online softmax in base 2 (the variant's logits include log2(e)).
       const bool tail = tok0 + t0 + kStepTokens > seq_len;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] *= scale;
+          s[n][e] = variant.logit_log2(s[n][e]);
           if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= seq_len) s[n][e] = neg_inf();
         }
       float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
@@ -547,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   float *red_l = red_m + kWarps * 16;              // [warp][16]
   {
     float *wo = red_o + warp * 16 * Dp;
-    const bool row0 = mt * 16 + g < p.group_size, row1 = mt * 16 + g + 8 < p.group_size;
+    const bool row0 = mt * 16 + g < group, row1 = mt * 16 + g + 8 < group;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int d = n * 8 + 2 * tig;
@@ -588,7 +599,6 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // Each thread combines 4 dims of one head over the warps and writes them:
   // the normalised output (unsplit) or the split's unnormalised partial.
   constexpr int kV = D / 4;
-  const int num_splits = p.num_splits;
   const bool out8 = (reinterpret_cast<uintptr_t>(p.out) & 7) == 0;
   for (int c = tid; c < group * kV; c += kThreads) {
     const int h = c / kV, v = c % kV;
@@ -605,11 +615,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       acc.w += f * x.w;
     }
     const int64_t qh = static_cast<int64_t>(row) * num_q_heads + kvh * group + h;
-    if (num_splits == 1) {
+    if (!p.work.has_partials()) {
       const float sum = red_h[2 * h + 1];
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const uint16_t e0 = M::from_float(acc.x * inv), e1 = M::from_float(acc.y * inv);
-      const uint16_t e2 = M::from_float(acc.z * inv), e3 = M::from_float(acc.w * inv);
+      using O = Mma<TQ>;  // out has q's element type
+      const uint16_t e0 = O::from_float(acc.x * inv), e1 = O::from_float(acc.y * inv);
+      const uint16_t e2 = O::from_float(acc.z * inv), e3 = O::from_float(acc.w * inv);
       uint16_t *dst = static_cast<uint16_t *>(p.out) + qh * D + v * 4;
       if (out8) {
         *reinterpret_cast<uint2 *>(dst) = make_uint2(e0 | (static_cast<uint32_t>(e1) << 16),
@@ -618,7 +629,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
         dst[0] = e0, dst[1] = e1, dst[2] = e2, dst[3] = e3;
       }
     } else {
-      const int64_t slot = qh * num_splits + split;
+      const int64_t slot = p.work.partial_slot(qh, split);
       *reinterpret_cast<float4 *>(p.partial_o + slot * D + v * 4) = acc;
       if (v == 0)
         *reinterpret_cast<float2 *>(p.partial_ml + slot * 2) =
@@ -646,26 +657,26 @@ __device__ __forceinline__ void add_weighted(float acc[2], float w, const float2
 // through shared memory in a fixed order. Only partitions that hold tokens
 // are read; an empty row gives zeros. Few dependent memory round trips per
 // warp, and enough warps per head when there are many splits.
-template <class T, int D>
+template <class TOut, int D>
 __global__ void __launch_bounds__(256, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
-                        const int32_t *__restrict__ seq_lens, void *out, int rows_heads,
-                        int num_q_heads, int num_splits, int split_tokens, int max_len, int wph,
-                        int heads_per_cta) {
+                        const int32_t *__restrict__ seq_lens, void *out, const DecodeWorkList work,
+                        int max_len, int wph, int heads_per_cta) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
   __shared__ float share[8][D];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int part = warp % wph;
+  const int num_q_heads = work.num_kv_heads * work.group_size;
+  const int rows_heads = work.batch * num_q_heads;
   const int qh = blockIdx.x * heads_per_cta + warp / wph;
   const bool active = qh < rows_heads;
   int nv = 0;
   if (active) {
     int len = seq_lens[qh / num_q_heads];
     len = len < 0 ? 0 : (len > max_len ? max_len : len);
-    nv = (len + split_tokens - 1) / split_tokens;
-    nv = nv > num_splits ? num_splits : nv;
+    nv = work.splits_holding(len);
   }
   // This kernel follows the attention kernel directly and is scheduled only
   // once all its CTAs are past their own wait, so seq_lens (written before
@@ -685,8 +696,8 @@ __global__ void __launch_bounds__(256, 1)
     // warp gets at most 16 splits; the tail loop is a safety net).
     constexpr int kRows = kDecodeMaxSplits / 8;
     using Vec = typename std::conditional<kPer == 4, float4, float2>::type;
-    const float *ml = partial_ml + static_cast<int64_t>(qh) * num_splits * 2;
-    const float *po = partial_o + static_cast<int64_t>(qh) * num_splits * D + lane * kPer;
+    const float *ml = partial_ml + work.partial_slot(qh, 0) * 2;
+    const float *po = partial_o + work.partial_slot(qh, 0) * D + lane * kPer;
     float m[4], l[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -745,7 +756,7 @@ __global__ void __launch_bounds__(256, 1)
   uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * D + lane * kPer;
   const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) dst[e] = Mma<T>::from_float(acc[e] * inv);
+  for (int e = 0; e < kPer; ++e) dst[e] = Mma<TOut>::from_float(acc[e] * inv);
 }
 
 // Launch shape of decode_merge_kernel for `rows_heads` (row, q head) pairs:
@@ -784,15 +795,15 @@ cudaError_t launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned thread
 
 }  // namespace detail
 
-// Launches decode_kernel<T, D, layout> and the merge (defined per dtype in
-// decode_<dtype>.cu so the two compile in parallel).
-template <class T>
+// Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
+// element-type pair in decode_<dtype>.cu so they compile in parallel).
+template <class TQ, class TKV>
 cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 
-template <class T, int D, bool kDimMajor>
+template <class TQ, class TKV, int D, bool kDimMajor>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   using Cfg = detail::Config<D>;
-  auto kernel = detail::decode_kernel<T, D, kDimMajor>;
+  auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -807,37 +818,32 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.stride_head = l.stride_head;
   p.stride_token = l.stride_token;
   p.stride_dim = l.stride_dim;
-  p.num_kv_heads = l.num_kv_heads;
-  p.group_size = l.group_size;
   p.block_size_log2 = l.block_size_log2;
   p.num_blocks = l.num_blocks;
   p.max_blocks_per_seq = l.max_blocks_per_seq;
-  p.num_splits = l.num_splits;
-  p.tiles_per_split = l.tiles_per_split;
-  p.m_tiles = (l.group_size + 15) / 16;
-  p.scale_log2 = l.scale_log2;
+  p.m_tiles = (l.work.group_size + 15) / 16;
+  p.work = l.work;
+  p.variant = VariantPolicy::of(l.variant);
   p.partial_o = l.partial_o;
   p.partial_ml = l.partial_ml;
-  const unsigned grid = static_cast<unsigned>(l.batch) * static_cast<unsigned>(l.num_kv_heads) *
-                        static_cast<unsigned>(l.num_splits);
+  const unsigned grid = static_cast<unsigned>(l.work.size());
   err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
-  if (err != cudaSuccess || l.num_splits == 1) return err;
-  const int rows_heads = l.batch * l.num_kv_heads * l.group_size;
-  const detail::MergeShape m = detail::merge_shape(rows_heads, l.num_splits);
-  return detail::launch_pdl(detail::decode_merge_kernel<T, D>, static_cast<unsigned>(m.ctas),
+  if (err != cudaSuccess || !l.work.has_partials()) return err;
+  const int rows_heads = l.work.batch * l.work.num_kv_heads * l.work.group_size;
+  const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.num_splits);
+  return detail::launch_pdl(detail::decode_merge_kernel<TQ, D>, static_cast<unsigned>(m.ctas),
                             32 * m.wph * m.heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml,
-                            l.seq_lens, l.out, rows_heads, l.num_kv_heads * l.group_size,
-                            l.num_splits, l.tiles_per_split * kDecodeTileTokens,
-                            l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
+                            l.seq_lens, l.out, l.work, l.max_blocks_per_seq << l.block_size_log2,
+                            m.wph, m.heads_per_cta);
 }
 
-template <class T>
+template <class TQ, class TKV>
 cudaError_t launch_decode_dispatch(const DecodeLaunch &l) {
   if (l.head_dim == 128)
-    return l.dim_major ? launch_decode_variant<T, 128, true>(l)
-                       : launch_decode_variant<T, 128, false>(l);
-  return l.dim_major ? launch_decode_variant<T, 64, true>(l)
-                     : launch_decode_variant<T, 64, false>(l);
+    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true>(l)
+                       : launch_decode_variant<TQ, TKV, 128, false>(l);
+  return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true>(l)
+                     : launch_decode_variant<TQ, TKV, 64, false>(l);
 }
 
 }  // namespace cuda

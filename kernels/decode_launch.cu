@@ -1,4 +1,6 @@
-// Dispatch of the paged decode kernels on element type.
+// Dispatch of the paged decode kernels on the (q, K/V) element-type pair.
+// Only the pairs the host serves are instantiated (decode_<dtype>.cu); the
+// host refuses every other pair before it gets here.
 #include "decode_kernel.cuh"
 
 #include "flashdec.h"
@@ -7,8 +9,11 @@ namespace fd {
 namespace cuda {
 
 cudaError_t launch_decode(const DecodeLaunch &launch) {
-  if (launch.dtype == FD_DTYPE_F16) return launch_decode_typed<__half>(launch);
-  return launch_decode_typed<__nv_bfloat16>(launch);
+  if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
+    return launch_decode_typed<__half, __half>(launch);
+  if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
+    return launch_decode_typed<__nv_bfloat16, __nv_bfloat16>(launch);
+  return cudaErrorInvalidValue;
 }
 
 int decode_ctas_per_sm(int32_t head_dim) {

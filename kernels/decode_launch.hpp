@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/decode_work.hpp"
+#include "attention/variant.hpp"
+
 namespace fd {
 namespace cuda {
 
@@ -23,7 +26,8 @@ constexpr int kDecodeMaxSplits = 128;
 constexpr int kDecodeMaxGroup = 32;
 
 struct DecodeLaunch {
-  int32_t dtype = 0;       // FD_DTYPE_F16 or FD_DTYPE_BF16
+  int32_t q_dtype = 0;     // FD_DTYPE_F16 or FD_DTYPE_BF16 (q and out)
+  int32_t kv_dtype = 0;    // FD_DTYPE_F16 or FD_DTYPE_BF16 (K and V)
   bool dim_major = false;  // FD_LAYOUT_DIM_MAJOR
   int32_t head_dim = 0;    // 64 or 128
   const void *q = nullptr;
@@ -34,24 +38,21 @@ struct DecodeLaunch {
   const int32_t *seq_lens = nullptr;
   int64_t stride_block = 0;  // elements
   int64_t stride_head = 0;
-  int64_t stride_token = 0;  // 1 for dim-major
-  int64_t stride_dim = 0;    // 1 for token-major
-  int32_t batch = 0;
-  int32_t num_kv_heads = 0;
-  int32_t group_size = 0;       // 1..32
+  int64_t stride_token = 0;     // 1 for dim-major
+  int64_t stride_dim = 0;       // 1 for token-major
   int32_t block_size_log2 = 0;  // block size 8, 16 or 32
   int32_t num_blocks = 0;
   int32_t max_blocks_per_seq = 0;
-  float scale_log2 = 0.f;       // sm_scale * log2(e): softmax runs in base 2
-  int32_t num_splits = 1;       // partitions per row (1: write out directly)
-  int32_t tiles_per_split = 0;  // kDecodeTileTokens-token tiles per partition
-  float *partial_o = nullptr;   // [batch, q_heads, num_splits, head_dim]
-  float *partial_ml = nullptr;  // [batch, q_heads, num_splits, 2]: max, sum
+  Variant variant;              // the softmax variant (attention/variant.hpp)
+  DecodeWorkList work;          // the plan's work list (attention/decode_work.hpp)
+  float *partial_o = nullptr;   // [partial slots, head_dim]
+  float *partial_ml = nullptr;  // [partial slots, 2]: max, sum
   cudaStream_t stream = nullptr;
 };
 
-// Enqueues the attention kernel (and, when num_splits > 1, the merge kernel)
-// on launch.stream. Returns the first CUDA error (launch or configuration).
+// Enqueues the attention kernel over launch.work (and, when the work list
+// has partials, the merge kernel) on launch.stream. Returns the first CUDA error (launch or
+// configuration).
 cudaError_t launch_decode(const DecodeLaunch &launch);
 
 // CTAs of the attention kernel that fit on one multiprocessor (by its shared

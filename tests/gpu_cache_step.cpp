@@ -168,7 +168,7 @@ struct Side {
     if (st != FD_OK) return st;
     fd_decode_params p;
     fd_decode_params_init(&p);
-    p.dtype = s.dtype, p.layout = s.layout, p.batch = kBatch, p.num_q_heads = s.hq;
+    fd_test_decode_dtype(&p, s.dtype), p.layout = s.layout, p.batch = kBatch, p.num_q_heads = s.hq;
     p.num_kv_heads = s.hkv, p.head_dim = s.dim, p.block_size = s.bs, p.num_blocks = s.blocks;
     p.max_blocks_per_seq = kMbps, p.q = q_rot, p.k_cache = kc, p.v_cache = vc;
     p.stride_block = strides[0], p.stride_head = strides[1], p.stride_token = strides[2];

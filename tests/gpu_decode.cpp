@@ -151,7 +151,7 @@ Host make_host(const Case &c) {
 fd_decode_params params_for(const Host &h) {
   fd_decode_params p;
   fd_decode_params_init(&p);
-  p.dtype = h.c.dtype;
+  fd_test_decode_dtype(&p, h.c.dtype);
   p.layout = h.layout;
   p.batch = h.batch;
   p.num_q_heads = h.hq;
@@ -504,7 +504,7 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "block_size");
   p = base, p.num_kv_heads = 1, p.num_q_heads = 64;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "group");
-  p = base, p.dtype = FD_DTYPE_F32;
+  p = base, fd_test_decode_dtype(&p, FD_DTYPE_F32);
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "f32");
   p = base, p.k_cache = static_cast<const uint8_t *>(d.k) + 2;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "aligned");

@@ -136,7 +136,7 @@ Problem build(const Case &c) {
 fd_decode_params params_for(Problem &p) {
   fd_decode_params prm;
   fd_decode_params_init(&prm);
-  prm.dtype = p.c.dtype;
+  fd_test_decode_dtype(&prm, p.c.dtype);
   prm.layout = p.c.layout;
   prm.batch = p.c.batch;
   prm.num_q_heads = p.c.hq;
@@ -441,7 +441,11 @@ void test_params_init(void **state) {
   memset(&prm, 0x5A, sizeof prm);
   fd_decode_params_init(&prm);
   assert_int_equal(prm.struct_size, sizeof prm);
-  assert_int_equal(prm.dtype, FD_DTYPE_BF16);
+  assert_int_equal(prm.q_dtype, FD_DTYPE_BF16);
+  assert_int_equal(prm.kv_dtype, FD_DTYPE_BF16);
+  assert_int_equal(prm.out_dtype, FD_DTYPE_BF16);
+  assert_true(prm.q_indptr == NULL);
+  assert_int_equal(prm.max_q_len_hint, 0);
   assert_int_equal(prm.layout, FD_LAYOUT_TOKEN_MAJOR);
   assert_int_equal(prm.device.type, FD_DEVICE_CPU);
   assert_int_equal(prm.device.ordinal, 0);
@@ -449,7 +453,6 @@ void test_params_init(void **state) {
   assert_int_equal(prm.stride_block | prm.stride_head | prm.stride_token | prm.stride_dim, 0);
   assert_true(prm.q == NULL && prm.out == NULL && prm.workspace == NULL && prm.stream == NULL);
   assert_int_equal(prm.cpu_threads, 0);
-  assert_int_equal(prm.reserved0, 0);
   assert_true(prm.sm_scale == 0.f);
   fd_decode_params_init(NULL); /* ignored */
 }
@@ -470,7 +473,9 @@ void test_older_struct_size(void **state) {
   prm.num_splits = -1;
   prm.device.type = 99;
   prm.device.ordinal = 3;
-  prm.reserved0 = 1;
+  prm.sm_scale = -1.f;
+  prm.flags = 0x80u;
+  prm.max_q_len_hint = 7;
   p.out.assign(p.out.size(), 0xFF);
   FD_ASSERT_OK(fd_decode(&prm));
   assert_memory_equal(want.data(), p.out.data(), want.size());
@@ -521,7 +526,9 @@ void test_parameter_errors(void **state) {
                    FD_ERR_INVALID_ARGUMENT, "struct_size");
   EXPECT_BOTH_FAIL(prm->struct_size = sizeof(fd_decode_params) + 8, FD_ERR_INVALID_ARGUMENT,
                    "struct_size");
-  EXPECT_BOTH_FAIL(prm->dtype = 3, FD_ERR_INVALID_ARGUMENT, "dtype 3");
+  EXPECT_BOTH_FAIL(prm->q_dtype = 3, FD_ERR_INVALID_ARGUMENT, "q_dtype 3");
+  EXPECT_BOTH_FAIL(prm->kv_dtype = 3, FD_ERR_INVALID_ARGUMENT, "kv_dtype 3");
+  EXPECT_BOTH_FAIL(prm->out_dtype = -1, FD_ERR_INVALID_ARGUMENT, "out_dtype -1");
   EXPECT_BOTH_FAIL(prm->layout = 2, FD_ERR_INVALID_ARGUMENT, "layout 2");
   EXPECT_BOTH_FAIL(prm->device.type = 2, FD_ERR_INVALID_ARGUMENT, "device.type 2");
   EXPECT_BOTH_FAIL(prm->device.ordinal = 1, FD_ERR_INVALID_ARGUMENT, "device.ordinal");
@@ -541,23 +548,31 @@ void test_parameter_errors(void **state) {
   EXPECT_BOTH_FAIL(prm->sm_scale = NAN, FD_ERR_INVALID_ARGUMENT, "sm_scale");
   EXPECT_BOTH_FAIL(prm->sm_scale = INFINITY, FD_ERR_INVALID_ARGUMENT, "sm_scale");
   EXPECT_BOTH_FAIL(prm->flags = 0x80u, FD_ERR_INVALID_ARGUMENT, "flags");
-  EXPECT_BOTH_FAIL(prm->q = NULL, FD_ERR_INVALID_ARGUMENT, "q must not be NULL");
-  EXPECT_BOTH_FAIL(prm->k_cache = NULL, FD_ERR_INVALID_ARGUMENT, "k_cache must not be NULL");
-  EXPECT_BOTH_FAIL(prm->v_cache = NULL, FD_ERR_INVALID_ARGUMENT, "v_cache must not be NULL");
-  EXPECT_BOTH_FAIL(prm->block_tables = NULL, FD_ERR_INVALID_ARGUMENT,
-                   "block_tables must not be NULL");
-  EXPECT_BOTH_FAIL(prm->seq_lens = NULL, FD_ERR_INVALID_ARGUMENT, "seq_lens must not be NULL");
-  EXPECT_BOTH_FAIL(prm->out = NULL, FD_ERR_INVALID_ARGUMENT, "out must not be NULL");
+  EXPECT_DECODE_FAILS(prm->q = NULL, FD_ERR_INVALID_ARGUMENT, "q must not be NULL");
+  EXPECT_DECODE_FAILS(prm->k_cache = NULL, FD_ERR_INVALID_ARGUMENT, "k_cache must not be NULL");
+  EXPECT_DECODE_FAILS(prm->v_cache = NULL, FD_ERR_INVALID_ARGUMENT, "v_cache must not be NULL");
+  EXPECT_DECODE_FAILS(prm->block_tables = NULL, FD_ERR_INVALID_ARGUMENT,
+                      "block_tables must not be NULL");
+  EXPECT_DECODE_FAILS(prm->seq_lens = NULL, FD_ERR_INVALID_ARGUMENT, "seq_lens must not be NULL");
+  EXPECT_DECODE_FAILS(prm->out = NULL, FD_ERR_INVALID_ARGUMENT, "out must not be NULL");
   EXPECT_BOTH_FAIL(prm->max_seq_len_hint = -1, FD_ERR_INVALID_ARGUMENT, "max_seq_len_hint");
   EXPECT_BOTH_FAIL(prm->max_seq_len_hint = 13, FD_ERR_INVALID_ARGUMENT, "max_seq_len_hint");
   EXPECT_BOTH_FAIL(prm->num_splits = -2, FD_ERR_INVALID_ARGUMENT, "num_splits");
   EXPECT_BOTH_FAIL(prm->workspace_size = 64, FD_ERR_INVALID_ARGUMENT, "workspace");
-  EXPECT_BOTH_FAIL(prm->reserved0 = 1, FD_ERR_INVALID_ARGUMENT, "reserved0");
-  EXPECT_BOTH_FAIL(prm->out = (void *)prm->q, FD_ERR_INVALID_ARGUMENT, "out must not overlap q");
-  EXPECT_BOTH_FAIL(prm->out = (void *)((const char *)prm->k_cache + 2), FD_ERR_INVALID_ARGUMENT,
-                   "out must not overlap k_cache");
-  EXPECT_BOTH_FAIL(prm->out = (void *)prm->seq_lens, FD_ERR_INVALID_ARGUMENT,
-                   "out must not overlap seq_lens");
+  EXPECT_BOTH_FAIL(prm->max_q_len_hint = -1, FD_ERR_INVALID_ARGUMENT, "max_q_len_hint");
+  /* Fields for what 0.2 does not serve yet: refused, naming the field. */
+  EXPECT_BOTH_FAIL(prm->max_q_len_hint = 2, FD_ERR_UNSUPPORTED, "max_q_len_hint 2");
+  static const int32_t indptr[4] = {0, 1, 2, 3};
+  EXPECT_BOTH_FAIL(prm->q_indptr = indptr, FD_ERR_UNSUPPORTED, "q_indptr");
+  EXPECT_BOTH_FAIL(prm->q_dtype = FD_DTYPE_BF16, FD_ERR_UNSUPPORTED, "q_dtype bf16");
+  EXPECT_BOTH_FAIL(prm->out_dtype = FD_DTYPE_F32, FD_ERR_UNSUPPORTED, "out_dtype f32");
+  EXPECT_BOTH_FAIL((prm->q_dtype = FD_DTYPE_F32, prm->out_dtype = FD_DTYPE_F32), FD_ERR_UNSUPPORTED,
+                   "kv_dtype f16");
+  EXPECT_DECODE_FAILS(prm->out = (void *)prm->q, FD_ERR_INVALID_ARGUMENT, "out must not overlap q");
+  EXPECT_DECODE_FAILS(prm->out = (void *)((const char *)prm->k_cache + 2), FD_ERR_INVALID_ARGUMENT,
+                      "out must not overlap k_cache");
+  EXPECT_DECODE_FAILS(prm->out = (void *)prm->seq_lens, FD_ERR_INVALID_ARGUMENT,
+                      "out must not overlap seq_lens");
   /* Typed reads need element-aligned arrays (f16: 2 bytes, int32: 4). */
 #define SHIFTED(ptr, bytes) ((char *)(ptr) + (bytes))
   EXPECT_BOTH_FAIL(prm->q = SHIFTED(prm->q, 1), FD_ERR_INVALID_ARGUMENT,
@@ -640,6 +655,118 @@ void test_workspace_size_and_devices(void **state) {
                   "bytes must not be NULL");
 }
 
+/* Buffers are not part of a workspace query or a plan: NULL is fine there. */
+void test_plan_without_buffers(void **state) {
+  (void)state;
+  Problem p = error_base();
+  fd_decode_params prm = params_for(p);
+  prm.q = NULL, prm.k_cache = NULL, prm.v_cache = NULL, prm.out = NULL;
+  prm.block_tables = NULL, prm.seq_lens = NULL;
+  size_t bytes = 12345;
+  FD_ASSERT_OK(fd_decode_workspace_size(&prm, &bytes));
+  assert_int_equal(bytes, 0);
+  fd_decode_plan *plan = NULL;
+  FD_ASSERT_OK(fd_decode_plan_create(&prm, NULL, &plan));
+  assert_non_null(plan);
+  bytes = 12345;
+  FD_ASSERT_OK(fd_decode_plan_workspace_size(plan, &bytes));
+  assert_int_equal(bytes, 0); /* the CPU backend keeps partials in host scratch */
+  /* A run needs every buffer. */
+  FD_ASSERT_FAILS(fd_decode_run(plan, &prm), FD_ERR_INVALID_ARGUMENT, "q must not be NULL");
+  fd_decode_plan_destroy(plan);
+  fd_decode_plan_destroy(NULL); /* ignored */
+}
+
+/* Plan + run gives fd_decode's bits, with or without the exact host lengths,
+ * and one plan serves every call of its shape (other buffers, other dtype,
+ * other scale: the run's params decide those). */
+void test_plan_run_matches_decode(void **state) {
+  (void)state;
+  for (int32_t dtype : {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16}) {
+    Case c;
+    c.dtype = dtype;
+    c.hq = 8, c.hkv = 2, c.dim = 64, c.bs = 16, c.mbps = 40, c.batch = 3;
+    c.lens = {600, 0, 517};
+    Problem p = build(c);
+    fd_decode_params prm = params_for(p);
+    prm.sm_scale = 0.3f;
+    FD_ASSERT_OK(fd_decode(&prm));
+    const std::vector<uint8_t> want = p.out;
+    for (int with_lens = 0; with_lens < 2; ++with_lens) {
+      fd_decode_plan *plan = NULL;
+      FD_ASSERT_OK(fd_decode_plan_create(&prm, with_lens ? p.lens.data() : NULL, &plan));
+      for (int layer = 0; layer < 2; ++layer) {
+        p.out.assign(p.out.size(), 0xA5);
+        FD_ASSERT_OK(fd_decode_run(plan, &prm));
+        assert_memory_equal(want.data(), p.out.data(), want.size());
+      }
+      fd_decode_plan_destroy(plan);
+    }
+  }
+}
+
+/* Plan and run errors: status, message, and nothing written or created. */
+void test_plan_errors(void **state) {
+  (void)state;
+  Problem p = error_base(); /* lens {5, 0, 12}, capacity 12 */
+  fd_decode_params prm = params_for(p);
+  fd_decode_plan *plan = (fd_decode_plan *)0x1; /* must stay untouched on failure */
+  FD_ASSERT_FAILS(fd_decode_plan_create(NULL, NULL, &plan), FD_ERR_INVALID_ARGUMENT,
+                  "params must not be NULL");
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, NULL, NULL), FD_ERR_INVALID_ARGUMENT,
+                  "out must not be NULL");
+  const int32_t too_long[3] = {5, 13, 12};
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, too_long, &plan), FD_ERR_INVALID_ARGUMENT,
+                  "host_seq_lens[1] = 13");
+  const int32_t negative[3] = {5, 0, -1};
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, negative, &plan), FD_ERR_INVALID_ARGUMENT,
+                  "host_seq_lens[2] = -1");
+  prm.max_seq_len_hint = 6; /* the lengths must respect the hint too */
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, p.lens.data(), &plan), FD_ERR_INVALID_ARGUMENT,
+                  "host_seq_lens[2] = 12 is out of range [0, max_seq_len_hint = 6]");
+  prm.max_seq_len_hint = 0;
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, (const int32_t *)((char *)p.lens.data() + 2), &plan),
+                  FD_ERR_INVALID_ARGUMENT, "host_seq_lens (");
+  prm.max_q_len_hint = 4;
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, NULL, &plan), FD_ERR_UNSUPPORTED, "max_q_len_hint");
+  prm.max_q_len_hint = 0;
+  assert_ptr_equal(plan, (fd_decode_plan *)0x1);
+
+  plan = NULL;
+  FD_ASSERT_OK(fd_decode_plan_create(&prm, p.lens.data(), &plan));
+  const std::vector<uint8_t> before = p.out;
+  FD_ASSERT_FAILS(fd_decode_run(NULL, &prm), FD_ERR_INVALID_ARGUMENT, "plan must not be NULL");
+  FD_ASSERT_FAILS(fd_decode_run(plan, NULL), FD_ERR_INVALID_ARGUMENT, "params must not be NULL");
+  /* The shape a plan was made for cannot change under it. */
+  fd_decode_params other = prm;
+  other.batch = 2;
+  FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,
+                  "params batch 2 differs from the plan's 3");
+  other = prm;
+  other.num_q_heads = 2, other.num_kv_heads = 1;
+  FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,
+                  "params num_q_heads 2 differs from the plan's 4");
+  other = prm;
+  other.device.type = FD_DEVICE_CUDA;
+  FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,
+                  "params device.type 1 differs from the plan's 0");
+  /* A run checks its own params and indices as fd_decode does. */
+  other = prm;
+  other.sm_scale = -1.f;
+  FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT, "sm_scale");
+  p.lens[0] = 13;
+  FD_ASSERT_FAILS(fd_decode_run(plan, &prm), FD_ERR_INVALID_ARGUMENT, "seq_lens[0] = 13");
+  p.lens[0] = 5;
+  assert_memory_equal(before.data(), p.out.data(), before.size());
+  size_t bytes = 0;
+  FD_ASSERT_FAILS(fd_decode_plan_workspace_size(NULL, &bytes), FD_ERR_INVALID_ARGUMENT,
+                  "plan must not be NULL");
+  FD_ASSERT_FAILS(fd_decode_plan_workspace_size(plan, NULL), FD_ERR_INVALID_ARGUMENT,
+                  "bytes must not be NULL");
+  FD_ASSERT_OK(fd_decode_run(plan, &prm));
+  fd_decode_plan_destroy(plan);
+}
+
 /* Without a usable CUDA device the CUDA backend answers NO_DEVICE. The shape is
  * one the CUDA kernel serves (S1), so only the missing device can fail it. */
 void test_cuda_without_device(void **state) {
@@ -663,6 +790,9 @@ void test_cuda_without_device(void **state) {
   size_t bytes = 12345;
   FD_ASSERT_FAILS(fd_decode_workspace_size(&prm, &bytes), FD_ERR_NO_DEVICE, "CUDA device 0");
   assert_int_equal(bytes, 12345);
+  fd_decode_plan *plan = NULL;
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, NULL, &plan), FD_ERR_NO_DEVICE, "CUDA device 0");
+  assert_null(plan);
 }
 
 }  // namespace
@@ -684,6 +814,9 @@ int main(void) {
       cmocka_unit_test(test_stride_errors),
       cmocka_unit_test(test_index_errors),
       cmocka_unit_test(test_workspace_size_and_devices),
+      cmocka_unit_test(test_plan_without_buffers),
+      cmocka_unit_test(test_plan_run_matches_decode),
+      cmocka_unit_test(test_plan_errors),
       cmocka_unit_test(test_cuda_without_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,7 +32,7 @@ Buffers g_buf;
 fd_decode_params huge_row_params() {
   fd_decode_params p;
   fd_decode_params_init(&p);
-  p.dtype = FD_DTYPE_F32;
+  fd_test_decode_dtype(&p, FD_DTYPE_F32);
   p.batch = 1;
   p.num_q_heads = 1;
   p.num_kv_heads = 1;

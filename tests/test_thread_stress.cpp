@@ -293,7 +293,7 @@ struct BigDecode {
     std::vector<float> out(q.size(), NAN);
     fd_decode_params p;
     fd_decode_params_init(&p);
-    p.dtype = FD_DTYPE_F32;
+    fd_test_decode_dtype(&p, FD_DTYPE_F32);
     p.batch = kB;
     p.num_q_heads = kHq;
     p.num_kv_heads = kHkv;
@@ -667,7 +667,7 @@ class CacheDriver {
     const std::vector<float> q = random_data(&rng_, dt, (size_t)b * hq * cfg_.head_dim);
     fd_decode_params p;
     fd_decode_params_init(&p);
-    p.dtype = dt;
+    fd_test_decode_dtype(&p, dt);
     p.layout = cfg_.layout;
     p.batch = b;
     p.num_q_heads = hq;

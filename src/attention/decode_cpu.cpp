@@ -27,9 +27,9 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/thread_pool.hpp"
-#include "ops/decode_cpu_kernels.hpp"
-#include "ops/decode_cpu_tile.hpp"
-#include "ops/decode_problem.hpp"
+#include "attention/decode_cpu_kernels.hpp"
+#include "attention/decode_cpu_tile.hpp"
+#include "attention/decode_problem.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FD_CPU_AVX2_CLONE 1
@@ -136,7 +136,7 @@ class Plan {
     return s;
   }
 
-  template <int32_t kDtype>
+  template <class Ty>
   FD_HOT_INLINE void run_item(size_t item, Scratch &s) const;
 
  private:
@@ -144,12 +144,12 @@ class Plan {
   static size_t round_line(size_t floats) { return (floats + kLine - 1) / kLine * kLine; }
   static size_t round_bytes(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-  template <int32_t kDtype>
+  template <class Ty>
   FD_HOT_INLINE void attend(uint32_t row, uint32_t kv_head, size_t t_begin, size_t t_end,
                             Scratch &s) const;
-  template <int32_t kDtype>
+  template <class Ty>
   FD_HOT_INLINE void merge(const float *first, size_t n, Scratch &s,
-                           typename Elem<kDtype>::T *out) const;
+                           typename Elem<Ty::kOut>::T *out) const;
 
   const DecodeProblem &pb_;
   size_t group_, dim_, tile_, tile8_, heads_;
@@ -167,27 +167,27 @@ class Plan {
 
 // Leaves the online-softmax state of tokens [t_begin, t_end) of (row,
 // kv_head) in s.m, s.l and s.acc.
-template <int32_t kDtype>
+template <class Ty>
 FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, size_t t_end,
                                 Scratch &s) const {
-  using T = typename Elem<kDtype>::T;
+  using T = typename Elem<Ty::kQ>::T;
   const size_t dim = dim_, group = group_;
   const size_t first = (static_cast<size_t>(row) * pb_.num_q_heads + kv_head * group) * dim;
   const T *q = static_cast<const T *>(pb_.q) + first;
   {
     const size_t nq = group * dim;
     size_t i = 0;
-    for (; i + 8 <= nq; i += 8) Elem<kDtype>::to_f32x8(q + i, s.q + i);
-    for (; i < nq; ++i) s.q[i] = Elem<kDtype>::to_f32(q[i]);
-    const float scale = pb_.sm_scale;
+    for (; i + 8 <= nq; i += 8) Elem<Ty::kQ>::to_f32x8(q + i, s.q + i);
+    for (; i < nq; ++i) s.q[i] = Elem<Ty::kQ>::to_f32(q[i]);
+    const float scale = VariantPolicy::of(pb_.variant).query_scale();
     for (i = 0; i < nq; ++i) s.q[i] *= scale;
   }
   std::fill(s.m, s.m + group, -INFINITY);
   std::fill(s.l, s.l + group, 0.f);
   std::fill(s.acc, s.acc + group * dim, 0.f);
 
-  const TileSource<kDtype> k_src(pb_, pb_.k, row, kv_head);
-  const TileSource<kDtype> v_src(pb_, pb_.v, row, kv_head);
+  const TileSource<Ty::kKV> k_src(pb_, pb_.k, row, kv_head);
+  const TileSource<Ty::kKV> v_src(pb_, pb_.v, row, kv_head);
   for (size_t t0 = t_begin; t0 < t_end; t0 += tile_) {
     const size_t n = std::min(tile_, t_end - t0);
     k_src.gather(t0, n, s.k);
@@ -206,9 +206,9 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
 // Merges the n chunk slots of one (row, kv head), in chunk order, into out:
 // the maximum of the chunks' maxima, then each chunk's weight sum and V sums
 // scaled by e^(its max - that maximum), added in chunk order.
-template <int32_t kDtype>
+template <class Ty>
 FD_HOT_INLINE void Plan::merge(const float *first, size_t n, Scratch &s,
-                               typename Elem<kDtype>::T *out) const {
+                               typename Elem<Ty::kOut>::T *out) const {
   const size_t group = group_, dim = dim_;
   for (size_t g = 0; g < group; ++g) {
     float mx = -INFINITY;
@@ -233,13 +233,13 @@ FD_HOT_INLINE void Plan::merge(const float *first, size_t n, Scratch &s,
   for (size_t g = 0; g < group; ++g) {
     const float inv = 1.0f / s.l[g];
     for (size_t d = 0; d < dim; ++d)
-      out[g * dim + d] = Elem<kDtype>::from_f32(s.acc[g * dim + d] * inv);
+      out[g * dim + d] = Elem<Ty::kOut>::from_f32(s.acc[g * dim + d] * inv);
   }
 }
 
-template <int32_t kDtype>
+template <class Ty>
 FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
-  using T = typename Elem<kDtype>::T;
+  using T = typename Elem<Ty::kOut>::T;
   const size_t rows = pb_.batch;
   const size_t row =
       static_cast<size_t>(std::upper_bound(row_item_, row_item_ + rows + 1, item) - row_item_ - 1);
@@ -252,16 +252,16 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   // The group's query heads are consecutive: kv_head * group .. + group - 1.
   T *out = static_cast<T *>(pb_.out) + (row * pb_.num_q_heads + kv_head * group) * dim;
   if (len == 0) {
-    for (size_t i = 0; i < group * dim; ++i) out[i] = Elem<kDtype>::from_f32(0.f);
+    for (size_t i = 0; i < group * dim; ++i) out[i] = Elem<Ty::kOut>::from_f32(0.f);
     return;
   }
   const size_t t0 = chunk * kChunkTokens;
-  attend<kDtype>(static_cast<uint32_t>(row), kv_head, t0, std::min(len, t0 + kChunkTokens), s);
+  attend<Ty>(static_cast<uint32_t>(row), kv_head, t0, std::min(len, t0 + kChunkTokens), s);
   if (n == 1) {
     for (size_t g = 0; g < group; ++g) {
       const float inv = 1.0f / s.l[g];
       for (size_t d = 0; d < dim; ++d)
-        out[g * dim + d] = Elem<kDtype>::from_f32(s.acc[g * dim + d] * inv);
+        out[g * dim + d] = Elem<Ty::kOut>::from_f32(s.acc[g * dim + d] * inv);
     }
     return;
   }
@@ -273,7 +273,7 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   // The release half publishes this slot; the acquire half, in the thread
   // that finishes last, makes every other chunk's slot visible to it.
   std::atomic<uint32_t> &done = done_[row * heads_ + kv_head];
-  if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) merge<kDtype>(first, n, s, out);
+  if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) merge<Ty>(first, n, s, out);
 }
 
 // One work item: the code above compiled for the baseline ISA and, on
@@ -281,24 +281,24 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
 // order, no FMA, so both give the same bits).
 using ItemFn = void (*)(const Plan &, size_t, Scratch &);
 
-template <int32_t kDtype>
+template <class Ty>
 void item_baseline(const Plan &plan, size_t item, Scratch &s) {
-  plan.run_item<kDtype>(item, s);
+  plan.run_item<Ty>(item, s);
 }
 
 #if FD_CPU_AVX2_CLONE
-template <int32_t kDtype>
+template <class Ty>
 [[gnu::target("avx2")]] void item_avx2(const Plan &plan, size_t item, Scratch &s) {
-  plan.run_item<kDtype>(item, s);
+  plan.run_item<Ty>(item, s);
 }
 #endif
 
-template <int32_t kDtype>
+template <class Ty>
 ItemFn select_item() {
 #if FD_CPU_AVX2_CLONE
-  if (__builtin_cpu_supports("avx2")) return item_avx2<kDtype>;
+  if (__builtin_cpu_supports("avx2")) return item_avx2<Ty>;
 #endif
-  return item_baseline<kDtype>;
+  return item_baseline<Ty>;
 }
 
 // Threads worth using: handing work to a pool worker costs a few microseconds
@@ -314,14 +314,14 @@ size_t choose_threads(const DecodeProblem &pb, size_t items) {
   return static_cast<size_t>(std::min<uint64_t>({requested, items, useful}));
 }
 
-template <int32_t kDtype>
+template <class Ty>
 void run(const DecodeProblem &pb) {
   const size_t tile = tile_tokens(pb.head_dim);
   size_t items = 0;
   for (uint32_t r = 0; r < pb.batch; ++r) items += chunks_of(pb.seq_lens[r]) * pb.num_kv_heads;
   const size_t threads = choose_threads(pb, items);
   const Plan plan(pb, tile, threads);
-  const ItemFn run_item = select_item<kDtype>();
+  const ItemFn run_item = select_item<Ty>();
   std::atomic<size_t> next{0};
   // Items are handed out dynamically (rows can differ widely in length); which
   // thread computes an item does not change its result. The calling thread
@@ -339,13 +339,19 @@ void run(const DecodeProblem &pb) {
 }  // namespace
 
 void decode_cpu(const DecodeProblem &problem) {
-  switch (problem.dtype) {
-    case FD_DTYPE_F32: run<FD_DTYPE_F32>(problem); break;
-    case FD_DTYPE_F16: run<FD_DTYPE_F16>(problem); break;
-    case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(problem); break;
-    default:
-      fail(FD_ERR_INTERNAL, "decode_cpu: unresolved dtype %d", static_cast<int>(problem.dtype));
+  // The served combinations (decode_params.cpp): q, K/V and out of one type.
+  // Other pairs are one more line here once their conversions exist.
+  const int32_t q = problem.q_dtype, kv = problem.kv.dtype, out = problem.out_dtype;
+  if (q == kv && out == kv) {
+    switch (kv) {
+      case FD_DTYPE_F32: return run<DecodeTypes<FD_DTYPE_F32>>(problem);
+      case FD_DTYPE_F16: return run<DecodeTypes<FD_DTYPE_F16>>(problem);
+      case FD_DTYPE_BF16: return run<DecodeTypes<FD_DTYPE_BF16>>(problem);
+      default: break;
+    }
   }
+  fail(FD_ERR_INTERNAL, "decode_cpu: unserved dtypes q %d, kv %d, out %d", static_cast<int>(q),
+       static_cast<int>(kv), static_cast<int>(out));
 }
 
 }  // namespace fd

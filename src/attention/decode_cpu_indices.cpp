@@ -1,4 +1,4 @@
-#include "ops/decode_cpu_indices.hpp"
+#include "attention/decode_cpu_indices.hpp"
 
 #include <cstddef>
 
@@ -9,7 +9,7 @@ namespace fd {
 void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
                           const int32_t *block_tables) {
   // Exact in 64 bits: both factors are below 2^32.
-  const uint64_t capacity = uint64_t{pb.max_blocks_per_seq} * pb.block_size;
+  const uint64_t capacity = uint64_t{pb.max_blocks_per_seq} * pb.kv.block_size;
   for (uint32_t r = 0; r < pb.batch; ++r) {
     const int32_t len = seq_lens[r];
     if (len < 0 || static_cast<uint64_t>(len) > capacity)
@@ -19,15 +19,15 @@ void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
     if (len > pb.max_seq_len)
       fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d (row %u) exceeds max_seq_len_hint = %d", r,
            static_cast<int>(len), r, static_cast<int>(pb.max_seq_len));
-    const uint64_t used = (static_cast<uint64_t>(len) + pb.block_size - 1) / pb.block_size;
+    const uint64_t used = (static_cast<uint64_t>(len) + pb.kv.block_size - 1) / pb.kv.block_size;
     const int32_t *table = block_tables + static_cast<size_t>(r) * pb.max_blocks_per_seq;
     for (uint64_t i = 0; i < used; ++i)
-      if (table[i] < 0 || static_cast<uint32_t>(table[i]) >= pb.num_blocks)
+      if (table[i] < 0 || static_cast<uint32_t>(table[i]) >= pb.kv.num_blocks)
         fail(
             FD_ERR_INVALID_ARGUMENT,
             "block_tables[%u][%llu] = %d (row %u, seq_len %d) is out of range [0, num_blocks = %u)",
             r, static_cast<unsigned long long>(i), static_cast<int>(table[i]), r,
-            static_cast<int>(len), pb.num_blocks);
+            static_cast<int>(len), pb.kv.num_blocks);
   }
 }
 

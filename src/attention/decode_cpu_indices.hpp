@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "ops/decode_problem.hpp"
+#include "attention/decode_problem.hpp"
 
 namespace fd {
 

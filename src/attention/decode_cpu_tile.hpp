@@ -7,10 +7,19 @@
 #include <cstring>
 
 #include "core/dtype.hpp"
-#include "ops/decode_cpu_kernels.hpp"
-#include "ops/decode_problem.hpp"
+#include "attention/decode_cpu_kernels.hpp"
+#include "attention/decode_problem.hpp"
 
 namespace fd {
+
+// The element types of one decode call: query, K/V and output (the CPU
+// backend is templated on all three; see decode_cpu for the served ones).
+template <int32_t kQDtype, int32_t kKvDtype = kQDtype, int32_t kOutDtype = kQDtype>
+struct DecodeTypes {
+  static constexpr int32_t kQ = kQDtype;
+  static constexpr int32_t kKV = kKvDtype;
+  static constexpr int32_t kOut = kOutDtype;
+};
 
 // Storage type of each fd_dtype and its exact conversions to and from FP32.
 template <int32_t kDtype>
@@ -66,14 +75,14 @@ class TileSource {
   using T = typename Elem<kDtype>::T;
 
   TileSource(const DecodeProblem &pb, const void *cache, uint32_t row, uint32_t kv_head)
-      : head_(static_cast<const T *>(cache) + kv_head * pb.stride_head),
+      : head_(static_cast<const T *>(cache) + kv_head * pb.kv.stride_head),
         table_(pb.block_tables + static_cast<size_t>(row) * pb.max_blocks_per_seq),
-        block_size_(pb.block_size),
+        block_size_(pb.kv.block_size),
         dim_(pb.head_dim),
-        stride_block_(pb.stride_block),
-        stride_token_(pb.stride_token),
-        stride_dim_(pb.stride_dim),
-        token_major_(pb.layout == FD_LAYOUT_TOKEN_MAJOR) {}
+        stride_block_(pb.kv.stride_block),
+        stride_token_(pb.kv.stride_token),
+        stride_dim_(pb.kv.stride_dim),
+        token_major_(!pb.kv.dim_major()) {}
 
   // Writes tokens [t0, t0 + n) as FP32 rows of head_dim into dst ([n, head_dim]).
   [[gnu::always_inline]] void gather(size_t t0, size_t n, float *dst) const {

@@ -1,18 +1,18 @@
-// fd_decode's front end: reads the caller's (possibly older) parameter struct,
-// checks every host-known value, resolves defaults into a DecodeProblem, and
-// dispatches to the CPU or the CUDA backend. Nothing runs before every check
-// has passed, so a failing call writes nothing.
+// The decode front end: reads the caller's (possibly older) fd_decode_params,
+// checks every host-known value and resolves defaults into a DecodeProblem.
+// Nothing runs before every check has passed, so a failing call writes
+// nothing. Planning and running live in decode_plan.cpp.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "attention/decode_problem.hpp"
+#include "attention/paged_kv.hpp"
+#include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/versioned.hpp"
-#include "core/arg_checks.hpp"
-#include "ops/decode_cpu_indices.hpp"
-#include "ops/decode_problem.hpp"
 
 namespace fd {
 namespace {
@@ -27,7 +27,9 @@ fd_decode_params default_params() {
   fd_decode_params p;
   std::memset(&p, 0, sizeof p);
   p.struct_size = sizeof p;
-  p.dtype = FD_DTYPE_BF16;
+  p.q_dtype = FD_DTYPE_BF16;
+  p.kv_dtype = FD_DTYPE_BF16;
+  p.out_dtype = FD_DTYPE_BF16;
   p.layout = FD_LAYOUT_TOKEN_MAJOR;
   p.device.type = FD_DEVICE_CPU;
   p.device.ordinal = 0;
@@ -46,7 +48,7 @@ void require_positive(uint32_t value, const char *name) {
 
 // Element counts and byte sizes must stay far from overflow so that backends
 // can index with plain 64-bit arithmetic: every product of caller values goes
-// through the shared checked_extent_mul/add (core/arg_checks.hpp), whose
+// through the shared checked_extent_mul (core/arg_checks.hpp), whose
 // message names the parameters (`what`). Operands are never negative here
 // (sizes are checked > 0 and given strides > 0 first), and results stay
 // below kMaxOpElements, so they convert to int64 exactly.
@@ -55,81 +57,56 @@ int64_t checked_mul(int64_t a, int64_t b, const char *what) {
       checked_extent_mul(static_cast<uint64_t>(a), static_cast<uint64_t>(b), what));
 }
 
-int64_t checked_add(int64_t a, int64_t b, const char *what) {
-  return static_cast<int64_t>(
-      checked_extent_add(static_cast<uint64_t>(a), static_cast<uint64_t>(b), what));
-}
-
-// Resolves the K/V strides (packed when all four are zero) and returns the
-// number of elements a K or V cache spans (largest offset + 1).
-int64_t resolve_strides(const fd_decode_params &p, DecodeProblem &pb) {
-  const int64_t blocks = p.num_blocks, heads = p.num_kv_heads, tokens = p.block_size,
-                dims = p.head_dim;
-  const char *what = "the K/V cache (num_blocks x num_kv_heads x block_size x head_dim elements)";
-  if (p.stride_block == 0 && p.stride_head == 0 && p.stride_token == 0 && p.stride_dim == 0) {
-    const int64_t per_head = checked_mul(tokens, dims, what);
-    const int64_t per_block = checked_mul(per_head, heads, what);
-    const int64_t total = checked_mul(per_block, blocks, what);
-    pb.stride_block = per_block;
-    pb.stride_head = per_head;
-    if (p.layout == FD_LAYOUT_TOKEN_MAJOR) {
-      pb.stride_token = dims;
-      pb.stride_dim = 1;
-    } else {
-      pb.stride_token = 1;
-      pb.stride_dim = tokens;
-    }
-    return total;
-  }
-  const struct {
-    const char *name;
-    int64_t value;
-  } given[4] = {{"stride_block", p.stride_block},
-                {"stride_head", p.stride_head},
-                {"stride_token", p.stride_token},
-                {"stride_dim", p.stride_dim}};
-  for (const auto &s : given)
-    if (s.value <= 0)
-      fail(FD_ERR_INVALID_ARGUMENT,
-           "%s must be > 0 when strides are given (give all four, or all zero for packed "
-           "storage), got %lld",
-           s.name, static_cast<long long>(s.value));
-  if (p.layout == FD_LAYOUT_TOKEN_MAJOR && p.stride_dim != 1)
-    fail(FD_ERR_INVALID_ARGUMENT, "stride_dim must be 1 for the token-major layout, got %lld",
-         static_cast<long long>(p.stride_dim));
-  if (p.layout == FD_LAYOUT_DIM_MAJOR && p.stride_token != 1)
-    fail(FD_ERR_INVALID_ARGUMENT, "stride_token must be 1 for the dim-major layout, got %lld",
-         static_cast<long long>(p.stride_token));
-  const char *strided =
-      "the K/V cache addressed by the given strides (stride_block, stride_head, stride_token, "
-      "stride_dim times num_blocks, num_kv_heads, block_size, head_dim)";
-  int64_t last = checked_mul(blocks - 1, p.stride_block, strided);
-  last = checked_add(last, checked_mul(heads - 1, p.stride_head, strided), strided);
-  last = checked_add(last, checked_mul(tokens - 1, p.stride_token, strided), strided);
-  last = checked_add(last, checked_mul(dims - 1, p.stride_dim, strided), strided);
-  pb.stride_block = p.stride_block;
-  pb.stride_head = p.stride_head;
-  pb.stride_token = p.stride_token;
-  pb.stride_dim = p.stride_dim;
-  return last + 1;
-}
-
-const char *const what_cache_bytes =
-    "the K/V cache in bytes (num_blocks x num_kv_heads x block_size x head_dim, or the strides)";
-
 bool overlaps(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
   return ranges_overlap(a, static_cast<size_t>(a_bytes), b, static_cast<size_t>(b_bytes));
 }
 
+void require_dtype(int32_t dtype, const char *name) {
+  if (!dtype_valid(dtype))
+    fail(FD_ERR_INVALID_ARGUMENT, "%s %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)", name,
+         static_cast<int>(dtype));
+}
+
+// The element-type combinations the backends serve (docs/semantics.md S1):
+// q, K/V and out of one type. Checked after every invalid-argument check.
+void check_served_dtypes(const fd_decode_params &p) {
+  if (p.q_dtype != p.kv_dtype)
+    fail(FD_ERR_UNSUPPORTED,
+         "q_dtype %s with kv_dtype %s is not served: q_dtype must equal kv_dtype in 0.2",
+         dtype_name(p.q_dtype), dtype_name(p.kv_dtype));
+  if (p.out_dtype != p.kv_dtype)
+    fail(FD_ERR_UNSUPPORTED,
+         "out_dtype %s with kv_dtype %s is not served: out_dtype must equal kv_dtype in 0.2",
+         dtype_name(p.out_dtype), dtype_name(p.kv_dtype));
+  if (p.device.type == FD_DEVICE_CUDA && p.kv_dtype == FD_DTYPE_F32)
+    fail(FD_ERR_UNSUPPORTED,
+         "kv_dtype f32 is served by the CPU backend only, not by FD_DEVICE_CUDA");
+}
+
+// Query lengths: the field exists for multi-token attention; 0.2 serves one
+// query token per row.
+void check_served_queries(const fd_decode_params &p) {
+  if (p.max_q_len_hint < 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "max_q_len_hint must be >= 0 (0: 1), got %d",
+         static_cast<int>(p.max_q_len_hint));
+  if (p.max_q_len_hint > 1)
+    fail(FD_ERR_UNSUPPORTED,
+         "max_q_len_hint %d is not served: 0.2 serves one query token per row (0 or 1)",
+         static_cast<int>(p.max_q_len_hint));
+  if (p.q_indptr != nullptr)
+    fail(FD_ERR_UNSUPPORTED,
+         "q_indptr is not served: 0.2 serves one query token per row (pass NULL)");
+}
+
 }  // namespace
 
-DecodeProblem resolve_decode_params(const fd_decode_params *params) {
+DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse use) {
   const fd_decode_params p = read_params(params);
   DecodeProblem pb;
 
-  if (!dtype_valid(p.dtype))
-    fail(FD_ERR_INVALID_ARGUMENT, "dtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)",
-         static_cast<int>(p.dtype));
+  require_dtype(p.q_dtype, "q_dtype");
+  require_dtype(p.kv_dtype, "kv_dtype");
+  require_dtype(p.out_dtype, "out_dtype");
   if (p.layout != FD_LAYOUT_TOKEN_MAJOR && p.layout != FD_LAYOUT_DIM_MAJOR)
     fail(FD_ERR_INVALID_ARGUMENT,
          "layout %d is not an fd_kv_layout (token-major = 0, dim-major = 1)",
@@ -162,30 +139,50 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
     fail(FD_ERR_INVALID_ARGUMENT, "flags 0x%x has unknown bits 0x%x", p.flags,
          p.flags & ~kKnownFlags);
 
-  require_non_null(p.q, "q");
-  require_non_null(p.k_cache, "k_cache");
-  require_non_null(p.v_cache, "v_cache");
-  require_non_null(p.block_tables, "block_tables");
-  require_non_null(p.seq_lens, "seq_lens");
-  require_non_null(p.out, "out");
+  // What 0.2 does not serve is refused before the buffers are looked at.
+  check_served_queries(p);
+  check_served_dtypes(p);
 
-  const size_t e = dtype_size(p.dtype);
-  require_aligned(p.q, e, "q");
-  require_aligned(p.k_cache, e, "k_cache");
-  require_aligned(p.v_cache, e, "v_cache");
-  require_aligned(p.out, e, "out");
+  const bool run = use == DecodeUse::run;
+  if (run) {
+    require_non_null(p.q, "q");
+    require_non_null(p.k_cache, "k_cache");
+    require_non_null(p.v_cache, "v_cache");
+    require_non_null(p.block_tables, "block_tables");
+    require_non_null(p.seq_lens, "seq_lens");
+    require_non_null(p.out, "out");
+  }
+
+  const size_t q_elem = dtype_size(p.q_dtype), kv_elem = dtype_size(p.kv_dtype),
+               out_elem = dtype_size(p.out_dtype);
+  require_aligned(p.q, q_elem, "q");
+  require_aligned(p.k_cache, kv_elem, "k_cache");
+  require_aligned(p.v_cache, kv_elem, "v_cache");
+  require_aligned(p.out, out_elem, "out");
   require_aligned(p.block_tables, sizeof(int32_t), "block_tables");
   require_aligned(p.seq_lens, sizeof(int32_t), "seq_lens");
+  require_aligned(p.q_indptr, sizeof(int32_t), "q_indptr");
 
-  const int64_t cache_elems = resolve_strides(p, pb);
-  const int64_t elem = static_cast<int64_t>(dtype_size(p.dtype));
+  PagedKvRequest kv;
+  kv.dtype = p.kv_dtype;
+  kv.layout = p.layout;
+  kv.num_blocks = p.num_blocks;
+  kv.num_kv_heads = p.num_kv_heads;
+  kv.block_size = p.block_size;
+  kv.head_dim = p.head_dim;
+  kv.strides[0] = p.stride_block;
+  kv.strides[1] = p.stride_head;
+  kv.strides[2] = p.stride_token;
+  kv.strides[3] = p.stride_dim;
+  pb.kv = resolve_paged_kv(kv, "");
+
   const char *qo = "q/out (batch x num_q_heads x head_dim elements)";
-  const int64_t qo_bytes =
-      checked_mul(checked_mul(checked_mul(p.batch, p.num_q_heads, qo), p.head_dim, qo), elem, qo);
+  const int64_t q_elems = checked_mul(checked_mul(p.batch, p.num_q_heads, qo), p.head_dim, qo);
+  const int64_t q_bytes = checked_mul(q_elems, static_cast<int64_t>(q_elem), qo);
+  const int64_t out_bytes = checked_mul(q_elems, static_cast<int64_t>(out_elem), qo);
   const char *tables = "block_tables (batch x max_blocks_per_seq entries)";
   const int64_t table_bytes =
       checked_mul(checked_mul(p.batch, p.max_blocks_per_seq, tables), 4, tables);
-  const int64_t cache_bytes = checked_mul(cache_elems, elem, what_cache_bytes);
 
   // A row's capacity in tokens: exact in 64 bits ((2^32 - 1)^2 < 2^64).
   const uint64_t capacity = uint64_t{p.max_blocks_per_seq} * p.block_size;
@@ -198,44 +195,37 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
          static_cast<int>(p.num_splits));
   if (p.workspace == nullptr && p.workspace_size != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "workspace is NULL but workspace_size is %zu", p.workspace_size);
-  if (p.reserved0 != 0) fail(FD_ERR_INVALID_ARGUMENT, "reserved0 must be 0, got %u", p.reserved0);
 
   // The output is written while the inputs are still being read.
   const struct {
     const char *name;
     const void *ptr;
     int64_t bytes;
-  } inputs[5] = {{"q", p.q, qo_bytes},
-                 {"k_cache", p.k_cache, cache_bytes},
-                 {"v_cache", p.v_cache, cache_bytes},
+  } inputs[5] = {{"q", p.q, q_bytes},
+                 {"k_cache", p.k_cache, pb.kv.span_bytes},
+                 {"v_cache", p.v_cache, pb.kv.span_bytes},
                  {"block_tables", p.block_tables, table_bytes},
                  {"seq_lens", p.seq_lens, 4 * static_cast<int64_t>(p.batch)}};
   for (const auto &in : inputs)
-    if (overlaps(p.out, qo_bytes, in.ptr, in.bytes))
+    if (run && overlaps(p.out, out_bytes, in.ptr, in.bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "out must not overlap %s", in.name);
 
-  // FP32 storage is a CPU-backend feature (S1); every other CUDA limit is
-  // checked by the CUDA backend itself.
-  if (p.device.type == FD_DEVICE_CUDA && p.dtype == FD_DTYPE_F32)
-    fail(FD_ERR_UNSUPPORTED, "dtype f32 is served by the CPU backend only, not by FD_DEVICE_CUDA");
-
-  pb.dtype = p.dtype;
-  pb.layout = p.layout;
   pb.batch = p.batch;
   pb.num_q_heads = p.num_q_heads;
   pb.num_kv_heads = p.num_kv_heads;
   pb.head_dim = p.head_dim;
-  pb.block_size = p.block_size;
-  pb.num_blocks = p.num_blocks;
-  pb.max_blocks_per_seq = p.max_blocks_per_seq;
   pb.group_size = p.num_q_heads / p.num_kv_heads;
-  pb.sm_scale = p.sm_scale > 0.f ? p.sm_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  pb.q = p.q;
+  pb.q_dtype = p.q_dtype;
+  pb.out_dtype = p.out_dtype;
   pb.k = p.k_cache;
   pb.v = p.v_cache;
+  pb.max_blocks_per_seq = p.max_blocks_per_seq;
   pb.block_tables = p.block_tables;
   pb.seq_lens = p.seq_lens;
+  pb.q = p.q;
   pb.out = p.out;
+  pb.variant.sm_scale =
+      p.sm_scale > 0.f ? p.sm_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   // seq_lens are int32, so a capacity beyond INT32_MAX never binds.
   const uint64_t max_len =
       p.max_seq_len_hint > 0 ? static_cast<uint64_t>(p.max_seq_len_hint) : capacity;
@@ -253,36 +243,6 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params) {
 
 }  // namespace fd
 
-extern "C" {
-
-FD_API void fd_decode_params_init(fd_decode_params *params) {
+extern "C" FD_API void fd_decode_params_init(fd_decode_params *params) {
   if (params != nullptr) *params = fd::default_params();
 }
-
-FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t *bytes) {
-  return fd::guard([&] {
-    const fd::DecodeProblem problem = fd::resolve_decode_params(params);
-    fd::require_non_null(bytes, "bytes");
-    // The CPU backend keeps its partial results in per-thread host scratch.
-    const size_t n =
-        problem.device_type == FD_DEVICE_CPU ? 0 : fd::decode_cuda_workspace_size(problem);
-    *bytes = n;
-    return FD_OK;
-  });
-}
-
-FD_API fd_status fd_decode(const fd_decode_params *params) {
-  return fd::guard([&] {
-    const fd::DecodeProblem problem = fd::resolve_decode_params(params);
-    if (problem.device_type == FD_DEVICE_CPU) {
-      // Host pointers: the indices are cheap to check, so they always are.
-      fd::check_decode_indices(problem, problem.seq_lens, problem.block_tables);
-      fd::decode_cpu(problem);
-    } else {
-      fd::decode_cuda(problem);
-    }
-    return FD_OK;
-  });
-}
-
-}  // extern "C"

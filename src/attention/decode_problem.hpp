@@ -1,39 +1,42 @@
-// The seam between fd_decode's front end (argument checks, defaults) and its
-// backends. fd_decode turns the public fd_decode_params into a DecodeProblem
-// with every default resolved, then hands it to the CPU or the CUDA backend.
+// The seam between the decode front end (argument checks, defaults) and its
+// backends. The front end (attention/decode_params.cpp) turns the public
+// fd_decode_params into a DecodeProblem with every default resolved; the CPU
+// backend (attention/decode_cpu.cpp) or the CUDA backend (backend/backend.hpp)
+// runs it, with the work list of a plan (attention/decode_plan.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/paged_kv.hpp"
+#include "attention/variant.hpp"
 #include "flashdec.h"
 
 namespace fd {
 
 struct DecodeProblem {
-  int32_t dtype = FD_DTYPE_BF16;
-  int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
+  // Shape.
   uint32_t batch = 0;
   uint32_t num_q_heads = 0;
   uint32_t num_kv_heads = 0;
   uint32_t head_dim = 0;
-  uint32_t block_size = 0;
-  uint32_t num_blocks = 0;
-  uint32_t max_blocks_per_seq = 0;
   uint32_t group_size = 0;  // num_q_heads / num_kv_heads
-  float sm_scale = 0.f;     // resolved: never 0
-  const void *q = nullptr;
+  // Element types (kv.dtype is the K/V type).
+  int32_t q_dtype = FD_DTYPE_BF16;
+  int32_t out_dtype = FD_DTYPE_BF16;
+  // Paged K/V: the resolved view, its memory and the per-row indices.
+  PagedKv kv;
   const void *k = nullptr;
   const void *v = nullptr;
-  // Element strides of (block, kv head, token, dim), resolved from the layout
-  // when the caller passed all zeros.
-  int64_t stride_block = 0;
-  int64_t stride_head = 0;
-  int64_t stride_token = 0;
-  int64_t stride_dim = 0;
+  uint32_t max_blocks_per_seq = 0;
   const int32_t *block_tables = nullptr;
   const int32_t *seq_lens = nullptr;
+  // Queries and output: one query token per row.
+  const void *q = nullptr;
   void *out = nullptr;
+  // Variant.
+  Variant variant;
+  // Execution.
   int32_t max_seq_len = 0;  // resolved hint: in (0, max_blocks_per_seq * block_size]
   int32_t num_splits = 0;   // as requested: 0 automatic, 1 none, n > 1 fixed
   void *workspace = nullptr;
@@ -45,17 +48,16 @@ struct DecodeProblem {
   uint32_t flags = 0;
 };
 
+// What the resolved parameters are for: a run needs every buffer (non-null,
+// out not overlapping the inputs); a plan or a workspace query reads none of
+// them, so they may be NULL there (given ones must still be aligned).
+enum class DecodeUse { run, plan };
+
 // Checks every host-known parameter and resolves defaults. Throws fd::Error
 // (FD_ERR_INVALID_ARGUMENT / FD_ERR_UNSUPPORTED) naming the parameter.
-DecodeProblem resolve_decode_params(const fd_decode_params *params);
+DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse use = DecodeUse::run);
 
-// CPU backend (src/ops): synchronous, multi-threaded.
+// CPU backend: synchronous, multi-threaded; indices already checked.
 void decode_cpu(const DecodeProblem &problem);
-
-// CUDA backend (src/cuda; src/nocuda when built without CUDA, where these
-// throw FD_ERR_NO_DEVICE). Enqueue on problem.stream; never synchronise,
-// allocate or read device memory on the host (unless FD_DECODE_CHECK_INDICES).
-void decode_cuda(const DecodeProblem &problem);
-size_t decode_cuda_workspace_size(const DecodeProblem &problem);
 
 }  // namespace fd

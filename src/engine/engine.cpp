@@ -102,37 +102,54 @@ void Engine::create_device_scratch() {
   // initial batch at the longest context the cache can hold, capped. With
   // less, fd_decode chooses fewer splits (never an error).
   const uint64_t longest = uint64_t{max_blocks} * cache_config_.block_size;
-  alignas(16) uint16_t host_probe = 0;  // `out` is only checked (range, alignment), never touched
   size_t bytes = 0;
   for (uint32_t batch : {1u, sizes.initial_rows}) {
-    fd_decode_params p;
-    fd_decode_params_init(&p);
-    p.dtype = cache_config_.dtype;
-    p.layout = cache_config_.layout;
-    p.batch = batch;
-    p.num_q_heads = num_q_heads_;
-    p.num_kv_heads = cache_config_.num_kv_heads;
-    p.head_dim = cache_config_.head_dim;
-    p.block_size = cache_config_.block_size;
-    p.num_blocks = max_blocks;
+    fd_decode_params p = decode_params(batch);
     p.max_blocks_per_seq = max_blocks;
-    p.q = device_->q_rotated();
-    p.k_cache = layer_k_[0];
-    p.v_cache = layer_v_[0];
-    p.stride_block = strides_[0];
-    p.stride_head = strides_[1];
-    p.stride_token = strides_[2];
-    p.stride_dim = strides_[3];
-    p.block_tables = device_->tables();
-    p.seq_lens = device_->lens();
-    p.out = &host_probe;
     p.max_seq_len_hint = static_cast<int32_t>(std::min<uint64_t>(longest, INT32_MAX));
-    p.device = cache_config_.device;
     size_t need = 0;
     check(fd_decode_workspace_size(&p, &need), "sizing the engine's split-KV workspace: ");
     bytes = std::max(bytes, need);
   }
   device_->allocate_workspace(std::min(bytes, kMaxWorkspaceBytes));
+}
+
+fd_decode_params Engine::decode_params(uint32_t batch) const {
+  fd_decode_params p;
+  fd_decode_params_init(&p);
+  p.batch = batch;
+  p.num_q_heads = num_q_heads_;
+  p.num_kv_heads = cache_config_.num_kv_heads;
+  p.head_dim = cache_config_.head_dim;
+  p.q_dtype = cache_config_.dtype;
+  p.kv_dtype = cache_config_.dtype;
+  p.out_dtype = cache_config_.dtype;
+  p.layout = cache_config_.layout;
+  p.block_size = cache_config_.block_size;
+  p.num_blocks = cache_config_.max_blocks;
+  p.max_blocks_per_seq = table_stride_;
+  p.stride_block = strides_[0];
+  p.stride_head = strides_[1];
+  p.stride_token = strides_[2];
+  p.stride_dim = strides_[3];
+  p.sm_scale = sm_scale_;
+  p.max_seq_len_hint = max_effective_len_;
+  p.cpu_threads = cpu_threads_;
+  p.device = cache_config_.device;
+  if (on_cuda()) {
+    p.workspace = device_->workspace();
+    p.workspace_size = device_->workspace_size();
+  }
+  return p;
+}
+
+// Plans the step's decode from the exact effective lengths: every layer's
+// step_layer then only runs (fd_decode_run).
+void Engine::plan_step() {
+  const fd_decode_params p = decode_params(static_cast<uint32_t>(step_ids_.size()));
+  fd_decode_plan *plan = nullptr;
+  check(fd_decode_plan_create(&p, step_effective_lens_.data(), &plan), "planning the decode: ");
+  step_plan_.reset(plan);
 }
 
 void Engine::require_device(const void *p, const char *what) const {
@@ -397,6 +414,9 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
     }
     check(fd_tx_get_rows(cache_, tx, count, nullptr, nullptr, nullptr, nullptr,
                          step_effective_lens_.data()));
+    max_effective_len_ =
+        *std::max_element(step_effective_lens_.begin(), step_effective_lens_.end());
+    plan_step();
   } catch (...) {
     (void)fd_tx_abort(cache_, tx);
     // begin and abort moved the cache's version: a scheduler-managed engine
@@ -404,7 +424,6 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
     sync_cache_version();
     throw;
   }
-  max_effective_len_ = *std::max_element(step_effective_lens_.begin(), step_effective_lens_.end());
   step_open_ = true;
   step_tx_ = tx;
   next_layer_ = 0;
@@ -428,6 +447,7 @@ void Engine::require_open_step(fd_tx tx, const char *what) const {
 
 void Engine::close_step() {
   step_open_ = false;
+  step_plan_.reset();
   next_layer_ = 0;
   sync_cache_version();
   bump();
@@ -478,37 +498,15 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     }
     check(fd_tx_write_layer_rope(cache_, tx, layer, q, num_q_heads_, k, v, rotary_dim_, rope_base_,
                                  q_rot, stream));
-    fd_decode_params p;
-    fd_decode_params_init(&p);
-    p.dtype = cache_config_.dtype;
-    p.layout = cache_config_.layout;
-    p.batch = static_cast<uint32_t>(step_ids_.size());
-    p.num_q_heads = num_q_heads_;
-    p.num_kv_heads = cache_config_.num_kv_heads;
-    p.head_dim = cache_config_.head_dim;
-    p.block_size = cache_config_.block_size;
-    p.num_blocks = cache_config_.max_blocks;
-    p.max_blocks_per_seq = table_stride_;
-    p.sm_scale = sm_scale_;
+    fd_decode_params p = decode_params(static_cast<uint32_t>(step_ids_.size()));
     p.q = q_rot;
     p.k_cache = layer_k_[layer];
     p.v_cache = layer_v_[layer];
-    p.stride_block = strides_[0];
-    p.stride_head = strides_[1];
-    p.stride_token = strides_[2];
-    p.stride_dim = strides_[3];
     p.block_tables = tables;
     p.seq_lens = lens;
     p.out = out;
-    p.max_seq_len_hint = max_effective_len_;
-    p.device = cache_config_.device;
     p.stream = stream;
-    p.cpu_threads = cpu_threads_;
-    if (on_cuda()) {
-      p.workspace = device_->workspace();
-      p.workspace_size = device_->workspace_size();
-    }
-    check(fd_decode(&p));
+    check(fd_decode_run(step_plan_.get(), &p));
   } catch (...) {
     abort_and_rethrow(format("step_layer(layer %u)", layer).c_str());
   }

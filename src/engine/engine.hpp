@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "engine/engine_device.hpp"
 #include "engine/scheduler.hpp"
 #include "flashdec.h"
@@ -97,7 +98,10 @@ class Engine {
   fd_cache_metrics cache_metrics() const;
   std::shared_ptr<Snapshot> build_snapshot(
       uint64_t step, const std::unordered_map<uint64_t, FairnessCounters> &fairness) const;
-  size_t element_size() const { return cache_config_.dtype == FD_DTYPE_F32 ? 4 : 2; }
+  size_t element_size() const { return dtype_size(cache_config_.dtype); }
+  // Decode parameters of `batch` rows of the current step, without buffers.
+  fd_decode_params decode_params(uint32_t batch) const;
+  void plan_step();
   bool on_cuda() const { return device_ != nullptr; }
   void create_device_scratch();
   void require_device(const void *p, const char *what) const;
@@ -130,6 +134,11 @@ class Engine {
   std::vector<uint64_t> step_ids_;
   std::vector<int32_t> step_tables_, step_effective_lens_;
   std::vector<unsigned char> q_rotated_;
+  // The step's decode plan, made in begin_step from the exact lengths.
+  struct PlanDeleter {
+    void operator()(fd_decode_plan *plan) const { fd_decode_plan_destroy(plan); }
+  };
+  std::unique_ptr<fd_decode_plan, PlanDeleter> step_plan_;
   // CUDA caches only: device twins of q_rotated_, step_tables_ and
   // step_effective_lens_, and the split-KV workspace (engine_device.hpp).
   std::unique_ptr<DeviceScratch> device_;

@@ -118,7 +118,19 @@ static inline void fd_test_store(void *base, size_t i, int32_t dtype, float x) {
     ((uint16_t *)base)[i] = fd_test_f32_to_bf16(x);
 }
 static inline size_t fd_test_dtype_size(int32_t dtype) {
-  return dtype == FD_DTYPE_F32 ? 4 : 2;
+  switch (dtype) {
+    case FD_DTYPE_F32: return 4;
+    case FD_DTYPE_F16:
+    case FD_DTYPE_BF16: return 2;
+    default: return 0;
+  }
+}
+/* Sets q, K/V and out of a decode call to one element type (the served
+ * combinations of 0.2). */
+static inline void fd_test_decode_dtype(fd_decode_params *p, int32_t dtype) {
+  p->q_dtype = dtype;
+  p->kv_dtype = dtype;
+  p->out_dtype = dtype;
 }
 
 #endif /* FD_TEST_H */
