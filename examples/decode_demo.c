@@ -5,10 +5,12 @@
  * active request:
  *
  *   fd_tx_begin                       one transaction for the whole batch
+ *   fd_decode_plan_create             plan the step's attention once, from the
+ *                                     exact effective seq_lens (new token included)
  *   for each layer:
  *     fd_tx_write_layer_rope          rotate q and k, append k and v
- *     fd_decode                       paged attention over the block tables
- *                                     and effective seq_lens (new token included)
+ *     fd_decode_run                   paged attention over the block tables
+ *   fd_decode_plan_destroy
  *   fd_tx_commit                      publish the token
  *
  * Requests that reached their length are finished and new ones take their
@@ -17,9 +19,10 @@
  * demo shows the data flow, not a language model.
  *
  * Checks (any failure exits non-zero): every call's status, the cache's
- * invariants (fd_cache_validate) each step, fd_decode against the dense
- * reference on sampled steps, and, when a CUDA device is present and the
- * library has the CUDA backend, fd_decode on the GPU against the CPU output.
+ * invariants (fd_cache_validate) each step, the CPU attention against the
+ * dense reference on sampled steps, and, when a CUDA device is present and the
+ * library has the CUDA backend, fd_decode (plan and run in one call) on the
+ * GPU against the CPU output.
  *
  * usage: decode_demo [--steps N] [--batch B] [--seed S]
  */
@@ -352,7 +355,7 @@ int main(int argc, char **argv) {
          batch, (unsigned long long)opt.seed);
   if (use_gpu)
     printf(
-        "CUDA devices: %d; fd_decode runs on the CPU and on GPU 0 and the outputs are compared\n",
+        "CUDA devices: %d; attention runs on the CPU and on GPU 0 and the outputs are compared\n",
         (int)devices);
   else
     printf("CUDA devices: %d; running on the CPU%s\n", (int)devices,
@@ -430,37 +433,52 @@ int main(int argc, char **argv) {
     CHECK(fd_tx_block_tables(cache, tx, info.max_blocks_per_seq, tables));
     CHECK(fd_tx_get_rows(cache, tx, batch, NULL, NULL, NULL, NULL, seq_lens));
 
+    /* The step's decode parameters: what every layer shares is set once.
+     * Element types: q, K/V and out are each named (bf16 here, as the
+     * cache). The plan is made for this batch, these heads, head_dim and
+     * device, from the exact lengths; every layer then only runs. */
+    fd_decode_params p;
+    fd_decode_params_init(&p);
+    p.batch = batch;
+    p.num_q_heads = NUM_Q_HEADS;
+    p.num_kv_heads = NUM_KV_HEADS;
+    p.head_dim = HEAD_DIM;
+    p.q_dtype = FD_DTYPE_BF16;
+    p.kv_dtype = FD_DTYPE_BF16;
+    p.out_dtype = FD_DTYPE_BF16;
+    p.layout = FD_LAYOUT_TOKEN_MAJOR;
+    p.block_size = BLOCK_SIZE;
+    p.num_blocks = config.max_blocks;
+    p.max_blocks_per_seq = info.max_blocks_per_seq;
+    p.block_tables = tables;
+    p.seq_lens = seq_lens;
+    p.q = q_rot;
+    p.out = out;
+    fd_decode_plan *plan = NULL;
+    const double p0 = now_seconds();
+    CHECK(fd_decode_plan_create(&p, seq_lens, &plan));
+    decode_seconds += now_seconds() - p0;
+    size_t plan_workspace = 0;
+    CHECK(fd_decode_plan_workspace_size(plan, &plan_workspace));
+    if (plan_workspace != 0) FAIL("a CPU plan needs no workspace, got %zu bytes", plan_workspace);
+
     for (uint32_t layer = 0; layer < NUM_LAYERS; ++layer) {
       CHECK(fd_tx_write_layer_rope(cache, tx, layer, q + layer * q_elems, NUM_Q_HEADS,
                                    k + layer * kv_elems, v + layer * kv_elems, HEAD_DIM, kRopeBase,
                                    q_rot, NULL));
 
+      /* The layer's K/V: base pointers and element strides. */
       void *k_cache = NULL, *v_cache = NULL;
       int64_t strides[4];
       CHECK(fd_cache_layer_storage(cache, layer, &k_cache, &v_cache, strides));
-      fd_decode_params p;
-      fd_decode_params_init(&p);
-      p.dtype = FD_DTYPE_BF16;
-      p.layout = FD_LAYOUT_TOKEN_MAJOR;
-      p.batch = batch;
-      p.num_q_heads = NUM_Q_HEADS;
-      p.num_kv_heads = NUM_KV_HEADS;
-      p.head_dim = HEAD_DIM;
-      p.block_size = BLOCK_SIZE;
-      p.num_blocks = config.max_blocks;
-      p.max_blocks_per_seq = info.max_blocks_per_seq;
-      p.q = q_rot;
       p.k_cache = k_cache;
       p.v_cache = v_cache;
       p.stride_block = strides[0];
       p.stride_head = strides[1];
       p.stride_token = strides[2];
       p.stride_dim = strides[3];
-      p.block_tables = tables;
-      p.seq_lens = seq_lens;
-      p.out = out;
       const double d0 = now_seconds();
-      CHECK(fd_decode(&p));
+      CHECK(fd_decode_run(plan, &p));
       decode_seconds += now_seconds() - d0;
 
       /* out would feed the rest of the layer (projection, MLP); here it is
@@ -471,8 +489,8 @@ int main(int argc, char **argv) {
         double err = max_relative_error(out, ref, batch);
         if (err > worst_reference_error) worst_reference_error = err;
         if (err > 1e-2)
-          FAIL("step %d layer %u: fd_decode differs from the dense reference (%.3g)", step, layer,
-               err);
+          FAIL("step %d layer %u: fd_decode_run differs from the dense reference (%.3g)", step,
+               layer, err);
         ++reference_checks;
       }
 #if FLASHDEC_EXAMPLE_CUDA
@@ -480,6 +498,7 @@ int main(int argc, char **argv) {
 #endif
       check_seconds += now_seconds() - c0;
     }
+    fd_decode_plan_destroy(plan);
     CHECK(fd_tx_commit(cache, tx));
     step_seconds[step] = now_seconds() - t0 - check_seconds;
     tokens += batch;
@@ -528,7 +547,7 @@ int main(int argc, char **argv) {
          (unsigned long long)m.bytes_per_block, (unsigned long long)m.allocated_kv_bytes);
   printf(
       "\ntiming (CPU, %d steps x %d layers): %.1f tokens/s; step latency p50 %.3f ms, "
-      "p90 %.3f ms, p99 %.3f ms, mean %.3f ms; fd_decode %.1f%% of the time\n",
+      "p90 %.3f ms, p99 %.3f ms, mean %.3f ms; decode plan + run %.1f%% of the time\n",
       opt.steps, NUM_LAYERS, (double)tokens / total, 1e3 * percentile(step_seconds, opt.steps, 50),
       1e3 * percentile(step_seconds, opt.steps, 90), 1e3 * percentile(step_seconds, opt.steps, 99),
       1e3 * total / opt.steps, 100.0 * decode_seconds / total);
