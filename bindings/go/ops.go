@@ -43,15 +43,66 @@ func (a *cArena) free() {
 	}
 }
 
-// DecodeOptions are the optional knobs of a decode call.
+// DecodeOptions are the optional knobs of a decode call (and of a plan).
 type DecodeOptions struct {
-	SmScale    float32 // 0: 1/sqrt(head_dim)
-	NumSplits  int32   // 0 automatic, 1 none
-	CPUThreads uint32  // 0: all hardware threads
+	SmScale       float32 // 0: 1/sqrt(head_dim)
+	NumSplits     int32   // 0 automatic, 1 none
+	CPUThreads    uint32  // 0: all hardware threads
+	MaxSeqLenHint int32   // upper bound of lens (0: max_blocks_per_seq*block_size)
+	MaxQLenHint   int32   // upper bound of query tokens per row (0: 1); 0.2 serves 0 and 1
+	// QIndptr is fd_decode_params.q_indptr: per-row query offsets into q,
+	// [batch+1], for multi-token queries. 0.2 serves only nil (one query
+	// token per row); anything else is Unsupported.
+	QIndptr []int32
 }
 
-func decodeCall[T Elem](dtype DType, q []T, numQHeads, numKVHeads, headDim, blockSize, numBlocks uint32, layout Layout,
-	k, v unsafe.Pointer, strides [4]int64, tables, lens []int32, out []T, opt DecodeOptions) error {
+// DecodeDTypes are the element types of a decode call: fd_decode_params
+// q_dtype, kv_dtype and out_dtype. The library serves q, K/V and out of one
+// type (F16, BF16; F32 on the CPU); any other combination is Unsupported,
+// with a message naming the field.
+type DecodeDTypes struct{ Q, KV, Out DType }
+
+// SameDTypes is q, K/V and out all of dtype (what Decode takes).
+func SameDTypes(dtype DType) DecodeDTypes { return DecodeDTypes{Q: dtype, KV: dtype, Out: dtype} }
+
+func checkDTypes[Q, KV, O Elem](dt DecodeDTypes) error {
+	if err := checkElem[Q](dt.Q, "q"); err != nil {
+		return err
+	}
+	if err := checkElem[KV](dt.KV, "k/v"); err != nil {
+		return err
+	}
+	return checkElem[O](dt.Out, "out")
+}
+
+// decodeGeom is a call's K/V view and head shape; k and v are C memory.
+type decodeGeom struct {
+	numQHeads, numKVHeads, headDim, blockSize, numBlocks uint32
+	layout                                               Layout
+	k, v                                                 unsafe.Pointer
+	strides                                              [4]int64
+}
+
+// fillDecodeShape sets everything of p but the buffers: the planned part.
+func fillDecodeShape(p *C.fd_decode_params, dt DecodeDTypes, batch, maxBlocksPerSeq uint32, g decodeGeom, opt DecodeOptions) {
+	C.fd_decode_params_init(p)
+	p.batch, p.num_q_heads, p.num_kv_heads, p.head_dim = C.uint32_t(batch), C.uint32_t(g.numQHeads), C.uint32_t(g.numKVHeads), C.uint32_t(g.headDim)
+	p.q_dtype, p.kv_dtype, p.out_dtype = C.int32_t(dt.Q), C.int32_t(dt.KV), C.int32_t(dt.Out)
+	p.layout = C.int32_t(g.layout)
+	p.block_size, p.num_blocks, p.max_blocks_per_seq = C.uint32_t(g.blockSize), C.uint32_t(g.numBlocks), C.uint32_t(maxBlocksPerSeq)
+	p.stride_block, p.stride_head, p.stride_token, p.stride_dim = C.int64_t(g.strides[0]), C.int64_t(g.strides[1]), C.int64_t(g.strides[2]), C.int64_t(g.strides[3])
+	p.sm_scale = C.float(opt.SmScale)
+	p.max_seq_len_hint, p.max_q_len_hint = C.int32_t(opt.MaxSeqLenHint), C.int32_t(opt.MaxQLenHint)
+	p.num_splits, p.cpu_threads = C.int32_t(opt.NumSplits), C.uint32_t(opt.CPUThreads)
+}
+
+// decodeCall checks the slices, stages q, tables, lens (and q_indptr) in C
+// memory and runs fd_decode, or fd_decode_run with plan when it is not nil.
+func decodeCall[Q, KV, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, lens []int32, out []O, opt DecodeOptions,
+	plan *C.fd_decode_plan) error {
+	if err := checkDTypes[Q, KV, O](dt); err != nil {
+		return err
+	}
 	batch := len(lens)
 	if batch == 0 {
 		return invalid("seq_lens: batch must be at least 1")
@@ -59,12 +110,12 @@ func decodeCall[T Elem](dtype DType, q []T, numQHeads, numKVHeads, headDim, bloc
 	if !fitsU32(batch) {
 		return invalid("seq_lens: batch %d does not fit in uint32", batch)
 	}
-	qElems, ok := elemCount(batch, int(numQHeads), int(headDim))
+	qElems, ok := elemCount(batch, int(g.numQHeads), int(g.headDim))
 	if !ok {
-		return invalid("q/out: %d x %d x %d elements overflow", batch, numQHeads, headDim)
+		return invalid("q/out: %d x %d x %d elements overflow", batch, g.numQHeads, g.headDim)
 	}
 	if len(q) != qElems || len(out) != qElems {
-		return invalid("q/out: expected %d elements (%d x %d x %d), got %d and %d", qElems, batch, numQHeads, headDim, len(q), len(out))
+		return invalid("q/out: expected %d elements (%d x %d x %d), got %d and %d", qElems, batch, g.numQHeads, g.headDim, len(q), len(out))
 	}
 	if len(tables) == 0 || len(tables)%batch != 0 {
 		return invalid("block_tables: %d entries is not a positive multiple of batch %d", len(tables), batch)
@@ -72,48 +123,53 @@ func decodeCall[T Elem](dtype DType, q []T, numQHeads, numKVHeads, headDim, bloc
 	if !fitsU32(len(tables) / batch) {
 		return invalid("block_tables: %d entries per row do not fit in uint32", len(tables)/batch)
 	}
+	if opt.QIndptr != nil && len(opt.QIndptr) != batch+1 {
+		return invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(opt.QIndptr))
+	}
 	var a cArena
 	defer a.free()
-	es := elemSize[T]()
 	p := (*C.fd_decode_params)(a.alloc(int(unsafe.Sizeof(C.fd_decode_params{}))))
-	C.fd_decode_params_init(p)
-	p.dtype = C.int32_t(dtype)
-	p.batch, p.num_q_heads, p.num_kv_heads, p.head_dim = C.uint32_t(batch), C.uint32_t(numQHeads), C.uint32_t(numKVHeads), C.uint32_t(headDim)
-	p.block_size, p.num_blocks = C.uint32_t(blockSize), C.uint32_t(numBlocks)
-	p.max_blocks_per_seq = C.uint32_t(len(tables) / batch)
-	p.layout = C.int32_t(layout)
-	p.sm_scale, p.num_splits, p.cpu_threads = C.float(opt.SmScale), C.int32_t(opt.NumSplits), C.uint32_t(opt.CPUThreads)
-	p.q = a.copyIn(unsafe.Pointer(&q[0]), qElems*es)
-	p.k_cache, p.v_cache = k, v
-	p.stride_block, p.stride_head, p.stride_token, p.stride_dim = C.int64_t(strides[0]), C.int64_t(strides[1]), C.int64_t(strides[2]), C.int64_t(strides[3])
+	fillDecodeShape(p, dt, uint32(batch), uint32(len(tables)/batch), g, opt)
+	p.q = a.copyIn(dataPtr(q), qElems*elemSize[Q]())
+	p.k_cache, p.v_cache = g.k, g.v
 	p.block_tables = (*C.int32_t)(a.copyIn(unsafe.Pointer(&tables[0]), len(tables)*4))
 	p.seq_lens = (*C.int32_t)(a.copyIn(unsafe.Pointer(&lens[0]), batch*4))
-	outC := a.alloc(qElems * es)
+	if opt.QIndptr != nil {
+		p.q_indptr = (*C.int32_t)(a.copyIn(unsafe.Pointer(&opt.QIndptr[0]), len(opt.QIndptr)*4))
+	}
+	outBytes := qElems * elemSize[O]()
+	outC := a.alloc(outBytes)
 	p.out = outC
-	return decodeFinish(p, &a, outC, unsafe.Pointer(&out[0]), qElems*es)
-}
-
-func decodeFinish(p *C.fd_decode_params, a *cArena, outC, outGo unsafe.Pointer, bytes int) error {
 	var size C.size_t
-	if err := call(func() C.fd_status { return C.fd_decode_workspace_size(p, &size) }); err != nil {
+	if err := call(func() C.fd_status {
+		if plan != nil {
+			return C.fd_decode_plan_workspace_size(plan, &size)
+		}
+		return C.fd_decode_workspace_size(p, &size)
+	}); err != nil {
 		return err
 	}
 	if size > 0 {
 		p.workspace, p.workspace_size = a.alloc(int(size)), size
 	}
-	if err := call(func() C.fd_status { return C.fd_decode(p) }); err != nil {
+	if err := call(func() C.fd_status {
+		if plan != nil {
+			return C.fd_decode_run(plan, p)
+		}
+		return C.fd_decode(p)
+	}); err != nil {
 		return err
 	}
-	C.memcpy(outGo, outC, C.size_t(bytes))
+	if outBytes > 0 {
+		C.memcpy(dataPtr(out), outC, C.size_t(outBytes))
+	}
 	return nil
 }
 
 // DecodeLayer runs paged decode attention of q ([rows, numQHeads, head_dim])
 // over layer `layer` of a CPU cache with the given block tables and seq_lens.
+// q and out have the cache's dtype.
 func DecodeLayer[T Elem](c *Cache, layer uint32, q []T, numQHeads uint32, tables, lens []int32, out []T, opt DecodeOptions) error {
-	if err := checkElem[T](c.cfg.DType, "q"); err != nil {
-		return err
-	}
 	if c.cfg.DeviceType != 0 {
 		return invalid("DecodeLayer needs a CPU cache")
 	}
@@ -123,44 +179,169 @@ func DecodeLayer[T Elem](c *Cache, layer uint32, q []T, numQHeads uint32, tables
 	if err != nil {
 		return err
 	}
-	var k, v unsafe.Pointer
-	var strides [4]int64
+	g := decodeGeom{numQHeads: numQHeads, numKVHeads: c.cfg.NumKVHeads, headDim: c.cfg.HeadDim, blockSize: c.cfg.BlockSize,
+		numBlocks: c.cfg.MaxBlocks, layout: c.cfg.Layout}
 	if err := call(func() C.fd_status {
-		return C.fd_cache_layer_storage(h, C.uint32_t(layer), &k, &v, (*C.int64_t)(unsafe.Pointer(&strides[0])))
+		return C.fd_cache_layer_storage(h, C.uint32_t(layer), &g.k, &g.v, (*C.int64_t)(unsafe.Pointer(&g.strides[0])))
 	}); err != nil {
 		return err
 	}
-	err = decodeCall(c.cfg.DType, q, numQHeads, c.cfg.NumKVHeads, c.cfg.HeadDim, c.cfg.BlockSize, c.cfg.MaxBlocks,
-		c.cfg.Layout, k, v, strides, tables, lens, out, opt)
+	err = decodeCall[T, T, T](SameDTypes(c.cfg.DType), q, g, tables, lens, out, opt, nil)
 	runtime.KeepAlive(c)
 	return err
 }
 
-// Decode runs paged decode attention over host slices: k and v packed in
-// `layout` ([num_blocks, num_kv_heads, block_size, head_dim] for token-major).
-func Decode[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, numKVHeads, headDim, blockSize uint32, layout Layout,
-	tables, lens []int32, out []T, opt DecodeOptions) error {
-	if err := checkElem[T](dtype, "q"); err != nil {
-		return err
-	}
+// hostKV stages packed host K/V ([num_blocks, num_kv_heads, block_size,
+// head_dim] for token-major) in C memory owned by a.
+func hostKV[KV Elem](a *cArena, k, v []KV, numQHeads, numKVHeads, headDim, blockSize uint32, layout Layout) (decodeGeom, error) {
 	// int arithmetic: the uint32 product used to wrap, so a short k could pass
 	// for many huge blocks.
 	block, ok := elemCount(int(numKVHeads), int(blockSize), int(headDim))
 	if !ok {
-		return invalid("k/v: a block of %d x %d x %d elements overflows", numKVHeads, blockSize, headDim)
+		return decodeGeom{}, invalid("k/v: a block of %d x %d x %d elements overflows", numKVHeads, blockSize, headDim)
 	}
 	if block == 0 || len(k) == 0 || len(k)%block != 0 || len(v) != len(k) {
-		return invalid("k/v: need equal positive multiples of a block (%d elements), got %d and %d", block, len(k), len(v))
+		return decodeGeom{}, invalid("k/v: need equal positive multiples of a block (%d elements), got %d and %d", block, len(k), len(v))
 	}
 	if !fitsU32(len(k) / block) {
-		return invalid("k/v: %d blocks do not fit in uint32", len(k)/block)
+		return decodeGeom{}, invalid("k/v: %d blocks do not fit in uint32", len(k)/block)
+	}
+	es := elemSize[KV]()
+	return decodeGeom{numQHeads: numQHeads, numKVHeads: numKVHeads, headDim: headDim, blockSize: blockSize,
+		numBlocks: uint32(len(k) / block), layout: layout,
+		k: a.copyIn(unsafe.Pointer(&k[0]), len(k)*es), v: a.copyIn(unsafe.Pointer(&v[0]), len(v)*es)}, nil
+}
+
+// Decode runs paged decode attention over host slices: k and v packed in
+// `layout` ([num_blocks, num_kv_heads, block_size, head_dim] for token-major),
+// with q, K/V and out all of dtype.
+func Decode[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, numKVHeads, headDim, blockSize uint32, layout Layout,
+	tables, lens []int32, out []T, opt DecodeOptions) error {
+	return DecodeTyped(SameDTypes(dtype), q, numQHeads, k, v, numKVHeads, headDim, blockSize, layout, tables, lens, out, opt)
+}
+
+// DecodeTyped is Decode with an element type each for q, K/V and out.
+func DecodeTyped[Q, KV, O Elem](dt DecodeDTypes, q []Q, numQHeads uint32, k, v []KV, numKVHeads, headDim, blockSize uint32,
+	layout Layout, tables, lens []int32, out []O, opt DecodeOptions) error {
+	if err := checkDTypes[Q, KV, O](dt); err != nil {
+		return err
 	}
 	var a cArena
 	defer a.free()
-	es := elemSize[T]()
-	kc := a.copyIn(unsafe.Pointer(&k[0]), len(k)*es)
-	vc := a.copyIn(unsafe.Pointer(&v[0]), len(v)*es)
-	return decodeCall(dtype, q, numQHeads, numKVHeads, headDim, blockSize, uint32(len(k)/block), layout, kc, vc, [4]int64{}, tables, lens, out, opt)
+	g, err := hostKV(&a, k, v, numQHeads, numKVHeads, headDim, blockSize, layout)
+	if err != nil {
+		return err
+	}
+	return decodeCall[Q, KV, O](dt, q, g, tables, lens, out, opt, nil)
+}
+
+// DecodeShape is what a DecodePlan fixes of the calls it runs: the shape,
+// element types and packed K/V layout (host slices, see Decode).
+type DecodeShape struct {
+	DTypes                                DecodeDTypes
+	Batch, NumQHeads, NumKVHeads, HeadDim uint32
+	BlockSize, NumBlocks, MaxBlocksPerSeq uint32
+	Layout                                Layout
+}
+
+// DecodePlan is a decode plan (fd_decode_plan): the split-KV work list of
+// one step, made once on the host and used by every layer's RunDecodePlan.
+// Immutable and safe to share between goroutines. Close it when done (a
+// finalizer is only a backstop).
+type DecodePlan struct {
+	h     *C.fd_decode_plan
+	shape DecodeShape
+	opt   DecodeOptions
+}
+
+// NewDecodePlan plans the calls of one step with this shape and these
+// options (fd_decode_plan_create). With hostSeqLens (the step's exact K/V
+// lengths, one per row) the split-KV layout is chosen from them; with nil,
+// from opt.MaxSeqLenHint, as Decode does.
+func NewDecodePlan(shape DecodeShape, hostSeqLens []int32, opt DecodeOptions) (*DecodePlan, error) {
+	if hostSeqLens != nil && len(hostSeqLens) != int(shape.Batch) {
+		return nil, invalid("host_seq_lens: expected %d entries (batch), got %d", shape.Batch, len(hostSeqLens))
+	}
+	if opt.QIndptr != nil && len(opt.QIndptr) != int(shape.Batch)+1 {
+		return nil, invalid("q_indptr: expected %d entries (batch + 1), got %d", shape.Batch+1, len(opt.QIndptr))
+	}
+	var a cArena
+	defer a.free()
+	p := (*C.fd_decode_params)(a.alloc(int(unsafe.Sizeof(C.fd_decode_params{}))))
+	g := decodeGeom{numQHeads: shape.NumQHeads, numKVHeads: shape.NumKVHeads, headDim: shape.HeadDim, blockSize: shape.BlockSize,
+		numBlocks: shape.NumBlocks, layout: shape.Layout}
+	fillDecodeShape(p, shape.DTypes, shape.Batch, shape.MaxBlocksPerSeq, g, opt)
+	if len(opt.QIndptr) > 0 {
+		p.q_indptr = (*C.int32_t)(a.copyIn(unsafe.Pointer(&opt.QIndptr[0]), len(opt.QIndptr)*4))
+	}
+	var lens *C.int32_t
+	if len(hostSeqLens) > 0 {
+		lens = (*C.int32_t)(a.copyIn(unsafe.Pointer(&hostSeqLens[0]), len(hostSeqLens)*4))
+	}
+	var h *C.fd_decode_plan
+	if err := call(func() C.fd_status { return C.fd_decode_plan_create(p, lens, &h) }); err != nil {
+		return nil, err
+	}
+	plan := &DecodePlan{h: h, shape: shape, opt: opt}
+	runtime.SetFinalizer(plan, (*DecodePlan).Close)
+	return plan, nil
+}
+
+// Close destroys the plan; idempotent.
+func (p *DecodePlan) Close() {
+	if p.h != nil {
+		C.fd_decode_plan_destroy(p.h)
+		p.h = nil
+	}
+	runtime.SetFinalizer(p, nil)
+}
+
+func (p *DecodePlan) handle() (*C.fd_decode_plan, error) {
+	if p == nil || p.h == nil {
+		return nil, closedError("decode plan")
+	}
+	return p.h, nil
+}
+
+// Shape is the shape the plan was made for.
+func (p *DecodePlan) Shape() DecodeShape { return p.shape }
+
+// WorkspaceSize is the scratch every run with the plan needs
+// (fd_decode_plan_workspace_size); RunDecodePlan allocates it itself.
+func (p *DecodePlan) WorkspaceSize() (int, error) {
+	h, err := p.handle()
+	if err != nil {
+		return 0, err
+	}
+	var size C.size_t
+	err = call(func() C.fd_status { return C.fd_decode_plan_workspace_size(h, &size) })
+	runtime.KeepAlive(p)
+	return int(size), err
+}
+
+// RunDecodePlan runs one decode call with plan (fd_decode_run) over host
+// slices, as Decode does, with the plan's element types and options. The
+// slices must give the planned shape: a call that differs in a planned field
+// (for example more K/V blocks than planned) is refused with InvalidArgument
+// naming the field.
+func RunDecodePlan[Q, KV, O Elem](plan *DecodePlan, q []Q, k, v []KV, tables, lens []int32, out []O) error {
+	h, err := plan.handle()
+	if err != nil {
+		return err
+	}
+	s := plan.shape
+	if err := checkDTypes[Q, KV, O](s.DTypes); err != nil {
+		return err
+	}
+	var a cArena
+	defer a.free()
+	g, err := hostKV(&a, k, v, s.NumQHeads, s.NumKVHeads, s.HeadDim, s.BlockSize, s.Layout)
+	if err != nil {
+		return err
+	}
+	err = decodeCall[Q, KV, O](s.DTypes, q, g, tables, lens, out, plan.opt, h)
+	runtime.KeepAlive(plan)
+	return err
 }
 
 // RopeApply rotates x ([len(positions), numHeads, headDim]) in place.

@@ -115,38 +115,56 @@ int main(void) {
     print_i32s("lens", lens, n);
     print_i32s("tables", tables, n * stride);
     printf("\n");
+    /* One plan per step from the exported host lengths, run for every layer
+     * (the bindings call their decode; the bits are the same). */
+    fd_decode_params p;
+    fd_decode_params_init(&p);
+    p.q_dtype = FD_DTYPE_F32;
+    p.kv_dtype = FD_DTYPE_F32;
+    p.out_dtype = FD_DTYPE_F32;
+    p.layout = FD_LAYOUT_TOKEN_MAJOR;
+    p.batch = n;
+    p.num_q_heads = Q_HEADS;
+    p.num_kv_heads = KV_HEADS;
+    p.head_dim = HEAD_DIM;
+    p.block_size = BLOCK;
+    p.num_blocks = MAX_BLOCKS;
+    p.max_blocks_per_seq = stride;
+    p.cpu_threads = 1;
+    void *kc = NULL, *vc = NULL;
+    int64_t strides[4];
+    OK(fd_cache_layer_storage(cache, 0, &kc, &vc, strides));
+    p.stride_block = strides[0];
+    p.stride_head = strides[1];
+    p.stride_token = strides[2];
+    p.stride_dim = strides[3];
+    fd_decode_plan *plan = NULL;
+    OK(fd_decode_plan_create(&p, lens, &plan));
+    size_t workspace = 0;
+    OK(fd_decode_plan_workspace_size(plan, &workspace));
+    void *scratch = workspace > 0 ? malloc(workspace) : NULL;
+    if (workspace > 0 && scratch == NULL) {
+      fprintf(stderr, "out of memory\n");
+      return 1;
+    }
+    p.workspace = scratch;
+    p.workspace_size = workspace;
     for (uint32_t layer = 0; layer < LAYERS; ++layer) {
-      void *kc = NULL, *vc = NULL;
-      int64_t strides[4];
       OK(fd_cache_layer_storage(cache, layer, &kc, &vc, strides));
       fill(q, (size_t)n * Q_HEADS * HEAD_DIM);
-      fd_decode_params p;
-      fd_decode_params_init(&p);
-      p.dtype = FD_DTYPE_F32;
-      p.layout = FD_LAYOUT_TOKEN_MAJOR;
-      p.batch = n;
-      p.num_q_heads = Q_HEADS;
-      p.num_kv_heads = KV_HEADS;
-      p.head_dim = HEAD_DIM;
-      p.block_size = BLOCK;
-      p.num_blocks = MAX_BLOCKS;
-      p.max_blocks_per_seq = stride;
       p.q = q;
       p.k_cache = kc;
       p.v_cache = vc;
-      p.stride_block = strides[0];
-      p.stride_head = strides[1];
-      p.stride_token = strides[2];
-      p.stride_dim = strides[3];
       p.block_tables = tables;
       p.seq_lens = lens;
       p.out = out;
-      p.cpu_threads = 1;
-      OK(fd_decode(&p));
+      OK(fd_decode_run(plan, &p));
       const size_t count = (size_t)n * Q_HEADS * HEAD_DIM;
       printf("decode step=%d layer=%u hash=%016" PRIx64 " first=%08" PRIx32 " last=%08" PRIx32 "\n",
              step, layer, hash_floats(out, count), bits(out[0]), bits(out[count - 1]));
     }
+    free(scratch);
+    fd_decode_plan_destroy(plan);
   }
 
   /* Forced errors: a layer written out of order, a second abort, and adding a

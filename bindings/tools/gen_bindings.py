@@ -26,6 +26,8 @@ From that one model it writes:
   alignment, every field's offset and size), every enum value and constant,
   computed here with the C layout rules; tests/test_abi_layout.c checks each
   line with the compiler;
+* the version of the binding packages (pyproject.toml, the Rust workspace
+  and its Cargo.lock), which is the header's FD_VERSION;
 * ``bindings/abi/baseline.txt``: the append-only guard. It lists the released
   ABI (the table above plus the functions' and callbacks' signatures); a run
   appends new items to it, and ``--check`` fails when an item listed there
@@ -777,6 +779,33 @@ def same_tokens(a: str, b: str) -> bool:
     return re.sub(r"\s+", "", a) == re.sub(r"\s+", "", b)
 
 
+# --------------------------------------------------------------------------
+# Package versions: the binding packages carry the library's version
+
+
+# (file, pattern whose group 1 is the version): the Python project, the Rust
+# workspace and its lock file's entries for the two crates.
+PACKAGE_VERSIONS = [
+    (ROOT / "bindings" / "python" / "pyproject.toml", r'(?ms)^\[project\].*?^version = "([^"]*)"'),
+    (ROOT / "bindings" / "rust" / "Cargo.toml", r'(?ms)^\[workspace\.package\].*?^version = "([^"]*)"'),
+    (ROOT / "bindings" / "rust" / "Cargo.lock", r'(?m)^name = "flashdec"\nversion = "([^"]*)"'),
+    (ROOT / "bindings" / "rust" / "Cargo.lock", r'(?m)^name = "flashdec-sys"\nversion = "([^"]*)"'),
+]
+
+
+def package_version_outputs(m: Model) -> Dict[Path, str]:
+    """The files of PACKAGE_VERSIONS with the header's version in place."""
+    version = ".".join(map(str, version_of(m)))
+    texts: Dict[Path, str] = {}
+    for path, pattern in PACKAGE_VERSIONS:
+        text = texts.get(path, path.read_text())
+        match = re.search(pattern, text)
+        if match is None:
+            raise SystemExit(f"{path.relative_to(ROOT)}: no version matching {pattern!r}")
+        texts[path] = text[: match.start(1)] + version + text[match.end(1):]
+    return texts
+
+
 def abi_baseline(m: Model, args: argparse.Namespace, stale: List[str]) -> int:
     """Checks the header against bindings/abi/baseline.txt and, when writing,
     extends it (or, with --accept-abi-break, starts it again). 0 or 1."""
@@ -846,6 +875,7 @@ def main() -> int:
             RUST_FIELDS_OUT: emit_rust_fields(m),
             RUST_NAMED_OUT: emit_rust_named(m),
         })
+        outputs.update(package_version_outputs(m))
     stale: List[str] = []
     for path, text in outputs.items():
         rel = path.relative_to(ROOT)

@@ -1,8 +1,10 @@
 /* A minimal downstream program built against an installed FlashDec, through
  * either the CMake package (flashdec::flashdec) or pkg-config. It checks the
  * header/runtime version rule, one failure path and one real decode:
- * three tokens whose V rows are all equal must attend to exactly that row. */
+ * three tokens whose V rows are all equal must attend to exactly that row;
+ * the same decode through a plan gives the same bits. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <flashdec.h>
@@ -66,7 +68,9 @@ int main(void) {
   for (int i = 0; i < HEADS * DIM; ++i) q[i] = (float)(i % 3) - 1.0f;
   fd_decode_params p;
   fd_decode_params_init(&p);
-  p.dtype = FD_DTYPE_F32;
+  p.q_dtype = FD_DTYPE_F32;
+  p.kv_dtype = FD_DTYPE_F32;
+  p.out_dtype = FD_DTYPE_F32;
   p.batch = 1;
   p.num_q_heads = HEADS;
   p.num_kv_heads = HEADS;
@@ -85,6 +89,24 @@ int main(void) {
   p.seq_lens = &seq_len;
   p.out = out;
   if (status == 0 && fd_decode(&p) != FD_OK) status = 1;
+  /* The same call through a plan (0.2): made once from the host lengths,
+   * run as every layer would; its output bits equal fd_decode's. */
+  float planned[HEADS * DIM];
+  fd_decode_plan *plan = NULL;
+  size_t workspace = 0;
+  if (status == 0 && (fd_decode_plan_create(&p, &seq_len, &plan) != FD_OK ||
+                      fd_decode_plan_workspace_size(plan, &workspace) != FD_OK))
+    status = 1;
+  p.out = planned;
+  p.workspace = workspace > 0 ? malloc(workspace) : NULL;
+  p.workspace_size = p.workspace != NULL ? workspace : 0;
+  if (status == 0 && fd_decode_run(plan, &p) != FD_OK) status = 1;
+  free(p.workspace);
+  fd_decode_plan_destroy(plan);
+  if (status == 0 && memcmp(planned, out, sizeof out) != 0) {
+    fprintf(stderr, "consumer: fd_decode_run differs from fd_decode\n");
+    status = 1;
+  }
   if (status != 0) {
     fprintf(stderr, "consumer: cache/decode call failed: %s\n", fd_last_error_message());
     fd_cache_destroy(cache);

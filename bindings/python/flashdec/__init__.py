@@ -2,7 +2,8 @@
 
 A :class:`Cache` holds the K/V of many requests in fixed-size blocks; each
 decode step writes one token per request inside a :class:`Transaction` and
-runs :func:`decode` (paged attention) over the committed tokens. Arrays are
+runs :func:`decode` (paged attention) over the committed tokens; a
+:class:`DecodePlan` plans a step once and runs it for every layer. Arrays are
 numpy arrays or torch tensors (zero-copy; CUDA tensors for CUDA caches).
 
 Example (CPU, float32; two query heads share one KV head)::
@@ -53,7 +54,7 @@ from .cache import Cache, LayerStorage, Metrics, PrefixInfo, Transaction, TxInfo
 from . import engine as _engine
 from .engine import *  # noqa: F401,F403  (names listed in engine.__all__)
 from .errors import FlashDecError, Status, check, status_string
-from .ops import cuda_device_count, decode, decode_workspace_size, reference_attention_dense, rope_apply
+from .ops import DecodePlan, cuda_device_count, decode, decode_workspace_size, reference_attention_dense, rope_apply
 from .types import CacheConfig, Device, DeviceType, DType, Layout, RequestState, TxState
 
 HEADER_VERSION = f"{_lib.HEADER_VERSION_MAJOR}.{_lib.HEADER_VERSION_MINOR}.{_lib.HEADER_VERSION_PATCH}"
@@ -85,6 +86,7 @@ def library_path() -> str:
 __all__ = list(_engine.__all__) + [
     "Cache",
     "CacheConfig",
+    "DecodePlan",
     "Device",
     "DeviceType",
     "DType",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _lib
-from ._arrays import Buffer, empty_like_dtype, host_index_array, index_tensor, stream_for, tensor
-from .errors import argument_error, check
+from ._arrays import Buffer, empty_like_dtype, host_index_array, index_tensor, is_torch_tensor, stream_for, tensor
+from .errors import FlashDecError, Status, argument_error, check
 from .types import Device, DeviceType, DType, Layout
 
 
@@ -56,15 +56,24 @@ def _build_decode(
     max_seq_len_hint: int,
     check_indices: bool,
     stream: Any,
+    out_dtype: Optional[DType] = None,
+    q_indptr: Any = None,
+    max_q_len_hint: int = 0,
+    allocate_out: bool = True,
 ) -> Tuple[_Decode, Any]:
+    """fd_decode_params from arrays. The element types come from the arrays
+    (q_dtype from q, kv_dtype from k_cache and v_cache, out_dtype from out or
+    ``out_dtype``, default q's): combinations the library does not serve are
+    its FD_ERR_UNSUPPORTED, naming the field. Without ``allocate_out`` a
+    missing ``out`` stays NULL (planning and sizing read no buffer)."""
     layout = Layout(layout)
     qb = tensor(q, "q")
     if len(qb.shape) != 3:
         raise argument_error(f"q: expected shape [batch, num_q_heads, head_dim], got {list(qb.shape)}")
     batch, hq, d = qb.shape
     dev = qb.device
-    kb = tensor(k_cache, "k_cache", dtype=qb.dtype, contiguous=False, device=dev)
-    vb = tensor(v_cache, "v_cache", dtype=qb.dtype, contiguous=False, device=dev)
+    kb = tensor(k_cache, "k_cache", contiguous=False, device=dev)
+    vb = tensor(v_cache, "v_cache", dtype=kb.dtype, contiguous=False, device=dev)
     if kb.shape != vb.shape or kb.strides != vb.strides:
         raise argument_error(
             f"v_cache: shape {list(vb.shape)} / strides {vb.strides} must equal k_cache's "
@@ -75,35 +84,47 @@ def _build_decode(
         raise argument_error(f"k_cache: head_dim {kd} does not match q's head_dim {d}")
     bt = index_tensor(block_tables, "block_tables", kind="int32", shape=(batch, None), device=dev)
     sl = index_tensor(seq_lens, "seq_lens", kind="int32", shape=(batch,), device=dev)
-    if out is None:
-        out = empty_like_dtype((batch, hq, d), qb.dtype, like=q, stream=stream)
-    ob = tensor(out, "out", dtype=qb.dtype, shape=(batch, hq, d), writable=True, device=dev)
+    odt = DType(qb.dtype if out_dtype is None else out_dtype)
+    if out is None and allocate_out:
+        out = empty_like_dtype((batch, hq, d), odt, like=q, stream=stream)
     dec = _Decode()
+    dec.keep += [qb, kb, vb, bt, sl]
     p = dec.params
-    p.dtype = int(qb.dtype)
-    p.layout = int(layout)
+    p.out_dtype = int(odt)
+    if out is not None:
+        ob = tensor(out, "out", dtype=out_dtype, shape=(batch, hq, d), writable=True, device=dev)
+        p.out_dtype, p.out = int(ob.dtype), ob.ptr
+        dec.keep.append(ob)
     p.batch = _u32(batch, "batch")
     p.num_q_heads = _u32(hq, "num_q_heads")
     p.num_kv_heads = _u32(hkv, "num_kv_heads")
     p.head_dim = _u32(d, "head_dim")
+    p.q_dtype = int(qb.dtype)
+    p.kv_dtype = int(kb.dtype)
+    p.layout = int(layout)
     p.block_size = _u32(bs, "block_size")
     p.num_blocks = _u32(nb, "num_blocks")
     p.max_blocks_per_seq = _u32(bt.shape[1], "max_blocks_per_seq")
+    p.k_cache, p.v_cache = kb.ptr, vb.ptr
+    p.stride_block, p.stride_head, p.stride_token, p.stride_dim = strides
+    p.block_tables, p.seq_lens = bt.ptr, sl.ptr
+    p.q = qb.ptr
+    if q_indptr is not None:
+        qi = index_tensor(q_indptr, "q_indptr", kind="int32", shape=(batch + 1,), device=dev)
+        p.q_indptr = qi.ptr
+        dec.keep.append(qi)
     p.sm_scale = float(sm_scale)
     p.flags = _lib.FD_DECODE_CHECK_INDICES if check_indices else 0
-    p.q, p.k_cache, p.v_cache = qb.ptr, kb.ptr, vb.ptr
-    p.stride_block, p.stride_head, p.stride_token, p.stride_dim = strides
-    p.block_tables, p.seq_lens, p.out = bt.ptr, sl.ptr, ob.ptr
     p.max_seq_len_hint = int(max_seq_len_hint)
+    p.max_q_len_hint = int(max_q_len_hint)
     p.num_splits = int(num_splits)
+    p.cpu_threads = _u32(cpu_threads, "cpu_threads")
     if workspace is not None:
         wb = index_tensor(workspace, "workspace", kind="uint8", shape=(None,), device=dev, writable=True)
         p.workspace, p.workspace_size = wb.ptr, wb.shape[0]
         dec.keep.append(wb)
     p.device = dev.to_c()
-    p.stream = stream_for([qb, kb, ob], stream)
-    p.cpu_threads = _u32(cpu_threads, "cpu_threads")
-    dec.keep += [qb, kb, vb, bt, sl, ob]
+    p.stream = stream_for(dec.keep, stream)
     return dec, out
 
 
@@ -123,8 +144,16 @@ def decode(
     max_seq_len_hint: int = 0,
     check_indices: bool = False,
     stream: Any = None,
+    out_dtype: Optional[DType] = None,
+    q_indptr: Any = None,
+    max_q_len_hint: int = 0,
 ) -> Any:
     """Paged decode attention (fd_decode, docs/semantics.md S2). Returns ``out``.
+
+    Element types come from the arrays: ``q_dtype`` from q, ``kv_dtype`` from
+    k_cache/v_cache, ``out_dtype`` from out. The library serves q, K/V and out
+    of one type (f16, bf16; f32 on the CPU); any other combination is
+    FlashDecError(UNSUPPORTED) naming the field.
 
     Args:
         q: [batch, num_q_heads, head_dim], float32/float16/bf16 (numpy uint16
@@ -133,12 +162,17 @@ def decode(
             order: token-major [num_blocks, num_kv_heads, block_size, head_dim],
             dim-major [num_blocks, num_kv_heads, head_dim, block_size]. Any
             strides (e.g. a transposed view of vLLM's NHD pages), equal for K
-            and V; the layout's contiguous axis needs stride 1.
+            and V (and one element type); the layout's contiguous axis needs
+            stride 1.
         block_tables: int32 [batch, max_blocks_per_seq], -1 for unused slots.
         seq_lens: int32 [batch].
         out: written in place when given ([batch, num_q_heads, head_dim], same
-            type and device as q); allocated otherwise.
+            device as q); allocated otherwise, of ``out_dtype`` (default q's).
         workspace: uint8 1-D scratch for split-KV (see decode_workspace_size).
+        q_indptr, max_q_len_hint: per-row query offsets (int32 [batch + 1])
+            and the bound of query tokens per row, for multi-token queries:
+            0.2 serves one query token per row (q_indptr None,
+            max_q_len_hint 0 or 1); other values are UNSUPPORTED.
         stream: CUDA stream (an int handle, 0 for the legacy default stream,
             or a torch.cuda.Stream); default torch's current stream of q.
             Everything is read and written on it with no host wait (unless
@@ -153,7 +187,8 @@ def decode(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=sm_scale, num_splits=num_splits, workspace=workspace,
         cpu_threads=cpu_threads, max_seq_len_hint=max_seq_len_hint,
-        check_indices=check_indices, stream=stream,
+        check_indices=check_indices, stream=stream, out_dtype=out_dtype, q_indptr=q_indptr,
+        max_q_len_hint=max_q_len_hint,
     )  # fmt: skip
     check(_lib.fd_decode(ctypes.byref(dec.params)))
     return out
@@ -170,17 +205,172 @@ def decode_workspace_size(
     num_splits: int = 0,
     max_seq_len_hint: int = 0,
     out: Any = None,
+    out_dtype: Optional[DType] = None,
 ) -> int:
     """Workspace bytes :func:`decode` needs for these arguments (host only:
-    nothing is read from the arrays, nothing enqueued)."""
+    nothing is read from the arrays, nothing allocated or enqueued)."""
     dec, _ = _build_decode(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=0.0, num_splits=num_splits, workspace=None, cpu_threads=0,
-        max_seq_len_hint=max_seq_len_hint, check_indices=False, stream=None,
+        max_seq_len_hint=max_seq_len_hint, check_indices=False, stream=None, out_dtype=out_dtype,
+        allocate_out=False,
     )  # fmt: skip
     n = ctypes.c_size_t(0)
     check(_lib.fd_decode_workspace_size(ctypes.byref(dec.params), ctypes.byref(n)))
     return int(n.value)
+
+
+def _new_workspace(size: int, like: Any, stream: Any) -> Any:
+    """uint8 scratch of ``size`` bytes where ``like`` lives: numpy on the host,
+    torch on ``like``'s CUDA device (allocated on ``stream``, as outputs are)."""
+    if is_torch_tensor(like) and like.device.type == "cuda":
+        import torch
+
+        from ._cuda import torch_stream
+
+        with torch.cuda.stream(torch_stream(stream, like.device)):
+            return torch.empty((size,), dtype=torch.uint8, device=like.device)
+    return np.empty((size,), dtype=np.uint8)
+
+
+class DecodePlan:
+    """A decode plan (fd_decode_plan): the split-KV work list of one step,
+    made once on the host and used by every layer's :meth:`run`.
+
+    Made from the arrays of a call as :func:`decode` takes them: only their
+    shapes, strides, element types and device are read (plus the options
+    below), never their contents. With ``host_seq_lens`` (the step's exact
+    K/V lengths, host integers, one per row) the split-KV layout is chosen
+    from them; otherwise from ``max_seq_len_hint``, as :func:`decode` does.
+
+    :meth:`run` takes the arrays of each layer; the planned parts (shapes,
+    element types, layout, strides, device and the options) must be the same
+    as at planning, or the library refuses with INVALID_ARGUMENT naming the
+    field that differs; the pointers and ``stream`` may change every call.
+    A plan is immutable and may run on several threads at once, each with its
+    own buffers. It holds no device memory: :meth:`close` (or ``with``) frees
+    it at once, even while work enqueued with it is pending.
+
+    Example::
+
+        with flashdec.DecodePlan(q, k[0], v[0], tables, lens, host_seq_lens=lens) as plan:
+            for layer in range(num_layers):
+                out[layer] = plan.run(q, k[layer], v[layer], tables, lens)
+    """
+
+    def __init__(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        block_tables: Any,
+        seq_lens: Any,
+        out: Any = None,
+        *,
+        host_seq_lens: Optional[Sequence[int]] = None,
+        layout: Layout = Layout.TOKEN_MAJOR,
+        sm_scale: float = 0.0,
+        num_splits: int = 0,
+        cpu_threads: int = 0,
+        max_seq_len_hint: int = 0,
+        check_indices: bool = False,
+        out_dtype: Optional[DType] = None,
+        q_indptr: Any = None,
+        max_q_len_hint: int = 0,
+    ) -> None:
+        self._handle: Optional[int] = None
+        self._options: Dict[str, Any] = dict(
+            layout=Layout(layout), sm_scale=sm_scale, num_splits=num_splits, cpu_threads=cpu_threads,
+            max_seq_len_hint=max_seq_len_hint, check_indices=check_indices, out_dtype=out_dtype,
+            q_indptr=q_indptr, max_q_len_hint=max_q_len_hint,
+        )  # fmt: skip
+        dec, _ = _build_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, out, workspace=None, stream=None,
+            allocate_out=False, **self._options,
+        )  # fmt: skip
+        lens = None
+        if host_seq_lens is not None:
+            lens = host_index_array(host_seq_lens, "host_seq_lens", np.int32)
+            if lens.shape[0] != dec.params.batch:
+                raise argument_error(f"host_seq_lens: expected {dec.params.batch} entries, got {lens.shape[0]}")
+        handle = ctypes.c_void_p()
+        check(
+            _lib.fd_decode_plan_create(
+                ctypes.byref(dec.params), None if lens is None else lens.ctypes.data, ctypes.byref(handle)
+            )
+        )
+        self._handle = handle.value
+
+    def close(self) -> None:
+        """Frees the plan (fd_decode_plan_destroy); idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _lib.fd_decode_plan_destroy(handle)
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise FlashDecError(Status.INVALID_STATE, "decode plan is closed")
+        return self._handle
+
+    @property
+    def workspace_size(self) -> int:
+        """Workspace bytes every :meth:`run` needs (fd_decode_plan_workspace_size)."""
+        n = ctypes.c_size_t(0)
+        check(_lib.fd_decode_plan_workspace_size(self._h(), ctypes.byref(n)))
+        return int(n.value)
+
+    def run(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        block_tables: Any,
+        seq_lens: Any,
+        out: Any = None,
+        *,
+        workspace: Any = None,
+        stream: Any = None,
+    ) -> Any:
+        """One decode call with this plan (fd_decode_run). Returns ``out``
+        (allocated when None, as :func:`decode` does).
+
+        ``workspace``: uint8 1-D scratch of at least :attr:`workspace_size`
+        bytes on the arrays' device; when None and the plan needs one, it is
+        allocated for the call (numpy on the CPU; a torch tensor on
+        ``stream`` for CUDA arrays). Pass your own to keep run() free of
+        allocations, e.g. inside a CUDA graph capture.
+        """
+        h = self._h()
+        if workspace is None:
+            size = self.workspace_size
+            if size:
+                workspace = _new_workspace(size, q, stream)
+        dec, out = _build_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, out, workspace=workspace, stream=stream,
+            **self._options,
+        )  # fmt: skip
+        check(_lib.fd_decode_run(h, ctypes.byref(dec.params)))
+        return out
+
+    def __enter__(self) -> "DecodePlan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"workspace_size={self.workspace_size}"
+        return f"DecodePlan({state})"
 
 
 def rope_apply(
@@ -246,6 +436,7 @@ def cuda_device_count() -> int:
 
 
 __all__ = [
+    "DecodePlan",
     "decode",
     "decode_workspace_size",
     "rope_apply",

@@ -87,7 +87,7 @@ def test_decode_argument_checks_before_the_call(rng):
     q, kc, vc, tables, lens, _, _ = paged_problem(rng)
     out = np.full(q.shape, 7.0, np.float32)
     cases = [
-        dict(q=q.astype(np.float16)),  # dtype mismatch with k
+        dict(v_cache=vc.astype(np.float16)),  # K and V of different element types
         dict(q=q[:, :, ::2]),  # head_dim mismatch
         dict(block_tables=tables.astype(np.int64)),
         dict(seq_lens=lens[:2]),

@@ -456,6 +456,7 @@ impl Cache {
         }
         let (k, v, strides) = self.layer_storage(layer)?;
         let mut p = decode_params_base(q, num_q_heads, cfg.num_kv_heads, cfg.head_dim, block_tables, seq_lens, out)?;
+        p.kv_dtype = cfg.dtype.raw();
         p.layout = cfg.layout.raw();
         p.block_size = cfg.block_size;
         p.num_blocks = cfg.max_blocks;

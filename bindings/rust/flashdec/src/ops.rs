@@ -4,6 +4,7 @@ use crate::sizes::{elem_count, to_u32};
 use crate::types::{Element, Layout};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 
 
 /// Usable CUDA devices (0 without CUDA; not an error).
@@ -30,41 +31,58 @@ pub unsafe fn run_decode(params: &sys::fd_decode_params) -> Result<()> {
     check(sys::fd_decode(params))
 }
 
-/// Checks q/out/tables/lens lengths and fills the shared fields.
-pub(crate) fn decode_params_base<T: Element>(
-    q: &[T],
+/// Checks q/out/tables/lens lengths and fills the shared fields; the element
+/// types are those of q (`q_dtype`) and out (`out_dtype`); `kv_dtype` is set
+/// by the caller, which knows the K/V storage.
+pub(crate) fn decode_params_base<Q: Element, O: Element>(
+    q: &[Q],
     num_q_heads: u32,
     num_kv_heads: u32,
     head_dim: u32,
     block_tables: &[i32],
     seq_lens: &[i32],
-    out: &mut [T],
+    out: &mut [O],
+) -> Result<sys::fd_decode_params> {
+    let mut p = decode_shape_base::<Q, O>(q.len(), num_q_heads, num_kv_heads, head_dim, block_tables, seq_lens, out.len())?;
+    p.q = q.as_ptr().cast();
+    p.block_tables = block_tables.as_ptr();
+    p.seq_lens = seq_lens.as_ptr();
+    p.out = out.as_mut_ptr().cast();
+    Ok(p)
+}
+
+/// The checks and shape fields of [`decode_params_base`], buffer pointers NULL.
+fn decode_shape_base<Q: Element, O: Element>(
+    q_len: usize,
+    num_q_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    block_tables: &[i32],
+    seq_lens: &[i32],
+    out_len: usize,
 ) -> Result<sys::fd_decode_params> {
     let batch = seq_lens.len();
     if batch == 0 {
         return Err(Error::invalid("seq_lens: batch must be at least 1"));
     }
     let q_elems = elem_count(&[batch, num_q_heads as usize, head_dim as usize], "q/out")?;
-    if q.len() != q_elems {
-        return Err(Error::invalid(format!("q: expected {q_elems} elements ({batch} x {num_q_heads} x {head_dim}), got {}", q.len())));
+    if q_len != q_elems {
+        return Err(Error::invalid(format!("q: expected {q_elems} elements ({batch} x {num_q_heads} x {head_dim}), got {q_len}")));
     }
-    if out.len() != q_elems {
-        return Err(Error::invalid(format!("out: expected {q_elems} elements, got {}", out.len())));
+    if out_len != q_elems {
+        return Err(Error::invalid(format!("out: expected {q_elems} elements, got {out_len}")));
     }
     if block_tables.is_empty() || block_tables.len() % batch != 0 {
         return Err(Error::invalid(format!("block_tables: {} entries is not a positive multiple of batch {batch}", block_tables.len())));
     }
     let mut p = default_decode_params();
-    p.dtype = T::DTYPE.raw();
     p.batch = to_u32(batch, "seq_lens: batch")?;
     p.num_q_heads = num_q_heads;
     p.num_kv_heads = num_kv_heads;
     p.head_dim = head_dim;
+    p.q_dtype = Q::DTYPE.raw();
+    p.out_dtype = O::DTYPE.raw();
     p.max_blocks_per_seq = to_u32(block_tables.len() / batch, "block_tables: entries per row")?;
-    p.q = q.as_ptr().cast();
-    p.block_tables = block_tables.as_ptr();
-    p.seq_lens = seq_lens.as_ptr();
-    p.out = out.as_mut_ptr().cast();
     Ok(p)
 }
 
@@ -81,43 +99,75 @@ pub struct PagedKv<'a, T: Element> {
     pub layout: Layout,
 }
 
-/// Options of [`decode`]; `Default` = automatic scale/splits, all threads.
+impl<T: Element> PagedKv<'_, T> {
+    /// Checks k/v against the block shape (before anything else, so an
+    /// overflowing block is reported as such); returns the block count.
+    fn num_blocks(&self) -> Result<u32> {
+        let block_elems = elem_count(&[self.num_kv_heads as usize, self.block_size as usize, self.head_dim as usize], "k: a block")?;
+        if block_elems == 0 || self.k.len() % block_elems != 0 || self.k.is_empty() {
+            return Err(Error::invalid(format!("k: {} elements is not a positive multiple of a block ({block_elems})", self.k.len())));
+        }
+        if self.v.len() != self.k.len() {
+            return Err(Error::invalid(format!("v: expected {} elements like k, got {}", self.k.len(), self.v.len())));
+        }
+        u32::try_from(self.k.len() / block_elems).map_err(|_| Error::invalid("k: too many blocks"))
+    }
+
+    /// Fills the K/V view of `p`: `kv_dtype`, layout, block size, block
+    /// count (from [`PagedKv::num_blocks`]) and the pointers.
+    fn fill(&self, p: &mut sys::fd_decode_params, num_blocks: u32) {
+        p.num_blocks = num_blocks;
+        p.kv_dtype = T::DTYPE.raw();
+        p.layout = self.layout.raw();
+        p.block_size = self.block_size;
+        p.k_cache = self.k.as_ptr().cast();
+        p.v_cache = self.v.as_ptr().cast();
+    }
+}
+
+/// Options of [`decode`] and [`DecodePlan`]; `Default` = automatic
+/// scale/splits, all threads, one query token per row.
 #[derive(Copy, Clone, Debug, Default)]
 pub struct DecodeOptions {
     pub sm_scale: f32,
     pub num_splits: i32,
     pub cpu_threads: u32,
+    /// Upper bound of `seq_lens` (0: max_blocks_per_seq * block_size).
+    pub max_seq_len_hint: i32,
+    /// Upper bound of query tokens per row (0: 1); 0.2 serves 0 and 1.
+    pub max_q_len_hint: i32,
+}
+
+impl DecodeOptions {
+    fn fill(&self, p: &mut sys::fd_decode_params) {
+        p.sm_scale = self.sm_scale;
+        p.num_splits = self.num_splits;
+        p.cpu_threads = self.cpu_threads;
+        p.max_seq_len_hint = self.max_seq_len_hint;
+        p.max_q_len_hint = self.max_q_len_hint;
+    }
 }
 
 /// Paged decode attention (S2) on the CPU backend over host slices.
 /// q, out: [batch, num_q_heads, head_dim], batch = seq_lens.len();
 /// block_tables: [batch, max_blocks_per_seq].
-pub fn decode<T: Element>(
-    q: &[T],
+///
+/// The element types are the slices' (`q_dtype`, `kv_dtype`, `out_dtype`):
+/// the library serves q, K/V and out of one type (f32, F16, Bf16); another
+/// combination is `Status::Unsupported` with a message naming the field.
+pub fn decode<Q: Element, KV: Element, O: Element>(
+    q: &[Q],
     num_q_heads: u32,
-    kv: &PagedKv<'_, T>,
+    kv: &PagedKv<'_, KV>,
     block_tables: &[i32],
     seq_lens: &[i32],
-    out: &mut [T],
+    out: &mut [O],
     options: DecodeOptions,
 ) -> Result<()> {
-    let block_elems = elem_count(&[kv.num_kv_heads as usize, kv.block_size as usize, kv.head_dim as usize], "k: a block")?;
-    if block_elems == 0 || kv.k.len() % block_elems != 0 || kv.k.is_empty() {
-        return Err(Error::invalid(format!("k: {} elements is not a positive multiple of a block ({block_elems})", kv.k.len())));
-    }
-    if kv.v.len() != kv.k.len() {
-        return Err(Error::invalid(format!("v: expected {} elements like k, got {}", kv.k.len(), kv.v.len())));
-    }
-    let num_blocks = u32::try_from(kv.k.len() / block_elems).map_err(|_| Error::invalid("k: too many blocks"))?;
+    let num_blocks = kv.num_blocks()?;
     let mut p = decode_params_base(q, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
-    p.layout = kv.layout.raw();
-    p.block_size = kv.block_size;
-    p.num_blocks = num_blocks;
-    p.k_cache = kv.k.as_ptr().cast();
-    p.v_cache = kv.v.as_ptr().cast();
-    p.sm_scale = options.sm_scale;
-    p.num_splits = options.num_splits;
-    p.cpu_threads = options.cpu_threads;
+    kv.fill(&mut p, num_blocks);
+    options.fill(&mut p);
     // Split-KV partials need scratch: size it and own it for the call.
     let mut bytes = 0usize;
     check(unsafe { sys::fd_decode_workspace_size(&p, &mut bytes) })?;
@@ -129,6 +179,127 @@ pub fn decode<T: Element>(
     // SAFETY: all slices were checked against the shapes; host block ids and
     // seq_lens are range-checked by the library before it reads K/V.
     unsafe { run_decode(&p) }
+}
+
+/// A decode plan (`fd_decode_plan`): the split-KV work list of one step,
+/// made once on the host and used by every layer's [`DecodePlan::run`].
+/// Immutable and thread-safe (`Send + Sync`: runs may share it, each with
+/// its own buffers); freed in `Drop`. It holds no device memory.
+#[derive(Debug)]
+pub struct DecodePlan {
+    raw: NonNull<sys::fd_decode_plan>,
+    options: DecodeOptions,
+}
+
+// SAFETY: the header documents a plan as immutable and thread-safe.
+unsafe impl Send for DecodePlan {}
+unsafe impl Sync for DecodePlan {}
+
+impl DecodePlan {
+    /// Plans the host-slice calls of one step, given the slices of one of
+    /// them as [`decode`] takes them: only their lengths and element types
+    /// are read, never their contents. With `host_seq_lens` (the step's
+    /// exact K/V lengths, one per row; typically `Some(seq_lens)`) the
+    /// split-KV layout is chosen from them; with `None`, from
+    /// `options.max_seq_len_hint`, as [`decode`] does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new<Q: Element, KV: Element, O: Element>(
+        q: &[Q],
+        num_q_heads: u32,
+        kv: &PagedKv<'_, KV>,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &[O],
+        options: DecodeOptions,
+        host_seq_lens: Option<&[i32]>,
+    ) -> Result<DecodePlan> {
+        let num_blocks = kv.num_blocks()?;
+        let mut p = decode_shape_base::<Q, O>(q.len(), num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out.len())?;
+        kv.fill(&mut p, num_blocks);
+        options.fill(&mut p);
+        // SAFETY: plan creation reads no buffer of p (the K/V pointers only
+        // for their alignment); the host lengths' count is checked.
+        let mut plan = unsafe { Self::from_params(&p, host_seq_lens) }?;
+        plan.options = options;
+        Ok(plan)
+    }
+
+    /// Plans from raw parameters (`fd_decode_plan_create`): every field but
+    /// the buffer pointers and the stream is part of the plan. Run it with
+    /// [`DecodePlan::run_raw`].
+    ///
+    /// # Safety
+    /// `host_seq_lens`, when given, must hold `params.batch` entries (it is
+    /// checked); nothing else of `params` is dereferenced.
+    pub unsafe fn from_params(params: &sys::fd_decode_params, host_seq_lens: Option<&[i32]>) -> Result<DecodePlan> {
+        let lens = match host_seq_lens {
+            Some(l) if l.len() != params.batch as usize => {
+                return Err(Error::invalid(format!("host_seq_lens: expected {} entries (batch), got {}", params.batch, l.len())));
+            }
+            Some(l) => l.as_ptr(),
+            None => std::ptr::null(),
+        };
+        let mut raw = std::ptr::null_mut();
+        check(sys::fd_decode_plan_create(params, lens, &mut raw))?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::invalid("fd_decode_plan_create returned NULL"))?;
+        Ok(DecodePlan { raw, options: DecodeOptions::default() })
+    }
+
+    /// The raw handle, for `sys` calls; owned by this plan.
+    pub fn as_ptr(&self) -> *const sys::fd_decode_plan {
+        self.raw.as_ptr()
+    }
+
+    /// Workspace bytes every run needs (`fd_decode_plan_workspace_size`).
+    pub fn workspace_size(&self) -> Result<usize> {
+        let mut bytes = 0usize;
+        check(unsafe { sys::fd_decode_plan_workspace_size(self.raw.as_ptr(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// One decode call with this plan (`fd_decode_run`) over host slices, as
+    /// [`decode`] takes them, with the plan's options; the workspace is
+    /// allocated for the call. The slices must give the planned shape and
+    /// element types: a call that differs in a planned field (for example
+    /// more K/V blocks) is `Status::InvalidArgument` naming the field.
+    pub fn run<Q: Element, KV: Element, O: Element>(
+        &self,
+        q: &[Q],
+        num_q_heads: u32,
+        kv: &PagedKv<'_, KV>,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &mut [O],
+    ) -> Result<()> {
+        let num_blocks = kv.num_blocks()?;
+        let mut p = decode_params_base(q, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
+        kv.fill(&mut p, num_blocks);
+        self.options.fill(&mut p);
+        let bytes = self.workspace_size()?;
+        let mut workspace = vec![0u64; bytes.div_ceil(8)];
+        if bytes > 0 {
+            p.workspace = workspace.as_mut_ptr().cast();
+            p.workspace_size = bytes;
+        }
+        // SAFETY: as in `decode`: every slice was checked against the shapes.
+        unsafe { self.run_raw(&p) }
+    }
+
+    /// `fd_decode_run` on raw parameters (device pointers, custom strides,
+    /// the caller's workspace).
+    ///
+    /// # Safety
+    /// As [`run_decode`]: every pointer in `params` must be valid for the
+    /// shapes it describes, on `params.device`, for the duration of the call.
+    pub unsafe fn run_raw(&self, params: &sys::fd_decode_params) -> Result<()> {
+        check(sys::fd_decode_run(self.raw.as_ptr(), params))
+    }
+}
+
+impl Drop for DecodePlan {
+    fn drop(&mut self) {
+        unsafe { sys::fd_decode_plan_destroy(self.raw.as_ptr()) }
+    }
 }
 
 /// RoPE in place (S3.1): x is [positions.len(), num_heads, head_dim].
