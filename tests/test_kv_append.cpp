@@ -207,7 +207,7 @@ void test_errors(void **state) {
 
   // clang-format off
   both_fail(p, [](fd_kv_append_params &a) { a.struct_size = 8; }, INV, "struct_size 8 is too small", false);
-  both_fail(p, [](fd_kv_append_params &a) { a.struct_size = sizeof a + 8; }, INV, "header is newer", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.struct_size = sizeof a + 8; }, INV, "newer header", false);
   both_fail(p, [](fd_kv_append_params &a) { a.reserved0 = 1; }, INV, "reserved0 must be 0", false);
   both_fail(p, [](fd_kv_append_params &a) { a.dtype = 7; }, INV, "dtype 7", false);
   both_fail(p, [](fd_kv_append_params &a) { a.layout = 5; }, INV, "layout 5", false);
@@ -234,6 +234,8 @@ void test_errors(void **state) {
   both_fail(p, [](fd_kv_append_params &a) { a.rope_base = INFINITY; }, INV, "rope_base must be finite", true);
   both_fail(p, [](fd_kv_append_params &a) { a.stride_head = 32; }, INV, "stride_block must be > 0", false);
   both_fail(p, [](fd_kv_append_params &a) { a.stride_block = 256, a.stride_head = 64, a.stride_token = 16, a.stride_dim = 2; }, INV, "stride_dim must be 1 for the token-major layout", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.layout = FD_LAYOUT_DIM_MAJOR, a.stride_block = 256, a.stride_head = 64, a.stride_token = 16, a.stride_dim = 1; }, INV, "params->stride_token must be 1 for the dim-major layout", false);
+  both_fail(p, [](fd_kv_append_params &a) { a.stride_block = 256, a.stride_head = 64, a.stride_token = -16, a.stride_dim = 1; }, INV, "params->stride_token must be > 0", false);
   both_fail(p, [](fd_kv_append_params &a) { a.device.type = 9; }, INV, "device.type 9", false);
   both_fail(p, [](fd_kv_append_params &a) { a.device.ordinal = 1; }, INV, "ordinal must be 0 for a CPU device", false);
   both_fail(p, [&](fd_kv_append_params &a) { a.q_out = p.q.data() + 2 * fd_test_dtype_size(p.dtype); }, INV, "q_out must equal q or not overlap it", true);

@@ -7,16 +7,16 @@
 #include <vector>
 
 #include "append_launch.hpp"
-#include "core/device.hpp"
+#include "backend/backend.hpp"
 #include "core/error.hpp"
-#include "cuda/kv_storage_cuda.hpp"
+#include "cuda/cuda_util.hpp"
 #include "ops/kv_append.hpp"
 
 namespace fd {
 namespace {
 
 void require_device_pointer(const void *p, int32_t ordinal, const char *what) {
-  if (!is_cuda_device_memory(p, ordinal))
+  if (!backend::is_cuda_device_memory(p, ordinal))
     fail(FD_ERR_INVALID_ARGUMENT, "params->%s is not device memory of CUDA device %d", what,
          ordinal);
 }
@@ -29,12 +29,13 @@ std::vector<int32_t> to_host(const int32_t *src, size_t n, cudaStream_t s, const
 
 }  // namespace
 
-void kv_append_cuda(const AppendProblem &p) {
+void backend::cuda_kv_append(const AppendProblem &p) {
+  const PagedKv &kv = p.kv;
   require_cuda_device(p.device_ordinal);
-  if (p.dtype == FD_DTYPE_F32)
+  if (kv.dtype == FD_DTYPE_F32)
     fail(FD_ERR_UNSUPPORTED, "dtype f32 is not supported on CUDA (use f16 or bf16)");
-  if (p.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
-    fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (at most %d)", p.head_dim,
+  if (kv.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
+    fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (at most %d)", kv.head_dim,
          cuda::kAppendMaxHeadDim);
   if (p.num_tokens > 0x7fffffffu)
     fail(FD_ERR_UNSUPPORTED, "num_tokens %u is too large for one CUDA launch", p.num_tokens);
@@ -63,11 +64,11 @@ void kv_append_cuda(const AppendProblem &p) {
   check_append_indices(p, ids.data(), offs.data(), p.positions ? pos.data() : nullptr);
 
   cuda::AppendLaunch a;
-  a.dtype = p.dtype;
+  a.dtype = kv.dtype;
   a.num_tokens = static_cast<int32_t>(p.num_tokens);
   a.num_q_heads = static_cast<int32_t>(p.num_q_heads);
-  a.num_kv_heads = static_cast<int32_t>(p.num_kv_heads);
-  a.head_dim = static_cast<int32_t>(p.head_dim);
+  a.num_kv_heads = static_cast<int32_t>(kv.num_kv_heads);
+  a.head_dim = static_cast<int32_t>(kv.head_dim);
   a.rotary_dim = static_cast<int32_t>(p.rotary_dim);
   a.rope_base = p.rope_base;
   a.q = p.q;
@@ -76,10 +77,10 @@ void kv_append_cuda(const AppendProblem &p) {
   a.v = p.v;
   a.k_dst = p.k_cache;
   a.v_dst = p.v_cache;
-  a.stride_block = p.strides[0];
-  a.stride_head = p.strides[1];
-  a.stride_token = p.strides[2];
-  a.stride_dim = p.strides[3];
+  a.stride_block = kv.stride_block;
+  a.stride_head = kv.stride_head;
+  a.stride_token = kv.stride_token;
+  a.stride_dim = kv.stride_dim;
   a.block_ids = p.block_ids;
   a.offsets = p.offsets;
   a.positions = p.positions;

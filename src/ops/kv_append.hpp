@@ -1,27 +1,24 @@
 // The checked append primitives fd_kv_append / fd_rope_kv_append (S3.2):
 // the front end (kv_append_api.cpp) checks every host-known value and
 // resolves defaults into an AppendProblem; the CPU backend
-// (kv_append_cpu.cpp) or the CUDA backend (src/cuda/append_cuda.cpp, or the
-// stub in kv_append_nocuda.cpp without CUDA) runs it.
+// (kv_append_cpu.cpp) or the CUDA backend (backend::cuda_kv_append,
+// backend/backend.hpp) runs it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/paged_kv.hpp"
 #include "flashdec.h"
 
 namespace fd {
 
 struct AppendProblem {
-  int32_t dtype = FD_DTYPE_BF16;
-  int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
+  // The caches' view (kv.dtype is also the element type of q, k, v and q_out).
+  PagedKv kv;
   uint32_t num_tokens = 0;
   uint32_t num_q_heads = 0;  // 0 for the plain append
-  uint32_t num_kv_heads = 0;
-  uint32_t head_dim = 0;
-  uint32_t block_size = 0;
-  uint32_t num_blocks = 0;
-  uint32_t rotary_dim = 0;  // 0: no rotation (plain append)
+  uint32_t rotary_dim = 0;   // 0: no rotation (plain append)
   float rope_base = 0.f;
   const void *q = nullptr;
   void *q_out = nullptr;
@@ -29,7 +26,6 @@ struct AppendProblem {
   const void *v = nullptr;
   void *k_cache = nullptr;
   void *v_cache = nullptr;
-  int64_t strides[4] = {0, 0, 0, 0};  // block, head, token, dim (resolved)
   const int32_t *block_ids = nullptr;
   const int32_t *offsets = nullptr;
   const int32_t *positions = nullptr;  // null for the plain append
@@ -45,9 +41,5 @@ void check_append_indices(const AppendProblem &p, const int32_t *block_ids, cons
 
 // CPU backend: synchronous. Arguments are valid.
 void kv_append_cpu(const AppendProblem &p);
-
-// CUDA backend: checks what only it limits, copies the index arrays to the
-// host and synchronises the stream to check them, then enqueues the kernel.
-void kv_append_cuda(const AppendProblem &p);
 
 }  // namespace fd

@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attention/paged_kv.hpp"
+#include "backend/backend.hpp"
+#include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/arg_checks.hpp"
+#include "core/versioned.hpp"
 #include "ops/kv_append.hpp"
 #include "ops/rope.hpp"
 
@@ -30,42 +33,14 @@ fd_kv_append_params default_params() {
   return p;
 }
 
+// struct_size policy of core/versioned.hpp: an older caller's struct
+// without device and stream runs on the CPU; a newer one is refused.
 fd_kv_append_params read_params(const fd_kv_append_params *src) {
-  require_non_null(src, "params");
-  const size_t size = src->struct_size;
-  if (size < kMinParamsSize)
-    fail(FD_ERR_INVALID_ARGUMENT,
-         "params->struct_size %zu is too small: at least %zu bytes (every field up to "
-         "positions); initialise params with fd_kv_append_params_init",
-         size, kMinParamsSize);
-  if (size > sizeof(fd_kv_append_params))
-    fail(FD_ERR_INVALID_ARGUMENT,
-         "params->struct_size %zu is larger than this library's fd_kv_append_params (%zu "
-         "bytes): the header is newer than the runtime library",
-         size, sizeof(fd_kv_append_params));
-  fd_kv_append_params p = default_params();
-  std::memcpy(&p, src, kMinParamsSize);
-  if (offsetof(fd_kv_append_params, device) + sizeof(fd_device) <= size) p.device = src->device;
-  if (offsetof(fd_kv_append_params, stream) + sizeof(fd_stream) <= size) p.stream = src->stream;
-  p.struct_size = sizeof p;
-  return p;
+  return read_versioned<kMinParamsSize>(src, default_params(), "params");
 }
 
 void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be > 0", name);
-}
-
-// Elements a cache spans with the resolved strides (largest offset + 1), so
-// that the backends' index arithmetic (block * stride_block + ...) cannot
-// overflow int64.
-void check_cache_extent(const fd_kv_append_params &p, const int64_t *strides) {
-  const char *what = "params->k_cache/v_cache (the elements its sizes and strides address)";
-  const uint64_t counts[4] = {p.num_blocks, p.num_kv_heads, p.block_size, p.head_dim};
-  uint64_t last = 0;
-  for (int i = 0; i < 4; ++i)
-    last = checked_extent_add(
-        last, checked_extent_mul(counts[i] - 1, static_cast<uint64_t>(strides[i]), what), what);
-  (void)checked_extent_add(last, 1, what);
 }
 
 AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
@@ -73,15 +48,22 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   AppendProblem pb;
   if (p.reserved0 != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "params->reserved0 must be 0, got %u", p.reserved0);
-  if (!dtype_valid(p.dtype))
-    fail(FD_ERR_INVALID_ARGUMENT, "params->dtype %d is not an fd_dtype", p.dtype);
-  if (p.layout != FD_LAYOUT_TOKEN_MAJOR && p.layout != FD_LAYOUT_DIM_MAJOR)
-    fail(FD_ERR_INVALID_ARGUMENT, "params->layout %d is not an fd_kv_layout", p.layout);
+  // The caches: dtype, layout, extents, strides and span (the one resolver).
+  PagedKvRequest cache;
+  cache.dtype = p.dtype;
+  cache.layout = p.layout;
+  cache.num_blocks = p.num_blocks;
+  cache.num_kv_heads = p.num_kv_heads;
+  cache.block_size = p.block_size;
+  cache.head_dim = p.head_dim;
+  cache.strides[0] = p.stride_block;
+  cache.strides[1] = p.stride_head;
+  cache.strides[2] = p.stride_token;
+  cache.strides[3] = p.stride_dim;
+  cache.packed_what = "params->k_cache/v_cache ([num_blocks, num_kv_heads, block_size, head_dim])";
+  cache.span_what = "params->k_cache/v_cache (the elements its sizes and strides address)";
+  pb.kv = resolve_paged_kv(cache, "params->");
   require_positive(p.num_tokens, "num_tokens");
-  require_positive(p.num_kv_heads, "num_kv_heads");
-  require_positive(p.head_dim, "head_dim");
-  require_positive(p.block_size, "block_size");
-  require_positive(p.num_blocks, "num_blocks");
   if (p.num_blocks > static_cast<uint32_t>(INT32_MAX) ||
       p.block_size > static_cast<uint32_t>(INT32_MAX))
     fail(FD_ERR_INVALID_ARGUMENT,
@@ -103,33 +85,6 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
            p.num_kv_heads);
     check_rope_args(p.head_dim, p.rotary_dim, p.rope_base);
   }
-  const int64_t given[4] = {p.stride_block, p.stride_head, p.stride_token, p.stride_dim};
-  const char *names[4] = {"stride_block", "stride_head", "stride_token", "stride_dim"};
-  const bool dim_major = p.layout == FD_LAYOUT_DIM_MAJOR;
-  if (given[0] == 0 && given[1] == 0 && given[2] == 0 && given[3] == 0) {
-    const char *what = "params->k_cache/v_cache ([num_blocks, num_kv_heads, block_size, head_dim])";
-    const uint64_t per_head = checked_extent_mul(p.block_size, p.head_dim, what);
-    const uint64_t per_block = checked_extent_mul(per_head, p.num_kv_heads, what);
-    const int64_t B = p.block_size, D = p.head_dim;
-    pb.strides[0] = static_cast<int64_t>(per_block);
-    pb.strides[1] = static_cast<int64_t>(per_head);
-    pb.strides[2] = dim_major ? 1 : D;
-    pb.strides[3] = dim_major ? B : 1;
-  } else {
-    for (int i = 0; i < 4; ++i) {
-      if (given[i] <= 0)
-        fail(FD_ERR_INVALID_ARGUMENT,
-             "params->%s must be > 0 when any stride is set (all 0: packed), got %lld", names[i],
-             static_cast<long long>(given[i]));
-      pb.strides[i] = given[i];
-    }
-    const int contiguous = dim_major ? 2 : 3;
-    if (given[contiguous] != 1)
-      fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be 1 for the %s layout, got %lld",
-           names[contiguous], dim_major ? "dim-major" : "token-major",
-           static_cast<long long>(given[contiguous]));
-  }
-  check_cache_extent(p, pb.strides);
   if (p.device.type == FD_DEVICE_CPU) {
     if (p.device.ordinal != 0)
       fail(FD_ERR_INVALID_ARGUMENT, "params->device.ordinal must be 0 for a CPU device, got %d",
@@ -141,7 +96,7 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   } else {
     fail(FD_ERR_INVALID_ARGUMENT, "params->device.type %d is not an fd_device_type", p.device.type);
   }
-  const size_t e = dtype_size(p.dtype);
+  const size_t e = pb.kv.element_bytes;
   const char *kv_what = "params->k/v ([num_tokens, num_kv_heads, head_dim])";
   const size_t kv_bytes = checked_extent_mul(
       checked_extent_mul(checked_extent_mul(p.num_tokens, p.num_kv_heads, kv_what), p.head_dim,
@@ -174,14 +129,8 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
       fail(FD_ERR_INVALID_ARGUMENT, "params->q_out must not overlap k or v");
   }
 
-  pb.dtype = p.dtype;
-  pb.layout = p.layout;
   pb.num_tokens = p.num_tokens;
   pb.num_q_heads = rope ? p.num_q_heads : 0;
-  pb.num_kv_heads = p.num_kv_heads;
-  pb.head_dim = p.head_dim;
-  pb.block_size = p.block_size;
-  pb.num_blocks = p.num_blocks;
   pb.rotary_dim = rope ? p.rotary_dim : 0;
   pb.rope_base = p.rope_base;
   pb.q = rope ? p.q : nullptr;
@@ -203,7 +152,7 @@ fd_status run(const fd_kv_append_params *params, bool rope) {
   return guard([&] {
     const AppendProblem pb = resolve(params, rope);
     if (pb.device_type == FD_DEVICE_CUDA) {
-      kv_append_cuda(pb);
+      backend::cuda_kv_append(pb);
     } else {
       check_append_indices(pb, pb.block_ids, pb.offsets, pb.positions);
       kv_append_cpu(pb);
@@ -217,12 +166,12 @@ fd_status run(const fd_kv_append_params *params, bool rope) {
 void check_append_indices(const AppendProblem &p, const int32_t *block_ids, const int32_t *offsets,
                           const int32_t *positions) {
   for (uint32_t i = 0; i < p.num_tokens; ++i) {
-    if (block_ids[i] < 0 || static_cast<uint32_t>(block_ids[i]) >= p.num_blocks)
+    if (block_ids[i] < 0 || static_cast<uint32_t>(block_ids[i]) >= p.kv.num_blocks)
       fail(FD_ERR_INVALID_ARGUMENT, "block_ids[%u] = %d is out of range [0, %u) (num_blocks)", i,
-           block_ids[i], p.num_blocks);
-    if (offsets[i] < 0 || static_cast<uint32_t>(offsets[i]) >= p.block_size)
+           block_ids[i], p.kv.num_blocks);
+    if (offsets[i] < 0 || static_cast<uint32_t>(offsets[i]) >= p.kv.block_size)
       fail(FD_ERR_INVALID_ARGUMENT, "offsets[%u] = %d is out of range [0, %u) (block_size)", i,
-           offsets[i], p.block_size);
+           offsets[i], p.kv.block_size);
     if (positions != nullptr && positions[i] < 0)
       fail(FD_ERR_INVALID_ARGUMENT, "positions[%u] = %d must be >= 0", i, positions[i]);
   }
