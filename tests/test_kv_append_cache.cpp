@@ -137,6 +137,9 @@ void test_config_fields(void **state) {
       {[](fd_cache_config &c) { c.layout = FD_LAYOUT_DIM_MAJOR; }, "stride_token must be 1"},
       {[](fd_cache_config &c) { c.stride_layer = -1; }, "stride_layer must be >= 0"},
       {[](fd_cache_config &c) { c.stride_block = INT64_MAX / 2; }, "more than INT64_MAX bytes"},
+      {[](fd_cache_config &c) { c.stride_layer = INT64_MAX / 2; }, "more than INT64_MAX bytes"},
+      {[](fd_cache_config &c) { c.dtype = 9; }, "dtype 9"},
+      {[](fd_cache_config &c) { c.stride_token = -1; }, "stride_token must be > 0"},
       {[](fd_cache_config &c) { c.k_storage = c.v_storage = NULL; }, "stride_layer is"},
   };
   for (const auto &b : bad) {

@@ -117,7 +117,7 @@ static fd_decode_params decode_params(decode_case *c) {
   c->lens[0] = 2;
   fd_decode_params p;
   fd_decode_params_init(&p);
-  p.dtype = FD_DTYPE_F32;
+  p.q_dtype = p.kv_dtype = p.out_dtype = FD_DTYPE_F32;
   p.batch = 1;
   p.num_q_heads = 1;
   p.num_kv_heads = 1;
@@ -337,6 +337,170 @@ static void test_workload_report(void **state) {
   fd_workload_result_destroy(r);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Cache structs: field-exact where rounding to the alignment would drop a
+ * field (fd_cache_config's device at offset 36 before its 8-byte tail,
+ * fd_prefix_info's ref_count at offset 8 of an 8-aligned struct). */
+
+static fd_cache_config small_cache_config(void) {
+  fd_cache_config cc;
+  fd_cache_config_init(&cc);
+  cc.num_kv_heads = 1;
+  cc.head_dim = 4;
+  cc.block_size = 2;
+  cc.max_blocks = 8;
+  cc.prefix_cache_capacity_blocks = 4;
+  return cc;
+}
+
+static void test_cache_config_fields(void **state) {
+  (void)state;
+  const size_t device_end = offsetof(fd_cache_config, device) + sizeof(fd_device);
+  fd_cache_config cc = small_cache_config();
+  fd_cache *cache = NULL;
+
+  /* An older caller's struct ending right after `device` (before the 8-byte
+   * tail): `device` is read, so an invalid one is refused. */
+  cc.device.type = 99;
+  cc.struct_size = (uint32_t)device_end;
+  FD_ASSERT_FAILS(fd_cache_create(&cc, &cache), FD_ERR_INVALID_ARGUMENT, "device.type 99");
+  assert_null(cache);
+  /* Ending inside `device`: not read, the CPU default serves. */
+  cc.struct_size = (uint32_t)(device_end - 4);
+  FD_ASSERT_OK(fd_cache_create(&cc, &cache));
+
+  /* Output: whole fields up to struct_size, the rest untouched. */
+  union {
+    fd_cache_config c;
+    unsigned char raw[sizeof(fd_cache_config) + EXTRA];
+  } buf;
+  memset(buf.raw, FILL, sizeof buf.raw);
+  buf.c.struct_size = (uint32_t)device_end;
+  FD_ASSERT_OK(fd_cache_get_config(cache, &buf.c));
+  assert_int_equal(buf.c.struct_size, device_end);
+  assert_int_equal(buf.c.max_blocks, 8);
+  assert_int_equal(buf.c.device.type, FD_DEVICE_CPU);
+  assert_int_equal(buf.c.device.ordinal, 0);
+  assert_bytes(buf.raw, device_end, sizeof buf.raw, FILL);
+  /* Ending inside `device`: it is not written. */
+  memset(buf.raw, FILL, sizeof buf.raw);
+  buf.c.struct_size = (uint32_t)(device_end - 4);
+  FD_ASSERT_OK(fd_cache_get_config(cache, &buf.c));
+  assert_int_equal(buf.c.layout, FD_LAYOUT_TOKEN_MAJOR);
+  assert_bytes(buf.raw, offsetof(fd_cache_config, device), sizeof buf.raw, FILL);
+  /* Newer: every field, the caller's tail untouched. */
+  memset(buf.raw, FILL, sizeof buf.raw);
+  buf.c.struct_size = (uint32_t)sizeof buf.raw;
+  FD_ASSERT_OK(fd_cache_get_config(cache, &buf.c));
+  assert_int_equal(buf.c.stride_dim, 0);
+  assert_bytes(buf.raw, sizeof(fd_cache_config), sizeof buf.raw, FILL);
+  /* Below the minimum (through max_blocks): refused, nothing written. */
+  memset(buf.raw, FILL, sizeof buf.raw);
+  buf.c.struct_size = (uint32_t)offsetof(fd_cache_config, max_blocks);
+  FD_ASSERT_FAILS(fd_cache_get_config(cache, &buf.c), FD_ERR_INVALID_ARGUMENT,
+                  "config->struct_size 20 is too small");
+  assert_bytes(buf.raw, 4, sizeof buf.raw, FILL);
+  fd_cache_destroy(cache);
+}
+
+static void test_cache_info_structs(void **state) {
+  (void)state;
+  fd_cache_config cc = small_cache_config();
+  fd_cache *cache = NULL;
+  FD_ASSERT_OK(fd_cache_create(&cc, &cache));
+  uint16_t blocks[2 * 2 * 4] = {0}; /* 2 blocks of [1 head, 2 tokens, 4 dims] */
+  FD_ASSERT_OK(fd_prefix_register(cache, "p", blocks, blocks, 2, NULL));
+  FD_ASSERT_OK(fd_cache_add_request(cache, 1));
+  FD_ASSERT_OK(fd_prefix_attach(cache, 1, "p"));
+
+  /* fd_prefix_info: struct_size 12 ends after ref_count (inside the first
+   * 8-byte unit past the minimum): both whole fields are written. */
+  union {
+    fd_prefix_info p;
+    unsigned char raw[sizeof(fd_prefix_info) + EXTRA];
+  } pi;
+  memset(pi.raw, FILL, sizeof pi.raw);
+  pi.p.struct_size = 12;
+  FD_ASSERT_OK(fd_prefix_get_info(cache, "p", &pi.p));
+  assert_int_equal(pi.p.num_blocks, 2);
+  assert_int_equal(pi.p.ref_count, 1);
+  assert_bytes(pi.raw, 12, sizeof pi.raw, FILL);
+  /* 20 ends inside last_use: it is not written. */
+  memset(pi.raw, FILL, sizeof pi.raw);
+  pi.p.struct_size = 20;
+  FD_ASSERT_OK(fd_prefix_get_info(cache, "p", &pi.p));
+  assert_int_equal(pi.p.reserved0, 0);
+  assert_bytes(pi.raw, offsetof(fd_prefix_info, last_use), sizeof pi.raw, FILL);
+  memset(pi.raw, FILL, sizeof pi.raw);
+  pi.p.struct_size = 7;
+  FD_ASSERT_FAILS(fd_prefix_get_info(cache, "p", &pi.p), FD_ERR_INVALID_ARGUMENT,
+                  "info->struct_size 7 is too small");
+  assert_bytes(pi.raw, 4, sizeof pi.raw, FILL);
+
+  /* fd_tx_info: 4-byte fields; 14 ends inside `state`. */
+  fd_tx tx;
+  const uint64_t ids[1] = {1};
+  FD_ASSERT_OK(fd_tx_begin(cache, ids, 1, &tx));
+  union {
+    fd_tx_info t;
+    unsigned char raw[sizeof(fd_tx_info) + EXTRA];
+  } ti;
+  memset(ti.raw, FILL, sizeof ti.raw);
+  ti.t.struct_size = 14;
+  FD_ASSERT_OK(fd_tx_get_info(cache, tx, &ti.t));
+  assert_int_equal(ti.t.batch, 1);
+  assert_int_equal(ti.t.next_layer, 0);
+  assert_bytes(ti.raw, offsetof(fd_tx_info, state), sizeof ti.raw, FILL);
+  FD_ASSERT_OK(fd_tx_abort(cache, tx));
+
+  /* fd_cache_metrics: 20 ends inside used_blocks. */
+  union {
+    fd_cache_metrics m;
+    unsigned char raw[sizeof(fd_cache_metrics) + EXTRA];
+  } cm;
+  memset(cm.raw, FILL, sizeof cm.raw);
+  cm.m.struct_size = 20;
+  FD_ASSERT_OK(fd_cache_metrics_get(cache, &cm.m));
+  assert_int_equal(cm.m.reserved0, 0);
+  assert_int_equal(cm.m.max_blocks, 8);
+  assert_bytes(cm.raw, offsetof(fd_cache_metrics, used_blocks), sizeof cm.raw, FILL);
+  fd_cache_destroy(cache);
+}
+
+/* fd_kv_append_params (input): ending inside `device` leaves the default. */
+static void test_kv_append_params(void **state) {
+  (void)state;
+  uint16_t k[4] = {1, 2, 3, 4}, cache_k[8] = {0}, cache_v[8] = {0};
+  int32_t block_ids[1] = {1}, offsets[1] = {1};
+  fd_kv_append_params p;
+  fd_kv_append_params_init(&p);
+  p.num_tokens = 1;
+  p.num_kv_heads = 1;
+  p.head_dim = 4;
+  p.block_size = 2;
+  p.num_blocks = 1;
+  p.k = k;
+  p.v = k;
+  p.k_cache = cache_k;
+  p.v_cache = cache_v;
+  p.block_ids = block_ids;
+  p.offsets = offsets;
+  /* block 1 is out of range [0, 1): proves the call got that far. */
+  p.device.type = 99;
+  p.struct_size = (uint32_t)(offsetof(fd_kv_append_params, device) + sizeof(int32_t));
+  FD_ASSERT_FAILS(fd_kv_append(&p), FD_ERR_INVALID_ARGUMENT, "block_ids[0] = 1");
+  p.struct_size = (uint32_t)(offsetof(fd_kv_append_params, device) + sizeof(fd_device));
+  FD_ASSERT_FAILS(fd_kv_append(&p), FD_ERR_INVALID_ARGUMENT, "device.type 99");
+  p.struct_size = (uint32_t)sizeof p + 8;
+  FD_ASSERT_FAILS(fd_kv_append(&p), FD_ERR_INVALID_ARGUMENT, "newer header");
+  p.struct_size = (uint32_t)offsetof(fd_kv_append_params, positions);
+  FD_ASSERT_FAILS(fd_kv_append(&p), FD_ERR_INVALID_ARGUMENT, "is too small");
+  block_ids[0] = 0;
+  p.struct_size = (uint32_t)offsetof(fd_kv_append_params, device);
+  FD_ASSERT_OK(fd_kv_append(&p));
+  assert_memory_equal(cache_k + 4, k, sizeof k);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_engine_metrics),
@@ -346,6 +510,9 @@ int main(void) {
       cmocka_unit_test(test_snapshot_inputs_and_summary),
       cmocka_unit_test(test_engine_spec_newer_refused),
       cmocka_unit_test(test_workload_report),
+      cmocka_unit_test(test_cache_config_fields),
+      cmocka_unit_test(test_cache_info_structs),
+      cmocka_unit_test(test_kv_append_params),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,44 +10,11 @@
 #include "cache/cache_handle.hpp"
 #include "core/arg_checks.hpp"
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 
 namespace {
 
 using fd::require_non_null;
-
-// Copies the fields of `full` that fit in the caller's `struct_size` bytes
-// into `dst`, except struct_size itself. `field_ends` lists the end offset of
-// every field in order; a field that only partly fits is not written.
-template <class T, size_t N>
-void copy_fitting(T *dst, const T &full, uint32_t struct_size, const size_t (&field_ends)[N]) {
-  size_t bytes = 0;
-  for (size_t end : field_ends)
-    if (end <= struct_size) bytes = end;
-  const size_t skip = sizeof(uint32_t);  // struct_size stays the caller's
-  if (bytes > skip)
-    std::memcpy(reinterpret_cast<char *>(dst) + skip, reinterpret_cast<const char *>(&full) + skip,
-                bytes - skip);
-}
-
-// Field ends of a struct made of a uint32 struct_size followed by fields of
-// `width` bytes each (true of fd_cache_config, fd_tx_info and, after its
-// 8-byte head, fd_cache_metrics).
-template <size_t Size>
-struct UniformEnds {
-  size_t ends[Size / 4];
-  constexpr UniformEnds(size_t head, size_t width) : ends() {
-    size_t n = 0;
-    ends[n++] = head;
-    for (size_t e = head + width; e <= Size; e += width) ends[n++] = e;
-    while (n < Size / 4) ends[n++] = Size;
-  }
-};
-
-void require_struct_size(uint32_t struct_size, size_t minimum, const char *what) {
-  if (struct_size < minimum)
-    fd::fail(FD_ERR_INVALID_ARGUMENT, "%s->struct_size %u is too small (at least %zu)", what,
-             struct_size, minimum);
-}
 
 const fd::PagedCache &cache_of(const fd_cache *cache) {
   require_non_null(cache, "cache");
@@ -84,13 +51,7 @@ FD_API void fd_cache_destroy(fd_cache *cache) {
 FD_API fd_status fd_cache_get_config(const fd_cache *cache, fd_cache_config *config) {
   return fd::guard([&] {
     const fd::PagedCache &c = cache_of(cache);
-    require_non_null(config, "config");
-    constexpr size_t kMin = offsetof(fd_cache_config, max_blocks) + sizeof(uint32_t);
-    require_struct_size(config->struct_size, kMin, "config");
-    // Whole fields only (the config's tail has pointer and int64 fields).
-    const size_t bytes = fd::cache_config_fitting_bytes(config->struct_size);
-    const size_t ends[] = {bytes};
-    copy_fitting(config, c.config(), config->struct_size, ends);
+    fd::write_versioned<fd::kMinCacheConfigSize>(config, c.config(), "config");
     return FD_OK;
   });
 }
@@ -192,12 +153,9 @@ FD_API fd_status fd_cache_append(fd_cache *cache, const uint64_t *request_ids, u
 FD_API fd_status fd_cache_metrics_get(const fd_cache *cache, fd_cache_metrics *metrics) {
   return fd::guard([&] {
     const fd::PagedCache &c = cache_of(cache);
-    require_non_null(metrics, "metrics");
     constexpr size_t kMin = offsetof(fd_cache_metrics, max_blocks) + sizeof(uint64_t);
-    require_struct_size(metrics->struct_size, kMin, "metrics");
-    const fd_cache_metrics full = c.metrics();
-    constexpr UniformEnds<sizeof(fd_cache_metrics)> ends(8, 8);
-    copy_fitting(metrics, full, metrics->struct_size, ends.ends);
+    fd::require_versioned<kMin>(metrics, "metrics");
+    fd::write_versioned<kMin>(metrics, c.metrics(), "metrics");
     return FD_OK;
   });
 }
@@ -258,8 +216,8 @@ FD_API fd_status fd_tx_abort(fd_cache *cache, fd_tx tx) {
 FD_API fd_status fd_tx_get_info(const fd_cache *cache, fd_tx tx, fd_tx_info *info) {
   return fd::guard([&] {
     const fd::PagedCache &c = cache_of(cache);
-    require_non_null(info, "info");
-    require_struct_size(info->struct_size, offsetof(fd_tx_info, batch) + sizeof(uint32_t), "info");
+    constexpr size_t kMin = offsetof(fd_tx_info, batch) + sizeof(uint32_t);
+    fd::require_versioned<kMin>(info, "info");
     const fd::OpenTransaction &t = c.open_transaction(tx);
     fd_tx_info full;
     std::memset(&full, 0, sizeof full);
@@ -268,8 +226,7 @@ FD_API fd_status fd_tx_get_info(const fd_cache *cache, fd_tx tx, fd_tx_info *inf
     full.state = FD_TX_OPEN;
     full.max_blocks_per_seq = c.tx_max_blocks_per_seq(t);
     full.new_block_count = static_cast<uint32_t>(t.new_blocks.size());
-    constexpr UniformEnds<sizeof(fd_tx_info)> ends(4, 4);
-    copy_fitting(info, full, info->struct_size, ends.ends);
+    fd::write_versioned<kMin>(info, full, "info");
     return FD_OK;
   });
 }
@@ -340,9 +297,8 @@ FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id
                                     fd_prefix_info *info) {
   return fd::guard([&] {
     const fd::PagedCache &c = cache_of(cache);
-    require_non_null(info, "info");
-    require_struct_size(info->struct_size, offsetof(fd_prefix_info, num_blocks) + sizeof(uint32_t),
-                        "info");
+    constexpr size_t kMin = offsetof(fd_prefix_info, num_blocks) + sizeof(uint32_t);
+    fd::require_versioned<kMin>(info, "info");
     const fd::Prefix &p = c.prefix_info(prefix_id);
     fd_prefix_info full;
     std::memset(&full, 0, sizeof full);
@@ -350,11 +306,7 @@ FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id
     full.ref_count = p.ref_count;
     full.last_use = p.last_use;
     full.first_block = p.blocks.front();
-    static constexpr size_t ends[] = {
-        offsetof(fd_prefix_info, num_blocks) + 4,  offsetof(fd_prefix_info, ref_count) + 4,
-        offsetof(fd_prefix_info, reserved0) + 4,   offsetof(fd_prefix_info, last_use) + 8,
-        offsetof(fd_prefix_info, first_block) + 4, offsetof(fd_prefix_info, reserved1) + 4};
-    copy_fitting(info, full, info->struct_size, ends);
+    fd::write_versioned<kMin>(info, full, "info");
     return FD_OK;
   });
 }

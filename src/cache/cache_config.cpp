@@ -12,6 +12,7 @@
 #include "cache/paged_cache.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 
 namespace fd {
 
@@ -33,35 +34,6 @@ fd_cache_config default_cache_config() {
 }
 
 namespace {
-
-// The geometry fields are the least a caller must pass; the tail (prefix
-// capacity, dtype, layout, device) takes defaults when an older, smaller
-// struct omits it.
-constexpr size_t kMinConfigSize = offsetof(fd_cache_config, max_blocks) + sizeof(uint32_t);
-
-// End offsets of fd_cache_config's fields, in order.
-constexpr size_t kConfigFieldEnds[] = {
-    offsetof(fd_cache_config, struct_size) + 4,
-    offsetof(fd_cache_config, num_layers) + 4,
-    offsetof(fd_cache_config, num_kv_heads) + 4,
-    offsetof(fd_cache_config, head_dim) + 4,
-    offsetof(fd_cache_config, block_size) + 4,
-    offsetof(fd_cache_config, max_blocks) + 4,
-    offsetof(fd_cache_config, prefix_cache_capacity_blocks) + 4,
-    offsetof(fd_cache_config, dtype) + 4,
-    offsetof(fd_cache_config, layout) + 4,
-    offsetof(fd_cache_config, device) + sizeof(fd_device),
-    offsetof(fd_cache_config, reserved0) + 4,
-    offsetof(fd_cache_config, k_storage) + sizeof(void *),
-    offsetof(fd_cache_config, v_storage) + sizeof(void *),
-    offsetof(fd_cache_config, stride_layer) + 8,
-    offsetof(fd_cache_config, stride_block) + 8,
-    offsetof(fd_cache_config, stride_head) + 8,
-    offsetof(fd_cache_config, stride_token) + 8,
-    offsetof(fd_cache_config, stride_dim) + 8,
-};
-static_assert(offsetof(fd_cache_config, stride_dim) + 8 == sizeof(fd_cache_config),
-              "kConfigFieldEnds must list every field of fd_cache_config");
 
 void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "config.%s must be > 0", name);
@@ -108,28 +80,12 @@ void check_cache_fits(const fd_cache_config &c, const KvGeometry &g) {
 
 }  // namespace
 
-size_t cache_config_fitting_bytes(uint32_t struct_size) {
-  size_t bytes = 0;
-  for (size_t end : kConfigFieldEnds)
-    if (end <= struct_size) bytes = end;
-  return bytes;
-}
-
 fd_cache_config resolve_cache_config(const fd_cache_config *config) {
-  require_non_null(config, "config");
-  if (config->struct_size < kMinConfigSize)
-    fail(FD_ERR_INVALID_ARGUMENT,
-         "config.struct_size %u is too small (at least %zu, through max_blocks)",
-         config->struct_size, kMinConfigSize);
-  if (config->struct_size > sizeof(fd_cache_config))
-    fail(FD_ERR_INVALID_ARGUMENT,
-         "config.struct_size %u is larger than this library's fd_cache_config (%zu): the "
-         "caller was built against a newer header",
-         config->struct_size, sizeof(fd_cache_config));
-  fd_cache_config c = default_cache_config();
-  // Copy whole fields only: up to the last field that fits entirely.
-  std::memcpy(&c, config, cache_config_fitting_bytes(config->struct_size));
-  c.struct_size = sizeof c;
+  // struct_size policy of core/versioned.hpp: older, smaller structs get the
+  // defaults for their missing tail (whole fields only); newer, larger ones
+  // are refused.
+  const fd_cache_config c =
+      read_versioned<kMinCacheConfigSize>(config, default_cache_config(), "config");
 
   require_positive(c.num_layers, "num_layers");
   require_positive(c.num_kv_heads, "num_kv_heads");
@@ -161,11 +117,7 @@ fd_cache_config resolve_cache_config(const fd_cache_config *config) {
   } else {
     fail(FD_ERR_INVALID_ARGUMENT, "config.device.type %d is not an fd_device_type", c.device.type);
   }
-  KvGeometry g{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
-               c.block_size, c.dtype,      c.layout};
-  check_geometry_size(g);
-  resolve_external_storage(c, g);
-  check_cache_fits(c, g);
+  check_cache_fits(c, resolve_kv_geometry(c));
   return c;
 }
 

@@ -27,21 +27,24 @@ HostBuffer allocate_zeroed(size_t bytes, const char *what) {
 
 class CpuKvStorage final : public KvStorage {
  public:
-  explicit CpuKvStorage(const KvGeometry &g) : g_(g), elem_(g.element_size()) {
+  explicit CpuKvStorage(const KvGeometry &g)
+      : g_(g), elem_(g.element_size()), block_packed_(g.block_packed()) {
     if (g.external()) {
       // The caller's memory, with the caller's strides; not cleared.
       k_base_ = static_cast<unsigned char *>(g.ext_k);
       v_base_ = static_cast<unsigned char *>(g.ext_v);
-      layer_stride_ = static_cast<size_t>(g.ext_strides[0]);
-      for (int i = 0; i < 4; ++i) strides_[i] = g.ext_strides[i + 1];
     } else {
       k_ = allocate_zeroed(g.total_elements() * g.element_size(), "K");
       v_ = allocate_zeroed(g.total_elements() * g.element_size(), "V");
       k_base_ = k_.get();
       v_base_ = v_.get();
-      layer_stride_ = g.layer_elements();
-      g_.strides(strides_);
     }
+    // Resolved for both (owned storage is packed).
+    layer_stride_ = static_cast<size_t>(g.stride_layer);
+    strides_[0] = g.stride_block;
+    strides_[1] = g.stride_head;
+    strides_[2] = g.stride_token;
+    strides_[3] = g.stride_dim;
   }
 
   void write_layer(uint32_t layer, const RowLocation *rows, size_t num_rows, const void *k,
@@ -111,7 +114,7 @@ class CpuKvStorage final : public KvStorage {
   void copy_in(unsigned char *base, const int32_t *blocks, size_t num_blocks,
                const unsigned char *src) const {
     const size_t block_bytes = g_.block_elements() * elem_;
-    const bool dim_major = g_.layout == FD_LAYOUT_DIM_MAJOR;
+    const bool dim_major = g_.dim_major();
     // Packed source rows: head_dim elements per token (token-major) or
     // block_size per dim (dim-major); the destination's row pitch is the
     // other axis' stride (its contiguous axis has stride 1).
@@ -123,7 +126,7 @@ class CpuKvStorage final : public KvStorage {
         const unsigned char *from = src + (l * num_blocks + i) * block_bytes;
         unsigned char *to =
             base + (l * layer_stride_ + size_t(blocks[i]) * size_t(strides_[0])) * elem_;
-        if (!g_.external()) {
+        if (block_packed_) {
           std::memcpy(to, from, block_bytes);
           continue;
         }
@@ -136,7 +139,8 @@ class CpuKvStorage final : public KvStorage {
 
   KvGeometry g_;
   size_t elem_;
-  HostBuffer k_;  // owned storage (null for external storage)
+  bool block_packed_;  // a block is block_elements() contiguous packed elements
+  HostBuffer k_;       // owned storage (null for external storage)
   HostBuffer v_;
   unsigned char *k_base_ = nullptr;
   unsigned char *v_base_ = nullptr;

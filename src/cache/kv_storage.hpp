@@ -11,40 +11,49 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention/paged_kv.hpp"
 #include "flashdec.h"
 
 namespace fd {
 
-// Shape and element type of the storage: for each of K and V,
-// [num_layers, max_blocks, num_kv_heads, block_size, head_dim] (token-major)
-// or [num_layers, max_blocks, num_kv_heads, head_dim, block_size] (dim-major).
-struct KvGeometry {
+// Shape and element type of the storage: one layer's K (V has the same
+// geometry) is a PagedKv whose num_blocks is the cache's max_blocks, and the
+// layers follow each other `stride_layer` elements apart. Owned storage is
+// packed: [num_layers, max_blocks, num_kv_heads, block_size, head_dim]
+// (token-major) or [..., head_dim, block_size] (dim-major). External storage
+// (fd_cache_config.k_storage ...) has the caller's strides, resolved by the
+// same resolve_paged_kv as fd_decode's and fd_kv_append's.
+struct KvGeometry : PagedKv {
   uint32_t num_layers = 0;
-  uint32_t max_blocks = 0;
-  uint32_t num_kv_heads = 0;
-  uint32_t head_dim = 0;
-  uint32_t block_size = 0;
-  int32_t dtype = FD_DTYPE_F16;
-  int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
-  // External storage (fd_cache_config.k_storage ...): null k means owned.
-  // When set, `ext_strides` are the resolved element strides of (layer,
-  // block, head, token, dim).
+  int64_t stride_layer = 0;  // elements between layers (resolved)
+  // External storage: null k means owned.
   void *ext_k = nullptr;
   void *ext_v = nullptr;
-  int64_t ext_strides[5] = {0, 0, 0, 0, 0};
 
   bool external() const { return ext_k != nullptr; }
-  size_t element_size() const;
-  // Elements of one block of one layer (all heads), of one layer, of all of K.
+  uint32_t max_blocks() const { return num_blocks; }
+  size_t element_size() const { return element_bytes; }
+  // Elements of one packed block of one layer (all heads), of one packed
+  // layer, of all of an owned K (or V).
   size_t block_elements() const;
   size_t layer_elements() const;
   size_t total_elements() const;
-  // Element strides of (block, head, token, dim) inside one layer.
-  void strides(int64_t out[4]) const;
+  // Element strides of (block, head, token, dim) of a packed layer: owned
+  // storage's, and the order of copy_blocks_in's source blocks.
+  void packed_strides(int64_t out[4]) const;
+  // True when a block's heads, tokens and dims lie as in packed storage, so
+  // that one block is block_elements() contiguous elements.
+  bool block_packed() const;
 };
 
-// Throws FD_ERR_INVALID_ARGUMENT when the byte size of K (or V) or any
-// stride does not fit size_t / int64_t.
+// Checks the storage fields of a config whose other fields are already
+// checked (reserved0, pointers, strides, sizes) and resolves the geometry.
+// Throws FD_ERR_INVALID_ARGUMENT naming the field ("config.stride_dim must
+// be 1 ...").
+KvGeometry resolve_kv_geometry(const fd_cache_config &c);
+
+// Throws FD_ERR_INVALID_ARGUMENT when the byte size of an owned K (or V)
+// does not fit int64_t.
 void check_geometry_size(const KvGeometry &g);
 
 // A non-owning reference to a callable `void(int32_t *tables, int32_t *lens)`
@@ -136,10 +145,6 @@ class KvStorage {
 // Zero-initialised host storage (or the caller's external host storage).
 // Throws FD_ERR_OUT_OF_MEMORY when it cannot be allocated.
 std::unique_ptr<KvStorage> make_cpu_kv_storage(const KvGeometry &geometry);
-
-// Resolves and checks the external-storage fields of a config (reserved0,
-// pointers, strides) into `g`. Throws FD_ERR_INVALID_ARGUMENT naming the field.
-void resolve_external_storage(const fd_cache_config &c, KvGeometry &g);
 
 // Picks the implementation for `device` (already validated).
 std::unique_ptr<KvStorage> make_kv_storage(const KvGeometry &geometry, const fd_device &device);

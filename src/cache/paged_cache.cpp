@@ -15,13 +15,6 @@ namespace fd {
 
 namespace {
 
-KvGeometry geometry_of(const fd_cache_config &c) {
-  KvGeometry g{c.num_layers, c.max_blocks, c.num_kv_heads, c.head_dim,
-               c.block_size, c.dtype,      c.layout};
-  resolve_external_storage(c, g);  // already checked by resolve_cache_config
-  return g;
-}
-
 unsigned long long ull(uint64_t v) {
   return static_cast<unsigned long long>(v);
 }
@@ -29,7 +22,7 @@ unsigned long long ull(uint64_t v) {
 }  // namespace
 
 PagedCache::PagedCache(const fd_cache_config &resolved)
-    : storage_(make_kv_storage(geometry_of(resolved), resolved.device)), s_(resolved) {}
+    : storage_(make_kv_storage(resolve_kv_geometry(resolved), resolved.device)), s_(resolved) {}
 
 size_t PagedCache::element_size() const {
   return dtype_size(s_.config.dtype);

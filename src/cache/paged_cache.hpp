@@ -53,8 +53,9 @@ fd_cache_config default_cache_config();
 // Checks and resolves a caller's config (struct_size, defaults, ranges).
 fd_cache_config resolve_cache_config(const fd_cache_config *config);
 
-// Bytes of fd_cache_config covered by whole fields that fit in `struct_size`.
-size_t cache_config_fitting_bytes(uint32_t struct_size);
+// The least struct_size of fd_cache_config a caller may pass (in or out):
+// through max_blocks; the tail takes defaults.
+constexpr size_t kMinCacheConfigSize = offsetof(fd_cache_config, max_blocks) + sizeof(uint32_t);
 
 class PagedCache {
  public:
