@@ -92,21 +92,26 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | static_cast<uint16_t>(rounded >> 13));
 }
 
-// Reads element i of a buffer of `dtype` as FP32.
+// Reads element i of a buffer of `dtype` as FP32. Every dtype is handled
+// explicitly (no element size is assumed): callers pass a valid dtype
+// (dtype_valid), and any other reads nothing and gives a quiet NaN.
 inline float load_as_f32(const void *base, size_t i, int32_t dtype) {
   switch (dtype) {
     case FD_DTYPE_F32: return static_cast<const float *>(base)[i];
     case FD_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t *>(base)[i]);
-    default: return bf16_to_f32(static_cast<const uint16_t *>(base)[i]);
+    case FD_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t *>(base)[i]);
+    default: return bits_f32(0x7fc00000u);
   }
 }
 
-// Writes FP32 value x as element i of a buffer of `dtype` (rounded to nearest even).
+// Writes FP32 value x as element i of a buffer of `dtype` (rounded to nearest
+// even). A dtype that is not valid writes nothing (see load_as_f32).
 inline void store_from_f32(void *base, size_t i, int32_t dtype, float x) {
   switch (dtype) {
     case FD_DTYPE_F32: static_cast<float *>(base)[i] = x; break;
     case FD_DTYPE_F16: static_cast<uint16_t *>(base)[i] = f32_to_f16(x); break;
-    default: static_cast<uint16_t *>(base)[i] = f32_to_bf16(x); break;
+    case FD_DTYPE_BF16: static_cast<uint16_t *>(base)[i] = f32_to_bf16(x); break;
+    default: break;
   }
 }
 

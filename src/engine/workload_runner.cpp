@@ -116,7 +116,7 @@ class Runner {
     fd_scheduler *sch = nullptr;
     check(fd_scheduler_create(&sc, &sch), "creating the scheduler");
     scheduler_.reset(sch);
-    esize_ = c.dtype == FD_DTYPE_F32 ? 4 : 2;
+    esize_ = dtype_size(c.dtype);
     for (const PlannedRequest &p : c.requests) requests_[p.id].plan = &p;
     for (const auto &p : c.prefixes) {
       std::vector<unsigned char> blocks =
@@ -202,12 +202,7 @@ class Runner {
     for (size_t i = 0; i < n; ++i) {
       rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
       const float x = static_cast<float>((rng_state_ >> 40) & 0xffff) / 32768.f - 1.f;
-      if (esize_ == 4) {
-        std::memcpy(&bytes[i * 4], &x, 4);
-      } else {
-        const uint16_t h = c_.dtype == FD_DTYPE_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
-        std::memcpy(&bytes[i * 2], &h, 2);
-      }
+      store_from_f32(bytes.data(), i, c_.dtype, x);
     }
     return bytes;
   }

@@ -166,7 +166,7 @@ class EngineRun {
   };
 
   uint32_t L() const { return cfg_.num_layers; }
-  size_t esize() const { return cfg_.dtype == FD_DTYPE_F32 ? 4 : 2; }
+  size_t esize() const { return fdmodel::dtype_size(cfg_.dtype); }
 
   static std::string last_error() { return fd_last_error_message(); }
 

@@ -172,8 +172,15 @@ inline std::string dec(uint64_t v) {
   return std::to_string(v);
 }
 
+/* Bytes per element of each fd_dtype; 0 for an unknown one (as the
+ * library's fd::dtype_size: no element size is assumed). */
 inline size_t dtype_size(int32_t dtype) {
-  return dtype == FD_DTYPE_F32 ? 4 : 2;
+  switch (dtype) {
+    case FD_DTYPE_F32: return 4;
+    case FD_DTYPE_F16:
+    case FD_DTYPE_BF16: return 2;
+    default: return 0;
+  }
 }
 
 class CacheModel {

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -67,18 +68,23 @@ inline uint16_t to_f16(float f) {
                                static_cast<uint16_t>((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));
 }
 
+/* Element i of a buffer of `dtype` (each dtype explicitly; an unknown one
+ * is a bug of the test, not a 2-byte type). */
 inline float load_elem(const void *base, size_t i, int32_t dtype) {
-  if (dtype == FD_DTYPE_F32) return static_cast<const float *>(base)[i];
-  const uint16_t h = static_cast<const uint16_t *>(base)[i];
-  return dtype == FD_DTYPE_F16 ? from_f16(h) : from_bf16(h);
+  switch (dtype) {
+    case FD_DTYPE_F32: return static_cast<const float *>(base)[i];
+    case FD_DTYPE_F16: return from_f16(static_cast<const uint16_t *>(base)[i]);
+    case FD_DTYPE_BF16: return from_bf16(static_cast<const uint16_t *>(base)[i]);
+    default: std::abort();
+  }
 }
 inline void store_elem(void *base, size_t i, int32_t dtype, float x) {
-  if (dtype == FD_DTYPE_F32)
-    static_cast<float *>(base)[i] = x;
-  else if (dtype == FD_DTYPE_F16)
-    static_cast<uint16_t *>(base)[i] = to_f16(x);
-  else
-    static_cast<uint16_t *>(base)[i] = to_bf16(x);
+  switch (dtype) {
+    case FD_DTYPE_F32: static_cast<float *>(base)[i] = x; break;
+    case FD_DTYPE_F16: static_cast<uint16_t *>(base)[i] = to_f16(x); break;
+    case FD_DTYPE_BF16: static_cast<uint16_t *>(base)[i] = to_bf16(x); break;
+    default: std::abort();
+  }
 }
 
 /* A host buffer of `count` elements of `dtype`. */
