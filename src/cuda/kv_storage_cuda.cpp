@@ -173,8 +173,6 @@ class CudaKvStorage final : public KvStorage {
       require_device_memory(g.ext_v, ordinal, "config.v_storage");
       k_ = static_cast<unsigned char *>(g.ext_k);
       v_ = static_cast<unsigned char *>(g.ext_v);
-      layer_stride_ = g.ext_strides[0];
-      std::copy(g.ext_strides + 1, g.ext_strides + 5, strides_);
     } else {
       const size_t bytes = g.total_elements() * elem_;
       try {
@@ -193,12 +191,14 @@ class CudaKvStorage final : public KvStorage {
         free_owned();
         throw;
       }
-      layer_stride_ = static_cast<int64_t>(g.layer_elements());
-      g.strides(strides_);
     }
-    int64_t packed[4];
-    g.strides(packed);
-    block_packed_ = std::equal(packed + 1, packed + 4, strides_ + 1);
+    // Resolved for both (owned storage is packed).
+    layer_stride_ = g.stride_layer;
+    strides_[0] = g.stride_block;
+    strides_[1] = g.stride_head;
+    strides_[2] = g.stride_token;
+    strides_[3] = g.stride_dim;
+    block_packed_ = g.block_packed();
   }
 
   ~CudaKvStorage() override { free_owned(); }
@@ -367,7 +367,7 @@ class CudaKvStorage final : public KvStorage {
   void copy_in(unsigned char *base, const int32_t *blocks, size_t num_blocks,
                const unsigned char *src, cudaStream_t s) const {
     const size_t block_bytes = g_.block_elements() * elem_;
-    const bool dim_major = g_.layout == FD_LAYOUT_DIM_MAJOR;
+    const bool dim_major = g_.dim_major();
     const size_t rows = dim_major ? g_.head_dim : g_.block_size;
     const size_t row_bytes = (dim_major ? g_.block_size : g_.head_dim) * elem_;
     const size_t pitch = static_cast<size_t>(dim_major ? strides_[3] : strides_[2]) * elem_;
