@@ -236,7 +236,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
 
   fd_decode_params base;
   fd_decode_params_init(&base);
-  base.dtype = spec.dtype;
+  base.q_dtype = base.kv_dtype = base.out_dtype = spec.dtype;
   base.layout = spec.layout;
   base.batch = static_cast<uint32_t>(B);
   base.num_q_heads = static_cast<uint32_t>(HQ);

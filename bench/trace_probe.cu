@@ -430,16 +430,27 @@ Result run_case(const Case &cs, cudaStream_t stream) {
   const std::vector<int32_t> host_lens(static_cast<size_t>(B), cs.ctx);
   CHECK_CUDA(cudaMemcpy(lens, host_lens.data(), host_lens.size() * 4, cudaMemcpyHostToDevice));
 
+  // The case's split count becomes a work list exactly as the library's plan
+  // makes one (attention/decode_work.hpp): the probe keeps no copy of the
+  // split layout.
+  const fd::DecodeWorkList work = fd::make_decode_work_list(
+      B, H, HQ / H, fdc::kDecodeTileTokens, cs.ctx, cs.splits, fdc::kDecodeMaxSplits);
+  if (work.num_splits != cs.splits || work.tiles_per_split != cs.tiles_per_split) {
+    std::fprintf(stderr, "case %s: the work list has %d splits x %d tiles, the case says %d x %d\n",
+                 cs.name, work.num_splits, work.tiles_per_split, cs.splits, cs.tiles_per_split);
+    std::exit(1);
+  }
   float *ws = nullptr;
-  if (cs.splits > 1) {
-    const size_t ws_bytes = static_cast<size_t>(B) * HQ * cs.splits * (D + 2) * 4;
+  if (work.has_partials()) {
+    const size_t ws_bytes = static_cast<size_t>(work.partial_slots()) * (D + 2) * 4;
     CHECK_CUDA(cudaMalloc(&ws, ws_bytes));  // 256-byte aligned
   }
 
   // As src/cuda/decode_cuda.cpp fills it.
   auto launch_for_set = [&](int s) {
     fdc::DecodeLaunch l;
-    l.dtype = FD_DTYPE_BF16;
+    l.q_dtype = FD_DTYPE_BF16;
+    l.kv_dtype = FD_DTYPE_BF16;
     l.dim_major = false;
     l.head_dim = D;
     l.q = q + qn * s;
@@ -452,28 +463,24 @@ Result run_case(const Case &cs, cudaStream_t stream) {
     l.stride_head = static_cast<int64_t>(bs) * D;
     l.stride_token = D;
     l.stride_dim = 1;
-    l.batch = B;
-    l.num_kv_heads = H;
-    l.group_size = HQ / H;
     l.block_size_log2 = 4;
     l.num_blocks = static_cast<int32_t>(total_blocks);
     l.max_blocks_per_seq = mbps;
-    l.scale_log2 = (1.0f / std::sqrt(static_cast<float>(D))) * 1.4426950408889634f;
-    l.num_splits = cs.splits;
-    l.tiles_per_split = cs.tiles_per_split;
-    if (cs.splits > 1) {
+    l.variant.sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    l.work = work;
+    if (work.has_partials()) {
       l.partial_o = ws;
-      l.partial_ml = ws + static_cast<size_t>(B) * HQ * cs.splits * D;
+      l.partial_ml = ws + static_cast<size_t>(work.partial_slots()) * D;
     }
     l.stream = stream;
     return l;
   };
   auto launch = [&](int s) {
     const fdc::DecodeLaunch l = launch_for_set(s);
-    CHECK_CUDA((fdc::launch_decode_variant<__nv_bfloat16, kD, false>(l)));
+    CHECK_CUDA((fdc::launch_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>(l)));
   };
 
-  res.attn_ctas = B * H * cs.splits;
+  res.attn_ctas = static_cast<int>(work.size());
   res.merge_ctas = merge_grid(B, HQ, cs.splits);
   const size_t attn_n = static_cast<size_t>(res.attn_ctas) * kAttnPoints;
   const size_t merge_n = static_cast<size_t>(std::max(res.merge_ctas, 1)) * kMergePoints;

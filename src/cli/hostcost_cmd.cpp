@@ -363,7 +363,7 @@ int step_cost(int iterations) {
         return 1;
       fd_decode_params p;
       fd_decode_params_init(&p);
-      p.dtype = FD_DTYPE_F32;
+      p.q_dtype = p.kv_dtype = p.out_dtype = FD_DTYPE_F32;
       p.batch = B;
       p.num_q_heads = kv;
       p.num_kv_heads = kv;

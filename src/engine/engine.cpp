@@ -143,13 +143,13 @@ fd_decode_params Engine::decode_params(uint32_t batch) const {
   return p;
 }
 
-// Plans the step's decode from the exact effective lengths: every layer's
-// step_layer then only runs (fd_decode_run).
+// Plans the step's decode from the exact effective lengths (the internal
+// form of fd_decode_plan_create, into a value: no allocation); every layer's
+// step_layer then only runs it (the internal form of fd_decode_run).
 void Engine::plan_step() {
   const fd_decode_params p = decode_params(static_cast<uint32_t>(step_ids_.size()));
-  fd_decode_plan *plan = nullptr;
-  check(fd_decode_plan_create(&p, step_effective_lens_.data(), &plan), "planning the decode: ");
-  step_plan_.reset(plan);
+  const DecodeProblem problem = resolve_decode_params(&p, DecodeUse::plan);
+  step_plan_ = plan_decode(problem, step_effective_lens_.data(), on_cuda());
 }
 
 void Engine::require_device(const void *p, const char *what) const {
@@ -447,7 +447,6 @@ void Engine::require_open_step(fd_tx tx, const char *what) const {
 
 void Engine::close_step() {
   step_open_ = false;
-  step_plan_.reset();
   next_layer_ = 0;
   sync_cache_version();
   bump();
@@ -506,7 +505,7 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     p.seq_lens = lens;
     p.out = out;
     p.stream = stream;
-    check(fd_decode_run(step_plan_.get(), &p));
+    run_decode(step_plan_, resolve_decode_params(&p));
   } catch (...) {
     abort_and_rethrow(format("step_layer(layer %u)", layer).c_str());
   }

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "attention/decode_plan.hpp"
 #include "core/dtype.hpp"
 #include "engine/engine_device.hpp"
 #include "engine/scheduler.hpp"
@@ -134,11 +135,10 @@ class Engine {
   std::vector<uint64_t> step_ids_;
   std::vector<int32_t> step_tables_, step_effective_lens_;
   std::vector<unsigned char> q_rotated_;
-  // The step's decode plan, made in begin_step from the exact lengths.
-  struct PlanDeleter {
-    void operator()(fd_decode_plan *plan) const { fd_decode_plan_destroy(plan); }
-  };
-  std::unique_ptr<fd_decode_plan, PlanDeleter> step_plan_;
+  // The step's decode plan, made in begin_step from the exact lengths (a
+  // value: planning allocates nothing, so it cannot fail for lack of memory
+  // once the step's transaction is open).
+  DecodePlan step_plan_;
   // CUDA caches only: device twins of q_rotated_, step_tables_ and
   // step_effective_lens_, and the split-KV workspace (engine_device.hpp).
   std::unique_ptr<DeviceScratch> device_;
