@@ -31,8 +31,9 @@ From that one model it writes:
 * ``bindings/abi/baseline.txt``: the append-only guard. It lists the released
   ABI (the table above plus the functions' and callbacks' signatures); a run
   appends new items to it, and ``--check`` fails when an item listed there
-  moved, was resized, changed or disappeared, or when a field was added
-  inside a struct's released size (older callers' padding). An intended break
+  moved, was resized, changed or disappeared, or when a field was put into a
+  padding hole between listed fields (older callers' garbage; appending into
+  a struct's tail padding passes with a note). An intended break
   needs a version that may break (a new major; a new minor while the major is
   0) and ``--accept-abi-break``, which starts the baseline again. ``--check``
   first runs a self-test: edits of the header the guard must report (and
@@ -600,9 +601,10 @@ BASELINE_HEAD = """\
 # struct (alignment; the size may only grow), field (offset, size, type),
 # enum and value, constant, opaque, alias, callback, function (signature).
 #
-# `gen_bindings.py` appends new items (fields past the struct's end, new
-# structs, enum values, functions); `gen_bindings.py --check` fails when an
-# item listed here moved, changed or disappeared, or when one is missing.
+# `gen_bindings.py` appends new items (fields after a struct's last field,
+# new structs, enum values, functions); `gen_bindings.py --check` fails when
+# an item listed here moved, changed or disappeared, when a field was put
+# between listed ones, or when the header has an item this file lacks.
 # An intended break needs a version that may break (a new FD_VERSION_MAJOR;
 # in 0.x a new FD_VERSION_MINOR) and `gen_bindings.py --accept-abi-break`,
 # which starts this file again from the header.
@@ -638,13 +640,17 @@ def _numbers(value: str) -> Dict[str, str]:
     return dict(zip(it, it))
 
 
-def abi_compare(base: Dict[str, str], cur: Dict[str, str]) -> Tuple[List[str], List[str]]:
-    """(breaks, appended): what changed of the baseline's items, and the
-    current items it lacks. A field may only be appended past the end its
-    struct had (older callers' structs stop there, and the bytes inside it
-    that were padding hold garbage), except that a field may take over a
-    reserved field's place (reservedN, which callers set to 0) exactly."""
+def abi_compare(base: Dict[str, str], cur: Dict[str, str]) -> Tuple[List[str], List[str], List[str]]:
+    """(breaks, appended, notes): what changed of the baseline's items, the
+    current items it lacks, and warnings. A field may not be put between
+    fields the baseline has (into a padding hole: older callers pass garbage
+    there), except that it may take over a reserved field's place exactly
+    (reservedN, which callers set to 0). A field appended into the tail
+    padding of a baseline struct is allowed with a note: a caller built with
+    the baseline passes that padding inside its struct_size, so the library
+    must not read the field from such a caller (docs/abi.md rule 10)."""
     breaks: List[str] = []
+    notes: List[str] = []
     appended = [k for k in cur if k not in base]
     taken_over = set()
     for key, value in base.items():
@@ -671,13 +677,19 @@ def abi_compare(base: Dict[str, str], cur: Dict[str, str]) -> Tuple[List[str], L
     for key in appended:
         kind, name = key.split(" ", 1)
         struct = name.split(".")[0]
-        if kind == "field" and f"struct {struct}" in base and key not in taken_over:
-            end = int(_numbers(base[f"struct {struct}"])["size"])
-            offset = int(_numbers(cur[key])["offset"])
-            if offset < end:
-                breaks.append(f"field {name} was inserted at offset {offset}, inside the {end} bytes "
-                              f"{struct} had: append new fields at the end")
-    return breaks, appended
+        if kind != "field" or f"struct {struct}" not in base or key in taken_over:
+            continue
+        fields = [_numbers(v) for k, v in base.items() if k.startswith(f"field {struct}.")]
+        last_end = max((int(f["offset"]) + int(f["size"]) for f in fields), default=0)
+        size = int(_numbers(base[f"struct {struct}"])["size"])
+        offset = int(_numbers(cur[key])["offset"])
+        if offset < last_end:
+            breaks.append(f"field {name} was inserted at offset {offset}, between fields of {struct} "
+                          f"(its fields end at {last_end}): append new fields at the end")
+        elif offset < size:
+            notes.append(f"field {name} (offset {offset}) lies in the tail padding of the baseline's "
+                         f"{size}-byte {struct}: do not read it from a caller whose struct_size is {size}")
+    return breaks, appended, notes
 
 
 def may_break(base_version: Tuple[int, int, int], version: Tuple[int, int, int]) -> bool:
@@ -714,15 +726,23 @@ def abi_guard_self_test(text: str) -> List[str]:
         cur = edited(what, pattern, repl)
         if cur is not None and not abi_compare(base, cur)[0]:
             misses.append(f"self-test: '{what}' was not reported")
-    # A struct released with tail padding (a 4-byte field after 8-byte ones):
-    # a field appended into that padding moves nothing, but an older caller's
-    # struct_size covers it, so the library would read the caller's padding.
+    # A padding hole between two fields (a 4-byte field before an 8-byte
+    # one): a field put there moves nothing, but older callers pass garbage
+    # in it. Appending into the tail padding is allowed, with a note.
     tail = r"(\n\} fd_decode_params;)"
-    padded = edited("tail padding", tail, r"\n  uint32_t self_test_tail;\1")
-    in_padding = edited("a field put in tail padding", tail,
-                        r"\n  uint32_t self_test_tail;\n  uint32_t self_test_in_padding;\1")
-    if padded is not None and in_padding is not None and not abi_compare(padded, in_padding)[0]:
-        misses.append("self-test: 'a field put in tail padding' was not reported")
+    hole = r"\n  uint32_t self_test_a;\n  uint64_t self_test_b;"
+    holed = edited("a padding hole", tail, hole + r"\1")
+    filled = edited("a field put in a padding hole", tail,
+                    r"\n  uint32_t self_test_a;\n  uint32_t self_test_in_hole;\n  uint64_t self_test_b;\1")
+    if holed is not None and filled is not None and not abi_compare(holed, filled)[0]:
+        misses.append("self-test: 'a field put in a padding hole' was not reported")
+    wide_tail = r"\n  uint64_t self_test_wide;\n  uint32_t self_test_tail;"  # 4 bytes of tail padding
+    padded = edited("tail padding", tail, wide_tail + r"\1")
+    in_tail = edited("a field put in tail padding", tail, wide_tail + r"\n  uint32_t self_test_in_tail;\1")
+    if padded is not None and in_tail is not None:
+        breaks, _, notes = abi_compare(padded, in_tail)
+        if breaks or not notes:
+            misses.append(f"self-test: 'a field put in tail padding' gave breaks {breaks} / notes {notes}")
     must_pass = {
         "a field appended": (r"(\n\} fd_decode_params;)", r"\n  uint64_t self_test_appended;\1"),
         "a reserved field taken over": (r"(typedef struct fd_prefix_info \{.*?)uint32_t reserved0;",
@@ -733,7 +753,7 @@ def abi_guard_self_test(text: str) -> List[str]:
     for what, (pattern, repl) in must_pass.items():
         cur = edited(what, pattern, repl)
         if cur is not None:
-            breaks, appended = abi_compare(base, cur)
+            breaks, appended, _ = abi_compare(base, cur)
             if breaks or not appended:
                 misses.append(f"self-test: '{what}' gave breaks {breaks} / appended {appended}")
     return misses
@@ -825,7 +845,9 @@ def abi_baseline(m: Model, args: argparse.Namespace, stale: List[str]) -> int:
         print(f"wrote {rel} (new baseline at {'.'.join(map(str, version))})")
         return 0
     base_version, base = parse_baseline(ABI_BASELINE.read_text())
-    breaks, appended = abi_compare(base, cur)
+    breaks, appended, notes = abi_compare(base, cur)
+    for note in notes:
+        print(f"NOTE: {note}")
     if breaks:
         v, bv = ".".join(map(str, version)), ".".join(map(str, base_version))
         if args.check or not args.accept_abi_break:
