@@ -93,14 +93,10 @@ FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request
                                       uint32_t count, fd_engine_step *step) {
   return guard([&] {
     fd::Engine &e = impl(engine);
-    fd::require_non_null(step, "step");
     // The whole struct is required (so fd_tx is never cut): checked before the
     // step opens, or an opened step would be lost.
     constexpr size_t kMinStepSize = sizeof(fd_engine_step);
-    if (step->struct_size < kMinStepSize) {
-      fd::fail(FD_ERR_INVALID_ARGUMENT, "step->struct_size %u is too small (at least %zu bytes)",
-               step->struct_size, kMinStepSize);
-    }
+    fd::require_versioned<kMinStepSize>(step, "step");
     const fd_engine_step result = e.begin_step(request_ids, count);
     fd::write_versioned<kMinStepSize>(step, result, "step");
     return FD_OK;
