@@ -15,7 +15,7 @@
 #          new/prev/new/prev: host.jsonl
 #   grid   bench/decode_bench over the docs/benchmarks.md grid, new then prev
 #          (GRID_ARGS, e.g. "--filter A"): decode-new.*, decode-prev.*
-# STEPS picks them (default "host grid").
+# STEPS picks them (default "host grid"; "build" only builds).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-out}
@@ -81,6 +81,7 @@ for step in $STEPS; do
         note "grid $which done ($((SECONDS - start)) s)"
       done
       ;;
+    build) ;;
     *) note "unknown step $step" ;;
   esac
 done

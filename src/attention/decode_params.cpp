@@ -163,18 +163,7 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   require_aligned(p.seq_lens, sizeof(int32_t), "seq_lens");
   require_aligned(p.q_indptr, sizeof(int32_t), "q_indptr");
 
-  PagedKvRequest kv;
-  kv.dtype = p.kv_dtype;
-  kv.layout = p.layout;
-  kv.num_blocks = p.num_blocks;
-  kv.num_kv_heads = p.num_kv_heads;
-  kv.block_size = p.block_size;
-  kv.head_dim = p.head_dim;
-  kv.strides[0] = p.stride_block;
-  kv.strides[1] = p.stride_head;
-  kv.strides[2] = p.stride_token;
-  kv.strides[3] = p.stride_dim;
-  pb.kv = resolve_paged_kv(kv, "");
+  pb.kv = resolve_paged_kv(paged_kv_request(p, p.kv_dtype, p.num_blocks), "");
 
   const char *qo = "q/out (batch x num_q_heads x head_dim elements)";
   const int64_t q_elems = checked_mul(checked_mul(p.batch, p.num_q_heads, qo), p.head_dim, qo);

@@ -67,4 +67,25 @@ struct PagedKvRequest {
 // the resolver's checks then never fire, but it trusts nothing.
 PagedKv resolve_paged_kv(const PagedKvRequest &request, const char *prefix);
 
+// The request a public struct describes: fd_decode_params, fd_kv_append_params
+// and fd_cache_config name the view's fields alike (layout, num_kv_heads,
+// block_size, head_dim, stride_block/head/token/dim); the element type and
+// the block count are passed because their field names differ (kv_dtype or
+// dtype; num_blocks or max_blocks).
+template <class Params>
+PagedKvRequest paged_kv_request(const Params &p, int32_t dtype, uint32_t num_blocks) {
+  PagedKvRequest r;
+  r.dtype = dtype;
+  r.layout = p.layout;
+  r.num_blocks = num_blocks;
+  r.num_kv_heads = p.num_kv_heads;
+  r.block_size = p.block_size;
+  r.head_dim = p.head_dim;
+  r.strides[0] = p.stride_block;
+  r.strides[1] = p.stride_head;
+  r.strides[2] = p.stride_token;
+  r.strides[3] = p.stride_dim;
+  return r;
+}
+
 }  // namespace fd

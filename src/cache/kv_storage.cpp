@@ -97,17 +97,7 @@ KvGeometry resolve_kv_geometry(const fd_cache_config &c) {
 
   // One layer: packed (owned storage, or external storage without strides)
   // or the caller's strides.
-  PagedKvRequest layer;
-  layer.dtype = c.dtype;
-  layer.layout = c.layout;
-  layer.num_blocks = c.max_blocks;
-  layer.num_kv_heads = c.num_kv_heads;
-  layer.block_size = c.block_size;
-  layer.head_dim = c.head_dim;
-  layer.strides[0] = c.stride_block;
-  layer.strides[1] = c.stride_head;
-  layer.strides[2] = c.stride_token;
-  layer.strides[3] = c.stride_dim;
+  PagedKvRequest layer = paged_kv_request(c, c.dtype, c.max_blocks);
   layer.packed_what = layer.span_what =
       external ? "config.k_storage/v_storage (the external storage its strides address, close to "
                  "or more than INT64_MAX bytes)"

@@ -49,17 +49,7 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   if (p.reserved0 != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "params->reserved0 must be 0, got %u", p.reserved0);
   // The caches: dtype, layout, extents, strides and span (the one resolver).
-  PagedKvRequest cache;
-  cache.dtype = p.dtype;
-  cache.layout = p.layout;
-  cache.num_blocks = p.num_blocks;
-  cache.num_kv_heads = p.num_kv_heads;
-  cache.block_size = p.block_size;
-  cache.head_dim = p.head_dim;
-  cache.strides[0] = p.stride_block;
-  cache.strides[1] = p.stride_head;
-  cache.strides[2] = p.stride_token;
-  cache.strides[3] = p.stride_dim;
+  PagedKvRequest cache = paged_kv_request(p, p.dtype, p.num_blocks);
   cache.packed_what = "params->k_cache/v_cache ([num_blocks, num_kv_heads, block_size, head_dim])";
   cache.span_what = "params->k_cache/v_cache (the elements its sizes and strides address)";
   pb.kv = resolve_paged_kv(cache, "params->");
