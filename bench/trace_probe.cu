@@ -475,6 +475,7 @@ Result run_case(const Case &cs, cudaStream_t stream) {
     l.stream = stream;
     return l;
   };
+  CHECK_CUDA((fdc::prepare_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>()));
   auto launch = [&](int s) {
     const fdc::DecodeLaunch l = launch_for_set(s);
     CHECK_CUDA((fdc::launch_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>(l)));

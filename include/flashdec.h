@@ -48,18 +48,25 @@
 
 /** @defgroup version Version
  *  Version of this header. The runtime library reports its own version through
- *  ::fd_version_number; header and runtime are compatible when their major
- *  versions are equal and the runtime's minor version is at least the
- *  header's:
+ *  ::fd_version_number. From 1.0 on, header and runtime are compatible when
+ *  their major versions are equal and the runtime's minor version is at least
+ *  the header's. Before 1.0 (major 0) a minor version may change the ABI once,
+ *  deliberately (docs/abi.md), so the minor versions must be equal too; the
+ *  SONAME then carries both (libflashdec.so.0.2), and a program built against
+ *  another 0.x minor does not load:
  *  @code
  *  uint32_t rt = fd_version_number();
- *  int ok = rt / 10000u == FD_VERSION_MAJOR && rt >= FD_VERSION_NUMBER;
+ *  int same = FD_VERSION_MAJOR == 0 ? rt / 100u == FD_VERSION_NUMBER / 100u
+ *                                   : rt / 10000u == FD_VERSION_MAJOR;
+ *  int ok = same && rt >= FD_VERSION_NUMBER;
  *  @endcode
  *  @{
  */
-/** Major version: changes only on an ABI break (it is the SONAME suffix). */
+/** Major version: from 1.0 on, changes only on an ABI break (the SONAME suffix
+ *  is the major version; before 1.0 it is major.minor). */
 #define FD_VERSION_MAJOR 0
-/** Minor version: grows when functions or struct fields are appended. */
+/** Minor version: grows when functions or struct fields are appended (before
+ *  1.0 it also marks a deliberate ABI break, see docs/abi.md). */
 #define FD_VERSION_MINOR 2
 /** Patch version: fixes with no interface change. */
 #define FD_VERSION_PATCH 0
@@ -886,7 +893,7 @@ FD_API fd_status fd_prefix_get_info(const fd_cache *cache, const char *prefix_id
  * @brief Parameters of ::fd_decode, ::fd_decode_plan_create and
  * ::fd_decode_run (reshaped in 0.2). Initialise with ::fd_decode_params_init.
  *
- * Five sections: shape, element types, the paged K/V view, queries and
+ * Six sections: shape, element types, the paged K/V view, queries and
  * output, the attention variant, and execution. New fields are appended at
  * the end (docs/abi.md).
  *
@@ -1023,9 +1030,8 @@ typedef struct fd_decode_plan fd_decode_plan;
  *
  * Checks @p params as ::fd_decode does, except that its buffer pointers are
  * not dereferenced and may be NULL (given ones must be aligned), and decides
- * the work list: which (row, KV head, token range)
- * items the attention kernel runs and where each leaves its partial result
- * for the merge. With @p host_seq_lens (the step's exact K/V lengths, in
+ * the work list: which (row, KV head, token range) items the attention
+ * kernel runs and where each leaves its partial result for the merge. With @p host_seq_lens (the step's exact K/V lengths, in
  * host memory) the split-KV layout is chosen from them; without it, from
  * max_seq_len_hint as ::fd_decode does. Automatic splitting (num_splits 0)
  * is limited to the workspace @p params names when its workspace pointer is
@@ -1048,8 +1054,9 @@ typedef struct fd_decode_plan fd_decode_plan;
 FD_API fd_status fd_decode_plan_create(const fd_decode_params *params,
                                        const int32_t *host_seq_lens, fd_decode_plan **out);
 
-/** @brief Releases @p plan (appended in 0.2). NULL is ignored. Work already
- *  enqueued with it is not affected (a plan holds no device memory). */
+/** @brief Releases @p plan (appended in 0.2). Work already enqueued with it is
+ *  not affected (a plan holds no device memory).
+ *  @param plan Owned by the caller, released here; may be NULL (ignored). */
 FD_API void fd_decode_plan_destroy(fd_decode_plan *plan);
 
 /**
@@ -1067,11 +1074,14 @@ FD_API fd_status fd_decode_plan_workspace_size(const fd_decode_plan *plan, size_
  *
  * @p params must have the planned batch, num_q_heads, num_kv_heads, head_dim
  * and device (see ::fd_decode_plan_create); every other field (buffers,
- * stream, element types, strides, sm_scale) may differ from call to call.
- * CUDA: launches only (no allocation, no host
+ * stream, element types, strides, sm_scale) may differ from call to call and
+ * is checked as ::fd_decode checks it, except num_splits, which the plan's
+ * work list replaces. CUDA: launches only (no allocation, no host
  * synchronisation unless ::FD_DECODE_CHECK_INDICES), so it can be captured
  * in a CUDA graph. CPU: as ::fd_decode. Output bits equal ::fd_decode's for
- * the same split layout.
+ * the same split layout (on CUDA, ::fd_decode without a workspace does not
+ * split, while a plan made without one may: give ::fd_decode the workspace
+ * the plan asks for to get the same bits).
  * @param[in] plan Not NULL; borrowed for the call.
  * @param[in] params Borrowed for the call; not NULL.
  * @return As ::fd_decode; ::FD_ERR_INVALID_ARGUMENT also when a planned field

@@ -10,5 +10,10 @@ cudaError_t launch_decode_typed<__nv_bfloat16, __nv_bfloat16>(const DecodeLaunch
   return launch_decode_dispatch<__nv_bfloat16, __nv_bfloat16>(launch);
 }
 
+template <>
+cudaError_t prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(int32_t head_dim) {
+  return prepare_decode_dispatch<__nv_bfloat16, __nv_bfloat16>(head_dim);
+}
+
 }  // namespace cuda
 }  // namespace fd

@@ -10,5 +10,10 @@ cudaError_t launch_decode_typed<__half, __half>(const DecodeLaunch &launch) {
   return launch_decode_dispatch<__half, __half>(launch);
 }
 
+template <>
+cudaError_t prepare_decode_typed<__half, __half>(int32_t head_dim) {
+  return prepare_decode_dispatch<__half, __half>(head_dim);
+}
+
 }  // namespace cuda
 }  // namespace fd

@@ -800,13 +800,35 @@ cudaError_t launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned thread
 template <class TQ, class TKV>
 cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 
+// Raises the attention kernel's dynamic shared memory limit on the current
+// device (a per-device, per-function setting that launches then rely on).
+template <class TQ, class TKV, int D, bool kDimMajor>
+cudaError_t prepare_decode_variant() {
+  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              detail::Config<D>::kSmemBytes);
+}
+
+// Prepares both layouts of one element-type pair for `head_dim` (defined per
+// pair in decode_<dtype>.cu, beside launch_decode_typed).
+template <class TQ, class TKV>
+cudaError_t prepare_decode_typed(int32_t head_dim);
+
+template <class TQ, class TKV>
+cudaError_t prepare_decode_dispatch(int32_t head_dim) {
+  cudaError_t err = head_dim == 128 ? prepare_decode_variant<TQ, TKV, 128, false>()
+                                    : prepare_decode_variant<TQ, TKV, 64, false>();
+  if (err != cudaSuccess) return err;
+  return head_dim == 128 ? prepare_decode_variant<TQ, TKV, 128, true>()
+                         : prepare_decode_variant<TQ, TKV, 64, true>();
+}
+
+// Launches one variant; prepare_decode_variant must have run on this device.
 template <class TQ, class TKV, int D, bool kDimMajor>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   using Cfg = detail::Config<D>;
   auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
   detail::Params p;
   p.q = l.q;
   p.k = l.k;

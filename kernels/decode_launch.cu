@@ -16,6 +16,12 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
   return cudaErrorInvalidValue;
 }
 
+cudaError_t prepare_decode(int32_t head_dim) {
+  cudaError_t err = prepare_decode_typed<__half, __half>(head_dim);
+  if (err != cudaSuccess) return err;
+  return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(head_dim);
+}
+
 int decode_ctas_per_sm(int32_t head_dim) {
   return head_dim == 128 ? detail::Config<128>::kCtasPerSm : detail::Config<64>::kCtasPerSm;
 }

@@ -44,8 +44,8 @@ if [ "$STEPS" != build ] &&
 fi
 # The host benchmark's source builds against either header.
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
-g++ -O2 -std=c++17 bench/host_step_bench.cpp -I"$prev_src/prev/include" -I"$cuda_home/include" \
-  -Lbuild-prev -lflashdec -L"$cuda_home/lib64" -lcudart -Wl,-rpath,"$PWD/build-prev" \
+"$cuda_home/bin/nvcc" -O2 -std=c++17 -arch=sm_90 bench/host_step_bench.cu -I"$prev_src/prev/include" \
+  -Lbuild-prev -lflashdec -Xlinker -rpath -Xlinker "$PWD/build-prev" \
   -o build-prev/host_step_bench >>/tmp/build-prev.log 2>&1 ||
   { note "prev host bench build FAILED"; tail -20 /tmp/build-prev.log >>"$OUT/compare.log"; exit 1; }
 note "builds ready ($((SECONDS - start)) s)"

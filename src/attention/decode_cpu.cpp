@@ -7,7 +7,7 @@
 // chunk's tokens through the block table in tiles: each tile's K and V are
 // converted to FP32 once and serve every query head of the GQA group, so each
 // K/V element is read from memory once per group. The softmax is the online
-// (streaming) form with FP32 state per query head (ops/decode_cpu_kernels.hpp
+// (streaming) form with FP32 state per query head (attention/decode_cpu_kernels.hpp
 // has the arithmetic, a fixed sequence of IEEE operations in every build).
 // A row of one chunk writes its output directly; otherwise each chunk leaves
 // its unnormalised state (max, weight sum, weighted V sums) in a slot, and

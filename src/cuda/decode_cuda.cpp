@@ -217,6 +217,13 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
                                 bool limit_by_workspace) {
   require_cuda_device(problem.device_ordinal);
   check_supported(problem);
+  // Once per plan, not per run: the kernels' shared memory limit is a
+  // per-device setting (runs on this plan use the same device and head_dim).
+  {
+    CudaDeviceScope scope(problem.device_ordinal);
+    cuda_check(cuda::prepare_decode(static_cast<int32_t>(problem.head_dim)),
+               "preparing the CUDA decode kernels");
+  }
   int max_len = problem.max_seq_len;
   if (host_seq_lens != nullptr) {
     max_len = 0;

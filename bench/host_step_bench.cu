@@ -9,7 +9,11 @@
 //    128), bf16, block 16; rows grow from a 512-token prefill;
 //  - fd_decode host time per call, batch 256 x 1024 tokens (one layer);
 //  - 0.2 only: fd_decode_plan_create with exact host lengths (batch 256) and
-//    fd_decode_run host time per call (one plan, 32 layer calls).
+//    fd_decode_run host time per call (one plan, 32 layer calls);
+//  - the floor: host time of a bare launch of an empty kernel with a
+//    parameter block of the decode kernel's size, launched the same way
+//    (cudaLaunchKernelEx with programmatic stream serialization), and of one
+//    cudaFuncSetAttribute call.
 // Medians over samples. Writes JSON to stdout.
 #include <cuda_runtime.h>
 
@@ -193,6 +197,39 @@ double per_call_us(cudaStream_t stream, F call) {
   return median(t);
 }
 
+// An empty kernel with a parameter block the size of the decode kernel's.
+struct BareParams {
+  unsigned char bytes[144];
+};
+__global__ void bare_kernel(const BareParams p) {
+  if (threadIdx.x == 1024) printf("%d", p.bytes[0]);  // never true; keeps p alive
+}
+
+double bare_launch_us(cudaStream_t stream) {
+  BareParams p{};
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return per_call_us(stream, [&] { CHECK_CUDA(cudaLaunchKernelEx(&config, bare_kernel, p)); });
+}
+
+double set_attribute_us() {
+  std::vector<double> t;
+  for (int i = 0; i < 2000; ++i) {
+    const auto t0 = Clock::now();
+    CHECK_CUDA(
+        cudaFuncSetAttribute(bare_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+    if (i >= 100) t.push_back(us_since(t0));
+  }
+  return median(t);
+}
+
 }  // namespace
 
 int main() {
@@ -202,7 +239,9 @@ int main() {
   const double decode = per_call_us(d.stream, [&] { CHECK_FD(fd_decode(&d.p)); });
   std::printf("{\n  \"version\": \"%s\",\n", fd_version_string());
   std::printf("  \"engine_step_batch256_32layers_us\": %.1f,\n", step);
-  std::printf("  \"fd_decode_host_us_per_call_batch256\": %.2f", decode);
+  std::printf("  \"fd_decode_host_us_per_call_batch256\": %.2f,\n", decode);
+  std::printf("  \"bare_launch_host_us\": %.2f,\n", bare_launch_us(d.stream));
+  std::printf("  \"cuda_func_set_attribute_host_us\": %.2f", set_attribute_us());
 #if FD_VERSION_MINOR >= 2
   std::vector<double> plan_t;
   for (int i = 0; i < 2000; ++i) {
