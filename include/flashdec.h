@@ -1041,8 +1041,9 @@ typedef struct fd_decode_plan fd_decode_plan;
  * (a row longer than planned costs speed, never tokens); a row longer than
  * max_seq_len_hint is refused where indices are checked, as in ::fd_decode.
  * @param[in] params Borrowed for the call; not NULL. The plan is made for
- *   its batch, num_q_heads, num_kv_heads, head_dim and device; every run must
- *   use the same five values and takes all other fields from its own params.
+ *   its batch, num_q_heads, num_kv_heads, head_dim, q_dtype, kv_dtype,
+ *   out_dtype, layout and device; every run must use the same values and
+ *   takes all other fields from its own params.
  * @param[in] host_seq_lens Host memory, [params->batch] lengths, each in
  *   [0, max_seq_len_hint resolved]; borrowed for the call; may be NULL.
  * @param[out] out Not NULL; receives a new plan (owned by the caller, release
@@ -1072,9 +1073,10 @@ FD_API fd_status fd_decode_plan_workspace_size(const fd_decode_plan *plan, size_
  * @brief Runs one decode call with a plan (appended in 0.2): the attention of
  * ::fd_decode, with the split-KV layout the plan decided.
  *
- * @p params must have the planned batch, num_q_heads, num_kv_heads, head_dim
- * and device (see ::fd_decode_plan_create); every other field (buffers,
- * stream, element types, strides, sm_scale) may differ from call to call and
+ * @p params must have the planned batch, num_q_heads, num_kv_heads,
+ * head_dim, element types, layout and device (see ::fd_decode_plan_create);
+ * every other field (buffers, stream, strides, sm_scale) may differ from call
+ * to call and
  * is checked as ::fd_decode checks it, except num_splits, which the plan's
  * work list replaces. CUDA: launches only (no allocation, no host
  * synchronisation unless ::FD_DECODE_CHECK_INDICES), so it can be captured

@@ -809,18 +809,18 @@ cudaError_t prepare_decode_variant() {
                               detail::Config<D>::kSmemBytes);
 }
 
-// Prepares both layouts of one element-type pair for `head_dim` (defined per
-// pair in decode_<dtype>.cu, beside launch_decode_typed).
+// Prepares the variant of one element-type pair for `head_dim` and layout
+// (defined per pair in decode_<dtype>.cu, beside launch_decode_typed).
 template <class TQ, class TKV>
-cudaError_t prepare_decode_typed(int32_t head_dim);
+cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major);
 
 template <class TQ, class TKV>
-cudaError_t prepare_decode_dispatch(int32_t head_dim) {
-  cudaError_t err = head_dim == 128 ? prepare_decode_variant<TQ, TKV, 128, false>()
-                                    : prepare_decode_variant<TQ, TKV, 64, false>();
-  if (err != cudaSuccess) return err;
-  return head_dim == 128 ? prepare_decode_variant<TQ, TKV, 128, true>()
-                         : prepare_decode_variant<TQ, TKV, 64, true>();
+cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major) {
+  if (head_dim == 128)
+    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true>()
+                     : prepare_decode_variant<TQ, TKV, 128, false>();
+  return dim_major ? prepare_decode_variant<TQ, TKV, 64, true>()
+                   : prepare_decode_variant<TQ, TKV, 64, false>();
 }
 
 // Launches one variant; prepare_decode_variant must have run on this device.

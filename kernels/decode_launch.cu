@@ -16,10 +16,12 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
   return cudaErrorInvalidValue;
 }
 
-cudaError_t prepare_decode(int32_t head_dim) {
-  cudaError_t err = prepare_decode_typed<__half, __half>(head_dim);
-  if (err != cudaSuccess) return err;
-  return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(head_dim);
+cudaError_t prepare_decode(const DecodeLaunch &launch) {
+  if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
+    return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major);
+  if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
+    return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(launch.head_dim, launch.dim_major);
+  return cudaErrorInvalidValue;
 }
 
 int decode_ctas_per_sm(int32_t head_dim) {

@@ -50,10 +50,11 @@ struct DecodeLaunch {
   cudaStream_t stream = nullptr;
 };
 
-// Makes the decode kernels of `head_dim` (every served element-type pair,
-// both layouts) launchable on the current device: raises their dynamic
-// shared memory limit. The plan calls it once; launch_decode relies on it.
-cudaError_t prepare_decode(int32_t head_dim);
+// Makes the attention kernel that `launch` names (element types, head_dim,
+// layout) launchable on the current device: raises its dynamic shared memory
+// limit, a per-device setting. A plan calls it once; launch_decode relies on
+// it for every launch of that kernel on that device.
+cudaError_t prepare_decode(const DecodeLaunch &launch);
 
 // Enqueues the attention kernel over launch.work (and, when the work list
 // has partials, the merge kernel) on launch.stream. Returns the first CUDA error (launch or

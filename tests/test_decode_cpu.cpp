@@ -678,8 +678,8 @@ void test_plan_without_buffers(void **state) {
 }
 
 /* Plan + run gives fd_decode's bits, with or without the exact host lengths,
- * and one plan serves every call of its shape (other buffers, other dtype,
- * other scale: the run's params decide those). */
+ * and one plan serves every call of its shape (other buffers, other scale:
+ * the run's params decide those). */
 void test_plan_run_matches_decode(void **state) {
   (void)state;
   for (int32_t dtype : {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16}) {
@@ -746,6 +746,14 @@ void test_plan_errors(void **state) {
   other.num_q_heads = 2, other.num_kv_heads = 1;
   FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,
                   "params num_q_heads 2 differs from the plan's 4");
+  other = prm;
+  other.layout = FD_LAYOUT_DIM_MAJOR; /* the plan prepared a token-major kernel */
+  FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,
+                  "params layout 1 differs from the plan's 0");
+  other = prm;
+  fd_test_decode_dtype(&other, FD_DTYPE_BF16); /* and f16 element types */
+  FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,
+                  "params q_dtype 2 differs from the plan's 1");
   other = prm;
   other.device.type = FD_DEVICE_CUDA;
   FD_ASSERT_FAILS(fd_decode_run(plan, &other), FD_ERR_INVALID_ARGUMENT,

@@ -27,9 +27,9 @@ void check_host_lens(const DecodeProblem &pb, const int32_t *lens) {
            static_cast<int>(lens[r]), static_cast<int>(pb.max_seq_len), r);
 }
 
-// The fields a plan is made for. Everything else a run takes from its own
-// params (pointers, stream, dtypes, strides, the variant): the work list
-// depends only on these and on the lengths.
+// The fields a plan is made for: the work list's shape and the kernel it
+// prepares (element types, head_dim, layout, device). Everything else a run
+// takes from its own params (buffers, stream, strides, the variant).
 void check_matches(const DecodePlan &plan, const DecodeProblem &pb) {
   const struct {
     const char *name;
@@ -38,6 +38,10 @@ void check_matches(const DecodePlan &plan, const DecodeProblem &pb) {
                 {"num_q_heads", plan.num_q_heads, pb.num_q_heads},
                 {"num_kv_heads", plan.num_kv_heads, pb.num_kv_heads},
                 {"head_dim", plan.head_dim, pb.head_dim},
+                {"q_dtype", plan.q_dtype, pb.q_dtype},
+                {"kv_dtype", plan.kv_dtype, pb.kv.dtype},
+                {"out_dtype", plan.out_dtype, pb.out_dtype},
+                {"layout", plan.layout, pb.kv.layout},
                 {"device.type", plan.device_type, pb.device_type},
                 {"device.ordinal", plan.device_ordinal, pb.device_ordinal}};
   for (const auto &f : fields)
@@ -67,6 +71,10 @@ DecodePlan plan_decode(const DecodeProblem &problem, const int32_t *host_seq_len
   plan.num_q_heads = problem.num_q_heads;
   plan.num_kv_heads = problem.num_kv_heads;
   plan.head_dim = problem.head_dim;
+  plan.q_dtype = problem.q_dtype;
+  plan.kv_dtype = problem.kv.dtype;
+  plan.out_dtype = problem.out_dtype;
+  plan.layout = problem.kv.layout;
   plan.device_type = problem.device_type;
   plan.device_ordinal = problem.device_ordinal;
   if (host_seq_lens != nullptr) check_host_lens(problem, host_seq_lens);

@@ -19,6 +19,10 @@ struct DecodePlan {
   uint32_t num_q_heads = 0;
   uint32_t num_kv_heads = 0;
   uint32_t head_dim = 0;
+  int32_t q_dtype = FD_DTYPE_BF16;
+  int32_t kv_dtype = FD_DTYPE_BF16;
+  int32_t out_dtype = FD_DTYPE_BF16;
+  int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
   int32_t device_type = FD_DEVICE_CPU;
   int32_t device_ordinal = 0;
   // The split layout (CUDA); the CPU backend cuts rows into its own fixed

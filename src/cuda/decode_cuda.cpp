@@ -217,12 +217,17 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
                                 bool limit_by_workspace) {
   require_cuda_device(problem.device_ordinal);
   check_supported(problem);
-  // Once per plan, not per run: the kernels' shared memory limit is a
-  // per-device setting (runs on this plan use the same device and head_dim).
+  // Once per plan, not per run: the kernel's shared memory limit is a
+  // per-device setting, and runs on this plan use the same device, element
+  // types, head_dim and layout (attention/decode_plan.cpp checks it).
   {
     CudaDeviceScope scope(problem.device_ordinal);
-    cuda_check(cuda::prepare_decode(static_cast<int32_t>(problem.head_dim)),
-               "preparing the CUDA decode kernels");
+    cuda::DecodeLaunch kernel;
+    kernel.q_dtype = problem.q_dtype;
+    kernel.kv_dtype = problem.kv.dtype;
+    kernel.head_dim = static_cast<int32_t>(problem.head_dim);
+    kernel.dim_major = problem.kv.dim_major();
+    cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
   int max_len = problem.max_seq_len;
   if (host_seq_lens != nullptr) {
