@@ -29,10 +29,18 @@ set(FLASHDEC_INSTALL_BIN_RPATH "$ORIGIN/${FLASHDEC_BIN_TO_LIB}")
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashdecConfig.cmake.in
   ${PROJECT_BINARY_DIR}/flashdecConfig.cmake
   INSTALL_DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR})
-# Same rule as the header's runtime check: equal major version (the SONAME),
-# and at least the requested minor.
+# Same rule as the header's runtime check and the SONAME: before 1.0 the major
+# and minor versions must be equal (find_package(flashdec 0.2) takes 0.2.x,
+# never 0.1 or 0.3); from 1.0 on the major version, and at least the requested
+# minor.
+# FLASHDEC_SOVERSION (CMakeLists.txt) is major.minor or the major alone.
+if(FLASHDEC_SOVERSION STREQUAL PROJECT_VERSION_MAJOR)
+  set(FLASHDEC_PACKAGE_COMPATIBILITY SameMajorVersion)
+else()
+  set(FLASHDEC_PACKAGE_COMPATIBILITY SameMinorVersion)
+endif()
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashdecConfigVersion.cmake
-  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+  VERSION ${PROJECT_VERSION} COMPATIBILITY ${FLASHDEC_PACKAGE_COMPATIBILITY})
 install(FILES ${PROJECT_BINARY_DIR}/flashdecConfig.cmake
   ${PROJECT_BINARY_DIR}/flashdecConfigVersion.cmake
   DESTINATION ${FLASHDEC_CMAKE_INSTALL_DIR} COMPONENT development)

@@ -22,9 +22,12 @@
 enum { HEADS = 2, DIM = 8, TOKENS = 3 };
 
 int main(void) {
-  /* The compatibility rule documented in flashdec.h. */
+  /* The compatibility rule documented in flashdec.h: before 1.0 the minor
+   * version must match too. */
   uint32_t rt = fd_version_number();
-  if (rt / 10000u != FD_VERSION_MAJOR || rt < FD_VERSION_NUMBER) {
+  int same = FD_VERSION_MAJOR == 0 ? rt / 100u == FD_VERSION_NUMBER / 100u
+                                   : rt / 10000u == FD_VERSION_MAJOR;
+  if (!same || rt < FD_VERSION_NUMBER) {
     fprintf(stderr, "consumer: runtime %s is not compatible with header %d.%d.%d\n",
             fd_version_string(), FD_VERSION_MAJOR, FD_VERSION_MINOR, FD_VERSION_PATCH);
     return 1;

@@ -6,8 +6,11 @@
 # usage: check_exports.sh CC LIBRARY HEADER
 #
 # The only tolerated non-fd_ entry is the version node of src/flashdec.map
-# (an absolute symbol such as FLASHDEC_0 that names the symbol version; it is
-# not something a program can link to).
+# (an absolute symbol such as FLASHDEC_0.2 that names the symbol version; it is
+# not something a program can link to). A library with a SONAME
+# libflashdec.so.V must have the node FLASHDEC_V, and V must follow the
+# header's version rule: major.minor while FD_VERSION_MAJOR is 0, else the
+# major alone (checked where the header defines FD_VERSION_MAJOR).
 set -euo pipefail
 cc=$1
 lib=$2
@@ -27,11 +30,32 @@ version_nodes=$(echo "$symbols" | awk '$1 == "A" { print $2 }')
 status=0
 
 for node in $version_nodes; do
-  if ! [[ $node =~ ^FLASHDEC_[0-9]+$ ]]; then
+  if ! [[ $node =~ ^FLASHDEC_[0-9]+(\.[0-9]+)?$ ]]; then
     echo "FAIL: unexpected absolute symbol '$node' in $lib" >&2
     status=1
   fi
 done
+
+# SONAME and version node follow the header's version.
+soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+case $soname in
+  libflashdec.so.*)
+    soversion=${soname#libflashdec.so.}
+    major=$(sed -n 's/^#define FD_VERSION_MAJOR \([0-9][0-9]*\).*/\1/p' "$header")
+    minor=$(sed -n 's/^#define FD_VERSION_MINOR \([0-9][0-9]*\).*/\1/p' "$header")
+    if [ -n "$major" ] && [ -n "$minor" ]; then
+      if [ "$major" = 0 ]; then expected=$major.$minor; else expected=$major; fi
+      if [ "$soversion" != "$expected" ]; then
+        echo "FAIL: SONAME $soname, expected libflashdec.so.$expected for header $major.$minor" >&2
+        status=1
+      fi
+    fi
+    if [ "$version_nodes" != "FLASHDEC_$soversion" ]; then
+      echo "FAIL: version node(s) '${version_nodes//$'\n'/ }' of $soname, expected FLASHDEC_$soversion" >&2
+      status=1
+    fi
+    ;;
+esac
 
 not_exported=$(comm -23 <(echo "$declared") <(echo "$exported"))
 not_declared=$(comm -13 <(echo "$declared") <(echo "$exported"))
@@ -70,6 +94,6 @@ fi
 
 if [ $status -eq 0 ]; then
   echo "OK: $(echo "$exported" | wc -l) exported functions match the FD_API declarations;" \
-    "no CUDA runtime symbol or dependency"
+    "no CUDA runtime symbol or dependency${soname:+; SONAME $soname}"
 fi
 exit $status

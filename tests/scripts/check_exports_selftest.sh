@@ -43,6 +43,10 @@ build() {  # OUTPUT [FLAGS...]
 build good.so -Wl,--version-script="$map"
 build leak_other.so -DLEAK_OTHER  # no version script: other_leak stays visible
 build leak_data.so -DLEAK_DATA -Wl,--version-script="$map"
+# SONAME libflashdec.so.<V>: the node of the map must be FLASHDEC_<V>.
+node=$(sed -n 's/^\(FLASHDEC_[0-9.]*\) {.*/\1/p' "$map")
+build soname_good.so -Wl,--version-script="$map" -Wl,-soname,"libflashdec.so.${node#FLASHDEC_}"
+build soname_other.so -Wl,--version-script="$map" -Wl,-soname,libflashdec.so.99
 
 # Doctored headers.
 printf 'FD_API int fd_phantom(void);\n' | cat "$work/good.h" - > "$work/extra.h"
@@ -70,3 +74,8 @@ expect_failure "declared, not exported" good.so extra.h fd_phantom
 expect_failure "exported, not declared" good.so missing.h fd_beta
 expect_failure "non-fd_ export" leak_other.so good.h other_leak
 expect_failure "data export" leak_data.so good.h fd_gamma
+"$here/check_exports.sh" "$cc" "$work/soname_good.so" "$work/good.h"
+echo "ok: SONAME libflashdec.so.${node#FLASHDEC_} with node $node accepted"
+expect_failure "node not the SONAME's" soname_other.so good.h "expected FLASHDEC_99"
+printf '#define FD_VERSION_MAJOR 0\n#define FD_VERSION_MINOR 99\n' | cat "$work/good.h" - > "$work/v099.h"
+expect_failure "SONAME not the header's" soname_good.so v099.h "expected libflashdec.so.0.99"

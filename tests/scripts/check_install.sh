@@ -25,6 +25,12 @@ cc=$8
 generator=$9
 extra_flags=${10:-}
 major=${version%%.*}
+minor=${version#*.}
+minor=${minor%%.*}
+# The SONAME version (docs/abi.md, "Versioning at 0.x"): major.minor while the
+# major is 0, the major alone from 1.0 on. Derived here from the version, not
+# read from the build, so the check holds CMakeLists.txt to the rule.
+if [ "$major" = 0 ]; then soversion=$major.$minor; else soversion=$major; fi
 prefix=$work/prefix
 
 fail() {
@@ -71,17 +77,58 @@ lib=$prefix/$libdir
 [ -f "$prefix/include/flashdec.h" ] || fail "include/flashdec.h not installed"
 [ -f "$lib/libflashdec.so.$version" ] && [ ! -L "$lib/libflashdec.so.$version" ] ||
   fail "$libdir/libflashdec.so.$version is not a regular file"
-[ "$(readlink "$lib/libflashdec.so.$major")" = "libflashdec.so.$version" ] ||
-  fail "$libdir/libflashdec.so.$major does not link to libflashdec.so.$version"
-[ "$(readlink "$lib/libflashdec.so")" = "libflashdec.so.$major" ] ||
-  fail "$libdir/libflashdec.so does not link to libflashdec.so.$major"
+[ "$(readlink "$lib/libflashdec.so.$soversion")" = "libflashdec.so.$version" ] ||
+  fail "$libdir/libflashdec.so.$soversion does not link to libflashdec.so.$version"
+[ "$(readlink "$lib/libflashdec.so")" = "libflashdec.so.$soversion" ] ||
+  fail "$libdir/libflashdec.so does not link to libflashdec.so.$soversion"
 soname=$(readelf -d "$lib/libflashdec.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-[ "$soname" = "libflashdec.so.$major" ] || fail "SONAME is '$soname', expected libflashdec.so.$major"
+[ "$soname" = "libflashdec.so.$soversion" ] || fail "SONAME is '$soname', expected libflashdec.so.$soversion"
+# Exactly these three names: no libflashdec.so.$major link left from the old rule.
+names=$(cd "$lib" && echo libflashdec.so*)
+[ "$names" = "libflashdec.so libflashdec.so.$soversion libflashdec.so.$version" ] ||
+  fail "$libdir holds $names, expected libflashdec.so, .so.$soversion and .so.$version"
 for f in cmake/flashdec/flashdecConfig.cmake cmake/flashdec/flashdecConfigVersion.cmake \
   cmake/flashdec/flashdecTargets.cmake pkgconfig/flashdec.pc; do
   [ -f "$lib/$f" ] || fail "$libdir/$f not installed"
 done
 echo "ok: installed layout (SONAME $soname)"
+
+# The package's version file answers find_package(flashdec X.Y.Z) by the same
+# rule as the header: while the major is 0 the same major and minor, from 1.0
+# on the same major; and the installed version at least the requested one.
+version_file=$lib/cmake/flashdec/flashdecConfigVersion.cmake
+# find_compatible X.Y.Z: PACKAGE_VERSION_COMPATIBLE of the installed file.
+find_compatible() {
+  local m n p
+  IFS=. read -r m n p <<< "$1"
+  {
+    echo "set(PACKAGE_FIND_NAME flashdec)"
+    echo "set(PACKAGE_FIND_VERSION $1)"
+    echo "set(PACKAGE_FIND_VERSION_MAJOR $m)"
+    echo "set(PACKAGE_FIND_VERSION_MINOR $n)"
+    echo "set(PACKAGE_FIND_VERSION_PATCH $p)"
+    echo "set(PACKAGE_FIND_VERSION_COUNT 3)"
+    echo "include(\"$version_file\")"
+    echo "message(\"\${PACKAGE_VERSION_COMPATIBLE}\")"
+  } > "$work/find_version.cmake"
+  "$cmake" -P "$work/find_version.cmake" 2>&1
+}
+if [ "$major" = 0 ]; then
+  accepted="$major.$minor.0"
+  rejected="$major.$((minor + 1)).0 $((major + 1)).$minor.0"
+  if [ "$minor" -gt 0 ]; then rejected="$rejected $major.$((minor - 1)).0"; fi
+else
+  accepted="$major.0.0 $major.$minor.0"
+  rejected="$major.$((minor + 1)).0 $((major + 1)).0.0"
+  if [ "$major" -gt 1 ]; then rejected="$rejected $((major - 1)).$minor.0"; fi
+fi
+for want in $accepted; do
+  [ "$(find_compatible "$want")" = TRUE ] || fail "find_package(flashdec $want) does not accept $version"
+done
+for want in $rejected; do
+  [ "$(find_compatible "$want")" = FALSE ] || fail "find_package(flashdec $want) accepts $version"
+done
+echo "ok: the package version file accepts $accepted and rejects $rejected"
 
 # The CLI is installed with the library and runs from the prefix, and from a
 # copy of it (the RUNPATH is relative to the executable).
