@@ -90,9 +90,15 @@ func VersionNumber() uint32 { return uint32(C.fd_version_number()) }
 // HeaderVersionNumber is FD_VERSION_NUMBER of the header this package was built with.
 const HeaderVersionNumber = uint32(C.FD_VERSION_MAJOR*10000 + C.FD_VERSION_MINOR*100 + C.FD_VERSION_PATCH)
 
-// IsCompatible applies the header's rule: same major, runtime at least as new.
+// IsCompatible applies the header's rule: runtime at least as new, same major
+// version and, while the major is 0 (a 0.x minor may change the ABI), the same
+// minor version too.
 func IsCompatible(runtimeVersion uint32) bool {
-	return runtimeVersion/10000 == HeaderVersionNumber/10000 && runtimeVersion >= HeaderVersionNumber
+	same := runtimeVersion/10000 == HeaderVersionNumber/10000
+	if HeaderVersionNumber/10000 == 0 {
+		same = runtimeVersion/100 == HeaderVersionNumber/100
+	}
+	return same && runtimeVersion >= HeaderVersionNumber
 }
 
 // CudaDeviceCount is the number of usable CUDA devices (0 without CUDA).

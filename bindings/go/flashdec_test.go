@@ -40,6 +40,14 @@ func TestVersion(t *testing.T) {
 	if VersionNumber() != HeaderVersionNumber || !IsCompatible(VersionNumber()) || IsCompatible(VersionNumber()+10000) {
 		t.Fatalf("version %s (%d) vs header %d", Version(), VersionNumber(), HeaderVersionNumber)
 	}
+	// A newer patch is compatible; a newer minor only from 1.0 on (before 1.0
+	// a minor may change the ABI).
+	if !IsCompatible(HeaderVersionNumber+1) || IsCompatible(HeaderVersionNumber+100) != (HeaderVersionNumber/10000 != 0) {
+		t.Fatalf("IsCompatible: newer patch or minor of header %d judged wrongly", HeaderVersionNumber)
+	}
+	if HeaderVersionNumber%10000 >= 100 && IsCompatible(HeaderVersionNumber-100) {
+		t.Fatalf("IsCompatible accepts an older minor of header %d", HeaderVersionNumber)
+	}
 	if n, err := CudaDeviceCount(); err != nil || n < 0 {
 		t.Fatal(n, err)
 	}

@@ -32,8 +32,10 @@ Installing: ``pip install ./bindings/python`` from a FlashDec checkout builds
 libflashdec (with CUDA when nvcc is found) and puts it inside this package.
 The library is looked up in this order: the FLASHDEC_LIBRARY environment
 variable (full path; no fallback when set), the copy in this package folder,
-then the system loader (``libflashdec.so.0``). :func:`library_path` says which
-one was loaded.
+then the system loader by the SONAME (``libflashdec.so.0.2``: before 1.0 the
+SONAME carries major and minor version, since a 0.x minor may change the ABI).
+:func:`library_path` says which one was loaded; :func:`is_compatible` applies
+the header's version rule to it.
 
 Enums mirror the header's C enums as ``int`` subclasses (members compare equal
 to the C values): :class:`DType` (F32, F16, BF16), :class:`Layout`
@@ -72,10 +74,13 @@ def version_number() -> int:
 
 
 def is_compatible(runtime: int | None = None) -> bool:
-    """The header's documented check: same major version and a runtime at
-    least as new as the header this binding mirrors."""
+    """The header's documented check: a runtime at least as new as the header
+    this binding mirrors, with the same major version and, while the major is
+    0 (a 0.x minor may change the ABI), the same minor version too."""
     rt = version_number() if runtime is None else int(runtime)
-    return rt // 10000 == _lib.HEADER_VERSION_MAJOR and rt >= _lib.HEADER_VERSION_NUMBER
+    header = _lib.HEADER_VERSION_NUMBER
+    same = rt // 100 == header // 100 if _lib.HEADER_VERSION_MAJOR == 0 else rt // 10000 == header // 10000
+    return same and rt >= header
 
 
 def library_path() -> str:

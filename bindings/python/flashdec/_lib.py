@@ -15,7 +15,6 @@ lives in the other modules of the package.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from pathlib import Path
 from typing import List, Tuple
@@ -40,6 +39,15 @@ HEADER_VERSION_MAJOR = FD_VERSION_MAJOR
 HEADER_VERSION_MINOR = FD_VERSION_MINOR
 HEADER_VERSION_PATCH = FD_VERSION_PATCH
 HEADER_VERSION_NUMBER = FD_VERSION_NUMBER
+
+# The SONAME of a library with this header's ABI (docs/abi.md, "Versioning at
+# 0.x"): libflashdec.so.MAJOR.MINOR while the major is 0, since a 0.x minor may
+# break the ABI; libflashdec.so.MAJOR from 1.0 on.
+SONAME = (
+    f"libflashdec.so.{FD_VERSION_MAJOR}.{FD_VERSION_MINOR}"
+    if FD_VERSION_MAJOR == 0
+    else f"libflashdec.so.{FD_VERSION_MAJOR}"
+)
 
 # (name, ctype) in header order, for the Python-side dataclasses.
 METRICS_FIELDS: List[Tuple[str, type]] = list(fd_cache_metrics._fields_)
@@ -67,11 +75,11 @@ def _candidates() -> List[str]:
         # An explicit choice must not silently fall back to another copy.
         return [env]
     here = Path(__file__).resolve().parent
-    found = [str(here / n) for n in ("libflashdec.so", "libflashdec.so.0") if (here / n).exists()]
-    system = ctypes.util.find_library("flashdec")
-    if system:
-        found.append(system)
-    found.append("libflashdec.so.0")  # the SONAME, through the dynamic loader path
+    found = [str(here / n) for n in ("libflashdec.so", SONAME) if (here / n).exists()]
+    # The system's copy by its SONAME, through the dynamic loader path. Not
+    # ctypes.util.find_library("flashdec"): it answers whichever libflashdec
+    # ldconfig lists first, possibly one of another 0.x ABI.
+    found.append(SONAME)
     return found
 
 

@@ -20,10 +20,22 @@ def test_version_matches_header():
 
 
 def test_is_compatible_rules():
-    assert not fd.is_compatible(10000 + _lib.HEADER_VERSION_NUMBER)  # other major
-    assert fd.is_compatible(_lib.HEADER_VERSION_NUMBER + 1)  # newer patch
-    if _lib.HEADER_VERSION_NUMBER > 0:
-        assert not fd.is_compatible(_lib.HEADER_VERSION_NUMBER - 1)
+    header = _lib.HEADER_VERSION_NUMBER
+    assert fd.is_compatible(header)
+    assert not fd.is_compatible(10000 + header)  # other major
+    assert fd.is_compatible(header + 1)  # newer patch
+    if header % 100 > 0:
+        assert not fd.is_compatible(header - 1)  # older patch
+    if header % 10000 >= 100:
+        assert not fd.is_compatible(header - 100)  # older minor
+    # A newer minor: before 1.0 it may have changed the ABI (0.2 did), so the
+    # minor must be equal; from 1.0 on minors only append.
+    assert fd.is_compatible(header + 100) == (_lib.HEADER_VERSION_MAJOR != 0)
+
+
+def test_soname_carries_the_minor_before_1_0():
+    major, minor = _lib.HEADER_VERSION_MAJOR, _lib.HEADER_VERSION_MINOR
+    assert _lib.SONAME == (f"libflashdec.so.{major}.{minor}" if major == 0 else f"libflashdec.so.{major}")
 
 
 def test_status_strings_name_every_code():

@@ -80,6 +80,11 @@ def test_exported_symbols_are_declared():
     exported = {m.split("@")[0] for m in re.findall(r"\sT\s+(fd_\S+)", out.stdout)}
     assert exported, "nm found no fd_* exports"
     assert exported - set(_lib.SIGNATURES) == set(), "exported functions unknown to the binding"
+    # Every export carries the version node named after the SONAME
+    # (FLASHDEC_0.2 for libflashdec.so.0.2), where nm shows versions at all.
+    nodes = {m.lstrip("@") for m in re.findall(r"\sT\s+fd_\w+@(@?\S+)", out.stdout)}
+    if nodes:
+        assert nodes == {"FLASHDEC_" + _lib.SONAME[len("libflashdec.so."):]}, nodes
 
 
 def test_header_version_matches_library():

@@ -59,7 +59,14 @@ pub fn version_number() -> u32 {
     unsafe { sys::fd_version_number() }
 }
 
-/// The header's compatibility rule: same major, runtime at least as new.
+/// The header's compatibility rule: runtime at least as new, same major
+/// version and, while the major is 0 (a 0.x minor may change the ABI), the
+/// same minor version too.
 pub fn is_compatible(runtime: u32) -> bool {
-    runtime / 10000 == sys::FD_VERSION_MAJOR && runtime >= sys::FD_VERSION_NUMBER
+    let same = if sys::FD_VERSION_MAJOR == 0 {
+        runtime / 100 == sys::FD_VERSION_NUMBER / 100
+    } else {
+        runtime / 10000 == sys::FD_VERSION_MAJOR
+    };
+    same && runtime >= sys::FD_VERSION_NUMBER
 }

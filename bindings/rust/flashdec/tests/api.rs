@@ -22,6 +22,12 @@ fn version_and_compatibility() {
     assert_eq!(version_number(), sys::FD_VERSION_NUMBER);
     assert!(is_compatible(version_number()));
     assert!(!is_compatible(version_number() + 10000));
+    assert!(is_compatible(version_number() + 1)); // newer patch
+    // A newer minor: before 1.0 it may have changed the ABI, so it must match.
+    assert_eq!(is_compatible(version_number() + 100), sys::FD_VERSION_MAJOR != 0);
+    if sys::FD_VERSION_NUMBER % 10000 >= 100 {
+        assert!(!is_compatible(sys::FD_VERSION_NUMBER - 100)); // older minor
+    }
     assert!(version().starts_with("0."));
     assert!(cuda_device_count().unwrap() >= 0);
     assert_send::<Cache>();
