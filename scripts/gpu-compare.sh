@@ -8,13 +8,16 @@
 # build is BUILD_DIR (default build-gpu: run scripts/gpu-check.sh first, or
 # this script builds flashdec, decode_bench and host_step_bench there).
 #
-# What runs (at most 6 files to $OUT: compare.log, host.jsonl and the two
-# grids' decode_bench.json / .md; build and run logs stay in /tmp):
+# What runs (4 files to $OUT: compare.log, host.jsonl, grid-new.json and
+# grid-prev.json; build and run logs stay in /tmp), ROUNDS times (default 3),
+# the builds alternating:
 #   host   bench/host_step_bench (engine step host time, fd_decode host time
-#          per call; plan and run host times on 0.2+), alternating
-#          new/prev/new/prev: host.jsonl
-#   grid   bench/decode_bench over the docs/benchmarks.md grid, new then prev
-#          (GRID_ARGS, e.g. "--filter A"): decode-new.*, decode-prev.*
+#          per call, the bare-launch floor; plan and run host times on 0.2+):
+#          host.jsonl, one line per run
+#   grid   bench/decode_bench over the docs/benchmarks.md grid (GRID_ARGS,
+#          e.g. "--filter A"): per case the median over the rounds in
+#          grid-new.json / grid-prev.json (decode_bench.json's format), and
+#          the comparison in compare.log
 # STEPS picks them (default "host grid"; "build" only builds).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -22,6 +25,7 @@ OUT=${OUT:-$PWD/gpu-out}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 PREV_TAR=${PREV_TAR:?set PREV_TAR to a git archive tarball with prefix prev/}
 STEPS=${STEPS:-host grid}
+ROUNDS=${ROUNDS:-3}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT"
 note() { echo "== $*" | tee -a "$OUT/compare.log"; }
@@ -54,7 +58,7 @@ for step in $STEPS; do
   case "$step" in
     host)
       : >"$OUT/host.jsonl"
-      for round in 1 2; do
+      for round in $(seq "$ROUNDS"); do
         for which in new prev; do
           bin="$BUILD_DIR/bench/host_step_bench"
           [ "$which" = prev ] && bin=build-prev/host_step_bench
@@ -71,16 +75,26 @@ for step in $STEPS; do
       cat "$OUT/host.jsonl" | tee -a "$OUT/compare.log"
       ;;
     grid)
+      # ROUNDS rounds, the builds alternating (new, prev, new, ...); per case
+      # the median over rounds (scripts/compare_decode_grids.py).
       read -ra grid_args <<<"${GRID_ARGS:-}"
-      for which in new prev; do
-        bin="$BUILD_DIR/bench/decode_bench"
-        [ "$which" = prev ] && bin=build-prev/bench/decode_bench
-        mkdir -p "$OUT/grid-$which"
-        "$bin" --out "$OUT/grid-$which" "${grid_args[@]}" >"/tmp/grid-$which.log" 2>&1 ||
-          { note "decode_bench ($which) FAILED"; tail -20 "/tmp/grid-$which.log" >>"$OUT/compare.log"; }
-        rm -f "$OUT/grid-$which/decode_bench.svg"  # at most 8 files come back
-        note "grid $which done ($((SECONDS - start)) s)"
+      for round in $(seq "$ROUNDS"); do
+        for which in new prev; do
+          bin="$BUILD_DIR/bench/decode_bench"
+          [ "$which" = prev ] && bin=build-prev/bench/decode_bench
+          dir=/tmp/grid-$which-$round
+          mkdir -p "$dir"
+          "$bin" --out "$dir" "${grid_args[@]}" >"$dir/log" 2>&1 ||
+            { note "decode_bench ($which, round $round) FAILED"; tail -20 "$dir/log" >>"$OUT/compare.log"; }
+          note "grid $which round $round done ($((SECONDS - start)) s)"
+        done
       done
+      for which in new prev; do
+        python3 scripts/compare_decode_grids.py merge "$OUT/grid-$which.json" \
+          /tmp/grid-"$which"-*/decode_bench.json
+      done
+      python3 scripts/compare_decode_grids.py compare "$OUT/grid-new.json" "$OUT/grid-prev.json" |
+        tee -a "$OUT/compare.log"
       ;;
     build) ;;
     *) note "unknown step $step" ;;
