@@ -42,7 +42,7 @@ fi
 if [ "$STEPS" != build ] &&
   { [ ! -x "$BUILD_DIR/bench/host_step_bench" ] || [ ! -x "$BUILD_DIR/bench/decode_bench" ]; }; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHDEC_CUDA=ON \
-    -DFLASHDEC_BUILD_TESTS=OFF >/tmp/build-new.log 2>&1 &&
+    >/tmp/build-new.log 2>&1 &&
     cmake --build "$BUILD_DIR" -j "$JOBS" --target flashdec decode_bench host_step_bench \
       >>/tmp/build-new.log 2>&1 || { note "new build FAILED"; tail -30 /tmp/build-new.log | tee -a "$OUT/compare.log"; exit 1; }
 fi

@@ -473,6 +473,102 @@ void test_graph_capture(void **state) {
   }
 }
 
+void expect_untouched(const Host &h, const Dev &d);
+
+/* Runs `plan` with `p` and returns the output (poisoned first). */
+std::vector<uint16_t> run_plan(const Host &h, Dev &d, const fd_decode_plan *plan,
+                               const fd_decode_params &p) {
+  const size_t qb = h.q.size() * esize();
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+  FD_ASSERT_OK(fd_decode_run(plan, &p));
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  std::vector<uint16_t> out(h.q.size());
+  CUDA_OK(fd_gpu_download(d.stream, out.data(), d.out, qb));
+  return out;
+}
+
+/* Plan / run on CUDA (S2.1): a plan made from the same params gives
+ * fd_decode's bits; one made from the exact host lengths (a different split
+ * layout) is within tolerance of the CPU; a plan made for shorter rows than
+ * the device holds still attends every token (the last split takes the
+ * rest); a captured run replays to the eager bits; a run whose shape differs
+ * from its plan is refused and writes nothing. */
+void test_plan_run(void **state) {
+  (void)state;
+  Case c;
+  c.lens = {3000, 5, 0, 1500, 777};
+  c.group = 4;
+  c.hkv = 2;
+  c.mbps = 512; /* hint (capacity 8192) far above the longest row */
+  const Host h = make_host(c);
+  const std::vector<uint16_t> ref = cpu_reference(h);
+  Dev d;
+  upload(h, d);
+  fd_decode_params p = device_params(h, d, 0);
+  attach_workspace(p, d);
+  const std::vector<uint16_t> eager = run_gpu(h, d, p);
+  const size_t qb = h.q.size() * esize();
+
+  fd_decode_plan *same = nullptr;
+  FD_ASSERT_OK(fd_decode_plan_create(&p, nullptr, &same));
+  assert_memory_equal(eager.data(), run_plan(h, d, same, p).data(), qb);
+
+  /* Exact lengths and a plan that asks for its own workspace. */
+  fd_decode_params planned = p;
+  planned.workspace = nullptr, planned.workspace_size = 0;
+  const std::vector<int32_t> short_lens(h.lens.size(), 64);
+  for (const std::vector<int32_t> *lens : {&h.lens, &short_lens}) {
+    fd_decode_plan *plan = nullptr;
+    FD_ASSERT_OK(fd_decode_plan_create(&planned, lens->data(), &plan));
+    size_t need = 0;
+    FD_ASSERT_OK(fd_decode_plan_workspace_size(plan, &need));
+    fd_decode_params run = p;
+    if (need > d.ws_size) {
+      cudaFree(d.ws);
+      CUDA_OK(cudaMalloc(&d.ws, need));
+      d.ws_size = need;
+      CUDA_OK(fd_gpu_fill(d.stream, d.ws, 0xff, need));
+    }
+    run.workspace = need ? d.ws : nullptr;
+    run.workspace_size = need;
+    const std::vector<uint16_t> got = run_plan(h, d, plan, run);
+    assert_true(compare(h, got, ref) <= tolerance(c.dtype));
+    if (lens == &h.lens) {
+      /* Captured: the run is launches only. */
+      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+      const fd_status st = fd_decode_run(plan, &run);
+      CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+      FD_ASSERT_OK(st);
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int i = 0; i < 2; ++i) CUDA_OK(cudaGraphLaunch(exec, d.stream));
+      std::vector<uint16_t> replay(h.q.size());
+      CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
+      assert_memory_equal(got.data(), replay.data(), qb);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    /* Too little workspace for the plan: refused, nothing written. */
+    if (need > 0) {
+      run.workspace_size = need - 1;
+      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+      FD_ASSERT_FAILS(fd_decode_run(plan, &run), FD_ERR_INVALID_ARGUMENT, "workspace_size");
+      expect_untouched(h, d);
+    }
+    fd_decode_plan_destroy(plan);
+  }
+
+  fd_decode_params other = p;
+  other.batch = p.batch - 1;
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+  FD_ASSERT_FAILS(fd_decode_run(same, &other), FD_ERR_INVALID_ARGUMENT,
+                  "params batch 4 differs from the plan's 5");
+  expect_untouched(h, d);
+  fd_decode_plan_destroy(same);
+}
+
 /* Every refusal leaves the output untouched (still poisoned). */
 void expect_untouched(const Host &h, const Dev &d) {
   const size_t qb = h.q.size() * esize();
@@ -554,7 +650,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_errors),        cmocka_unit_test(test_graph_capture),
       cmocka_unit_test(test_unaligned_out), cmocka_unit_test(test_sweep),
-      cmocka_unit_test(test_long_rows),
+      cmocka_unit_test(test_long_rows),     cmocka_unit_test(test_plan_run),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
