@@ -951,17 +951,17 @@ typedef struct fd_decode_params {
                                  max_blocks_per_seq*block_size). */
   int32_t max_q_len_hint;   /**< Host-known upper bound of query tokens per row (0: 1); 0.2
                                  serves 0 and 1, larger values are ::FD_ERR_UNSUPPORTED. */
-  int32_t num_splits; /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
-  uint32_t cpu_threads; /**< CPU backend threads, the caller's included; 0 = the
-                             FLASHDEC_THREADS environment variable if set to a positive
-                             integer (read once, at the first call), else all hardware
-                             threads. Capped at 256. Threads come from a pool the library
-                             owns (see ::fd_decode); the output bits do not depend on it. */
-  void *workspace;       /**< Scratch for split-KV partials (device memory for CUDA); may be
-                              NULL. */
-  size_t workspace_size; /**< Bytes at workspace. */
-  fd_device device;      /**< Where every pointer above lives and where the work runs. */
-  fd_stream stream;      /**< CUDA stream the work is enqueued on (ignored on CPU). */
+  int32_t num_splits;       /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
+  uint32_t cpu_threads;     /**< CPU backend threads, the caller's included; 0 = the
+                                 FLASHDEC_THREADS environment variable if set to a positive
+                                 integer (read once, at the first call), else all hardware
+                                 threads. Capped at 256. Threads come from a pool the library
+                                 owns (see ::fd_decode); the output bits do not depend on it. */
+  void *workspace;          /**< Scratch for split-KV partials (device memory for CUDA); may be
+                                 NULL. */
+  size_t workspace_size;    /**< Bytes at workspace. */
+  fd_device device;         /**< Where every pointer above lives and where the work runs. */
+  fd_stream stream;         /**< CUDA stream the work is enqueued on (ignored on CPU). */
 } fd_decode_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16 q, K/V
@@ -1031,11 +1031,11 @@ typedef struct fd_decode_plan fd_decode_plan;
  * Checks @p params as ::fd_decode does, except that its buffer pointers are
  * not dereferenced and may be NULL (given ones must be aligned), and decides
  * the work list: which (row, KV head, token range) items the attention
- * kernel runs and where each leaves its partial result for the merge. With @p host_seq_lens (the step's exact K/V lengths, in
- * host memory) the split-KV layout is chosen from them; without it, from
- * max_seq_len_hint as ::fd_decode does. Automatic splitting (num_splits 0)
- * is limited to the workspace @p params names when its workspace pointer is
- * not NULL; with a NULL workspace the plan splits as it sees fit and
+ * kernel runs and where each leaves its partial result for the merge. With @p host_seq_lens (the
+ * step's exact K/V lengths, in host memory) the split-KV layout is chosen from them; without it,
+ * from max_seq_len_hint as ::fd_decode does. Automatic splitting (num_splits 0) is limited to the
+ * workspace @p params names when its workspace pointer is not NULL; with a NULL workspace the plan
+ * splits as it sees fit and
  * ::fd_decode_plan_workspace_size says what every run must provide.
  * A run whose device seq_lens differ from the planned ones is still correct
  * (a row longer than planned costs speed, never tokens); a row longer than
@@ -1052,8 +1052,8 @@ typedef struct fd_decode_plan fd_decode_plan;
  *   ::FD_ERR_INVALID_ARGUMENT for a host length out of range (the message
  *   names the row); ::FD_ERR_OUT_OF_MEMORY. Thread-safe.
  */
-FD_API fd_status fd_decode_plan_create(const fd_decode_params *params,
-                                       const int32_t *host_seq_lens, fd_decode_plan **out);
+FD_API fd_status fd_decode_plan_create(const fd_decode_params *params, const int32_t *host_seq_lens,
+                                       fd_decode_plan **out);
 
 /** @brief Releases @p plan (appended in 0.2). Work already enqueued with it is
  *  not affected (a plan holds no device memory).
