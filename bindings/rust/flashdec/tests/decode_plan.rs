@@ -37,6 +37,22 @@ fn paged<'a, T: Element>(k: &'a [T], v: &'a [T]) -> PagedKv<'a, T> {
 
 fn assert_send_sync<T: Send + Sync>() {}
 
+/// The raw parameters of this file's problem (f32, no buffers yet).
+fn raw_params() -> sys::fd_decode_params {
+    let mut p = default_decode_params();
+    p.batch = LENS.len() as u32;
+    p.num_q_heads = HQ;
+    p.num_kv_heads = HKV;
+    p.head_dim = D;
+    p.q_dtype = sys::FD_DTYPE_F32;
+    p.kv_dtype = sys::FD_DTYPE_F32;
+    p.out_dtype = sys::FD_DTYPE_F32;
+    p.block_size = BS;
+    p.num_blocks = NB as u32;
+    p.max_blocks_per_seq = 3;
+    p
+}
+
 #[test]
 fn plan_run_equals_decode_bit_for_bit() {
     assert_send_sync::<DecodePlan>();
@@ -91,17 +107,7 @@ fn run_that_differs_from_its_plan_is_refused() {
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("batch"), "{}", e.message);
     // Raw parameters: another head_dim than planned.
-    let mut p = default_decode_params();
-    p.batch = LENS.len() as u32;
-    p.num_q_heads = HQ;
-    p.num_kv_heads = HKV;
-    p.head_dim = D;
-    p.q_dtype = sys::FD_DTYPE_F32;
-    p.kv_dtype = sys::FD_DTYPE_F32;
-    p.out_dtype = sys::FD_DTYPE_F32;
-    p.block_size = BS;
-    p.num_blocks = NB as u32;
-    p.max_blocks_per_seq = 3;
+    let mut p = raw_params();
     let raw_plan = unsafe { DecodePlan::from_params(&p, Some(&LENS)) }.unwrap();
     p.q = q.as_ptr().cast();
     p.k_cache = k.as_ptr().cast();
@@ -124,17 +130,7 @@ fn q_indptr_is_unsupported() {
     let (q, k, v) = layer(6);
     let mut out = vec![7f32; q.len()];
     let indptr = [0i32, 1, 2, 3];
-    let mut p = default_decode_params();
-    p.batch = LENS.len() as u32;
-    p.num_q_heads = HQ;
-    p.num_kv_heads = HKV;
-    p.head_dim = D;
-    p.q_dtype = sys::FD_DTYPE_F32;
-    p.kv_dtype = sys::FD_DTYPE_F32;
-    p.out_dtype = sys::FD_DTYPE_F32;
-    p.block_size = BS;
-    p.num_blocks = NB as u32;
-    p.max_blocks_per_seq = 3;
+    let mut p = raw_params();
     p.q = q.as_ptr().cast();
     p.k_cache = k.as_ptr().cast();
     p.v_cache = v.as_ptr().cast();
