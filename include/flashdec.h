@@ -938,10 +938,14 @@ typedef struct fd_decode_params {
   const int32_t *seq_lens;     /**< [batch] K/V tokens per row (the new token included); each
                                   in [0, max_blocks_per_seq*block_size] (exact in 64 bits). */
   /* Queries and output. */
-  const void *q;           /**< [query tokens, num_q_heads, head_dim]: one token per row. */
-  const int32_t *q_indptr; /**< Per-row query lengths as offsets into q, [batch + 1], or NULL
-                                (the default): one query token per row. 0.2 serves only NULL;
-                                any other value is ::FD_ERR_UNSUPPORTED. */
+  const void *q;           /**< [query tokens, num_q_heads, head_dim]: batch tokens, or
+                                q_indptr[batch] with q_indptr. */
+  const int32_t *q_indptr; /**< NULL (the default): one query token per row. Else [batch + 1]
+                                offsets into q and out: row r's query tokens are
+                                q_indptr[r] .. q_indptr[r+1]-1 (q_indptr[0] = 0, each row
+                                1..seq_lens[r] tokens), its last seq_len positions' tokens,
+                                attended causally (S2.2). Served by the CPU backend; the
+                                CUDA backend answers ::FD_ERR_UNSUPPORTED. */
   void *out;               /**< [query tokens, num_q_heads, head_dim]; must not alias inputs. */
   /* Attention variant (docs/semantics.md S2). */
   float sm_scale; /**< Softmax scale; 0 means 1/sqrt(head_dim). */
@@ -949,8 +953,9 @@ typedef struct fd_decode_params {
   uint32_t flags;           /**< FD_DECODE_* flags. */
   int32_t max_seq_len_hint; /**< Host-known upper bound of seq_lens (0:
                                  max_blocks_per_seq*block_size). */
-  int32_t max_q_len_hint;   /**< Host-known upper bound of query tokens per row (0: 1); 0.2
-                                 serves 0 and 1, larger values are ::FD_ERR_UNSUPPORTED. */
+  int32_t max_q_len_hint;   /**< Host-known upper bound of query tokens per row (0: none
+                                 given); a longer row is refused where indices are checked.
+                                 CUDA serves 0 and 1 (::FD_ERR_UNSUPPORTED above). */
   int32_t num_splits;       /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
   uint32_t cpu_threads;     /**< CPU backend threads, the caller's included; 0 = the
                                  FLASHDEC_THREADS environment variable if set to a positive
@@ -983,7 +988,9 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
 /**
  * @brief Paged decode attention (S2): for each row r and query head h,
  * out[r,h] = softmax(sm_scale * q[r,h] . K[r,kvh,0..len)) @ V[r,kvh,0..len),
- * with kvh = h / (num_q_heads / num_kv_heads); empty rows give zeros.
+ * with kvh = h / (num_q_heads / num_kv_heads); empty rows give zeros. With
+ * q_indptr (CPU backend), query token j of a row of q_len n attends
+ * positions 0..len-n+j (causal, S2.2).
  *
  * Equivalent to ::fd_decode_plan_create from @p params (without host lengths),
  * ::fd_decode_run and ::fd_decode_plan_destroy, except that on CUDA it

@@ -57,16 +57,18 @@ size_t chunks_of(int32_t len) {
   return std::max<size_t>(1, (static_cast<size_t>(len) + kChunkTokens - 1) / kChunkTokens);
 }
 
-// Per-thread FP32 scratch.
+// Per-thread FP32 scratch. An item's query rows are its row's query tokens
+// times the GQA group (token-major: row j * group + g is query token j, head
+// g of the group); one query token per request row gives `group` rows.
 struct Scratch {
-  float *q;     // [group, head_dim], pre-multiplied by sm_scale
+  float *q;     // [query rows, head_dim], pre-multiplied by sm_scale
   float *k;     // [tile, head_dim]
   float *v;     // [tile, head_dim]
-  float *p;     // [group, tile8]: scores, then softmax weights
-  float *acc;   // [group, head_dim]: weighted V sums
-  float *m;     // [group]: running maximum score
-  float *l;     // [group]: running sum of weights
-  float *corr;  // [group]: rescale factors
+  float *p;     // [query rows, tile8]: scores, then softmax weights
+  float *acc;   // [query rows, head_dim]: weighted V sums
+  float *m;     // [query rows]: running maximum score
+  float *l;     // [query rows]: running sum of weights
+  float *corr;  // [query rows]: rescale factors
 };
 
 // Everything a call needs besides the problem, in one allocation made before
@@ -84,13 +86,16 @@ class Plan {
         tile8_((tile + 7) / 8 * 8),
         heads_(pb.num_kv_heads) {
     // Counts first (no allocation yet).
+    size_t max_q_len = 1;
     for (uint32_t r = 0; r < pb.batch; ++r) {
       const size_t n = chunks_of(pb.seq_lens[r]);
       items_ += n * heads_;
       if (n > 1) slots_ += n * heads_;
+      max_q_len = std::max(max_q_len, static_cast<size_t>(pb.q_len(r)));
     }
-    slot_floats_ = round_line(2 * group_ + group_ * dim_);
-    const size_t scratch = 2 * group_ * dim_ + 2 * tile_ * dim_ + group_ * tile8_ + 3 * group_;
+    qrows_ = max_q_len * group_;
+    slot_floats_ = round_line(2 * qrows_ + qrows_ * dim_);
+    const size_t scratch = 2 * qrows_ * dim_ + 2 * tile_ * dim_ + qrows_ * tile8_ + 3 * qrows_;
     per_thread_ = round_line(scratch + 7 * kLine);
     const size_t rows = pb.batch;
     const size_t index_bytes = round_bytes((2 * rows + 1) * sizeof(size_t));
@@ -126,13 +131,13 @@ class Plan {
     float *at = threads_ + thread * per_thread_;
     Scratch s{};
     s.q = at;
-    s.k = s.q + group_ * dim_ + kLine;
+    s.k = s.q + qrows_ * dim_ + kLine;
     s.v = s.k + tile_ * dim_ + kLine;
     s.p = s.v + tile_ * dim_ + kLine;
-    s.acc = s.p + group_ * tile8_ + kLine;
-    s.m = s.acc + group_ * dim_ + kLine;
-    s.l = s.m + group_ + kLine;
-    s.corr = s.l + group_ + kLine;
+    s.acc = s.p + qrows_ * tile8_ + kLine;
+    s.m = s.acc + qrows_ * dim_ + kLine;
+    s.l = s.m + qrows_ + kLine;
+    s.corr = s.l + qrows_ + kLine;
     return s;
   }
 
@@ -148,11 +153,17 @@ class Plan {
   FD_HOT_INLINE void attend(uint32_t row, uint32_t kv_head, size_t t_begin, size_t t_end,
                             Scratch &s) const;
   template <class Ty>
-  FD_HOT_INLINE void merge(const float *first, size_t n, Scratch &s,
-                           typename Elem<Ty::kOut>::T *out) const;
+  FD_HOT_INLINE void merge(const float *first, size_t n, size_t rows, Scratch &s,
+                           typename Elem<Ty::kOut>::T *out, size_t q_stride) const;
+  // Writes the normalised rows of s.acc (query token j, head g at out +
+  // j * q_stride + g * dim).
+  template <class Ty>
+  FD_HOT_INLINE void store(const Scratch &s, size_t rows, typename Elem<Ty::kOut>::T *out,
+                           size_t q_stride) const;
 
   const DecodeProblem &pb_;
   size_t group_, dim_, tile_, tile8_, heads_;
+  size_t qrows_ = 0;  // query rows of the longest row: max q_len x group
   size_t items_ = 0, slots_ = 0, slot_floats_ = 0, per_thread_ = 0;
   struct Free {
     void operator()(void *p) const { ::operator delete(p); }
@@ -166,114 +177,150 @@ class Plan {
 };
 
 // Leaves the online-softmax state of tokens [t_begin, t_end) of (row,
-// kv_head) in s.m, s.l and s.acc.
+// kv_head) in s.m, s.l and s.acc, for every query row of the item. With
+// several query tokens (q_indptr) the mask is causal: query token j of a row
+// of length len and q_len tokens sees positions <= len - q_len + j.
 template <class Ty>
 FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, size_t t_end,
                                 Scratch &s) const {
   using T = typename Elem<Ty::kQ>::T;
   const size_t dim = dim_, group = group_;
-  const size_t first = (static_cast<size_t>(row) * pb_.num_q_heads + kv_head * group) * dim;
-  const T *q = static_cast<const T *>(pb_.q) + first;
-  {
+  const size_t q_len = static_cast<size_t>(pb_.q_len(row));
+  const size_t rows = q_len * group;
+  const size_t q_stride = static_cast<size_t>(pb_.num_q_heads) * dim;
+  const T *q = static_cast<const T *>(pb_.q) +
+               static_cast<size_t>(pb_.q_first(row)) * q_stride + kv_head * group * dim;
+  for (size_t j = 0; j < q_len; ++j) {
+    const T *src = q + j * q_stride;
+    float *dst = s.q + j * group * dim;
     const size_t nq = group * dim;
     size_t i = 0;
-    for (; i + 8 <= nq; i += 8) Elem<Ty::kQ>::to_f32x8(q + i, s.q + i);
-    for (; i < nq; ++i) s.q[i] = Elem<Ty::kQ>::to_f32(q[i]);
-    const float scale = VariantPolicy::of(pb_.variant).query_scale();
-    for (i = 0; i < nq; ++i) s.q[i] *= scale;
+    for (; i + 8 <= nq; i += 8) Elem<Ty::kQ>::to_f32x8(src + i, dst + i);
+    for (; i < nq; ++i) dst[i] = Elem<Ty::kQ>::to_f32(src[i]);
   }
-  std::fill(s.m, s.m + group, -INFINITY);
-  std::fill(s.l, s.l + group, 0.f);
-  std::fill(s.acc, s.acc + group * dim, 0.f);
+  {
+    const float scale = VariantPolicy::of(pb_.variant).query_scale();
+    for (size_t i = 0; i < rows * dim; ++i) s.q[i] *= scale;
+  }
+  std::fill(s.m, s.m + rows, -INFINITY);
+  std::fill(s.l, s.l + rows, 0.f);
+  std::fill(s.acc, s.acc + rows * dim, 0.f);
 
+  // Last position query token 0 sees (the causal limit of token j is one more per token).
+  const size_t len = static_cast<size_t>(pb_.seq_lens[row]);
+  const size_t first_limit = len - q_len;
   const TileSource<Ty::kKV> k_src(pb_, pb_.k, row, kv_head);
   const TileSource<Ty::kKV> v_src(pb_, pb_.v, row, kv_head);
   for (size_t t0 = t_begin; t0 < t_end; t0 += tile_) {
     const size_t n = std::min(tile_, t_end - t0);
     k_src.gather(t0, n, s.k);
-    cpu::scores(s.q, s.k, n, group, dim, tile8_, s.p);
-    for (size_t g = 0; g < group; ++g)
-      s.corr[g] = cpu::softmax_update(s.p + g * tile8_, n, s.m[g], s.l[g]);
+    cpu::scores(s.q, s.k, n, rows, dim, tile8_, s.p);
+    for (size_t r = 0; r < rows; ++r) {
+      float *w = s.p + r * tile8_;
+      if (q_len > 1) {
+        // Positions t0 .. t0 + visible - 1 of this tile are visible.
+        const size_t limit = first_limit + r / group;
+        const size_t visible = limit < t0 ? 0 : std::min(n, limit - t0 + 1);
+        if (visible == 0) {
+          // Nothing to add: weights 0, state unchanged (no -inf - -inf).
+          std::fill(w, w + tile8_, 0.f);
+          s.corr[r] = 1.f;
+          continue;
+        }
+        for (size_t j = visible; j < n; ++j) w[j] = -INFINITY;
+      }
+      s.corr[r] = cpu::softmax_update(w, n, s.m[r], s.l[r]);
+    }
     v_src.gather(t0, n, s.v);
-    size_t g = 0;
-    for (; g + 4 <= group; g += 4)
-      cpu::accumulate<4>(s.p + g * tile8_, tile8_, s.v, n, dim, s.corr + g, s.acc + g * dim);
-    for (; g < group; ++g)
-      cpu::accumulate<1>(s.p + g * tile8_, tile8_, s.v, n, dim, s.corr + g, s.acc + g * dim);
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+      cpu::accumulate<4>(s.p + r * tile8_, tile8_, s.v, n, dim, s.corr + r, s.acc + r * dim);
+    for (; r < rows; ++r)
+      cpu::accumulate<1>(s.p + r * tile8_, tile8_, s.v, n, dim, s.corr + r, s.acc + r * dim);
+  }
+}
+
+template <class Ty>
+FD_HOT_INLINE void Plan::store(const Scratch &s, size_t rows, typename Elem<Ty::kOut>::T *out,
+                               size_t q_stride) const {
+  const size_t group = group_, dim = dim_;
+  for (size_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / s.l[r];
+    auto *dst = out + (r / group) * q_stride + (r % group) * dim;
+    for (size_t d = 0; d < dim; ++d) dst[d] = Elem<Ty::kOut>::from_f32(s.acc[r * dim + d] * inv);
   }
 }
 
 // Merges the n chunk slots of one (row, kv head), in chunk order, into out:
 // the maximum of the chunks' maxima, then each chunk's weight sum and V sums
-// scaled by e^(its max - that maximum), added in chunk order.
+// scaled by e^(its max - that maximum), added in chunk order. A chunk that a
+// query row sees none of holds max -inf and adds nothing.
 template <class Ty>
-FD_HOT_INLINE void Plan::merge(const float *first, size_t n, Scratch &s,
-                               typename Elem<Ty::kOut>::T *out) const {
-  const size_t group = group_, dim = dim_;
-  for (size_t g = 0; g < group; ++g) {
+FD_HOT_INLINE void Plan::merge(const float *first, size_t n, size_t rows, Scratch &s,
+                               typename Elem<Ty::kOut>::T *out, size_t q_stride) const {
+  const size_t dim = dim_;
+  for (size_t r = 0; r < rows; ++r) {
     float mx = -INFINITY;
     for (size_t c = 0; c < n; ++c) {
-      const float m = first[c * slot_floats_ + g];
+      const float m = first[c * slot_floats_ + r];
       mx = m > mx ? m : mx;
     }
-    s.m[g] = mx;
-    s.l[g] = 0.f;
+    s.m[r] = mx;
+    s.l[r] = 0.f;
   }
-  std::fill(s.acc, s.acc + group * dim, 0.f);
+  std::fill(s.acc, s.acc + rows * dim, 0.f);
   for (size_t c = 0; c < n; ++c) {
     const float *slot = first + c * slot_floats_;
-    for (size_t g = 0; g < group; ++g) {
-      const float f = cpu::exp1(slot[g] - s.m[g]);
-      s.l[g] += slot[group + g] * f;
-      const float *a = slot + 2 * group + g * dim;
-      float *acc = s.acc + g * dim;
+    for (size_t r = 0; r < rows; ++r) {
+      if (slot[r] == -INFINITY) continue;  // this chunk is past the row's causal limit
+      const float f = cpu::exp1(slot[r] - s.m[r]);
+      s.l[r] += slot[rows + r] * f;
+      const float *a = slot + 2 * rows + r * dim;
+      float *acc = s.acc + r * dim;
       for (size_t d = 0; d < dim; ++d) acc[d] += a[d] * f;
     }
   }
-  for (size_t g = 0; g < group; ++g) {
-    const float inv = 1.0f / s.l[g];
-    for (size_t d = 0; d < dim; ++d)
-      out[g * dim + d] = Elem<Ty::kOut>::from_f32(s.acc[g * dim + d] * inv);
-  }
+  store<Ty>(s, rows, out, q_stride);
 }
 
 template <class Ty>
 FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   using T = typename Elem<Ty::kOut>::T;
-  const size_t rows = pb_.batch;
+  const size_t batch = pb_.batch;
   const size_t row =
-      static_cast<size_t>(std::upper_bound(row_item_, row_item_ + rows + 1, item) - row_item_ - 1);
+      static_cast<size_t>(std::upper_bound(row_item_, row_item_ + batch + 1, item) - row_item_ - 1);
   const size_t len = static_cast<size_t>(pb_.seq_lens[row]);
   const size_t n = chunks_of(pb_.seq_lens[row]);
   const size_t local = item - row_item_[row];
   const auto kv_head = static_cast<uint32_t>(local / n);
   const size_t chunk = local % n;
   const size_t group = group_, dim = dim_;
+  const size_t rows = static_cast<size_t>(pb_.q_len(static_cast<uint32_t>(row))) * group;
+  const size_t q_stride = static_cast<size_t>(pb_.num_q_heads) * dim;
   // The group's query heads are consecutive: kv_head * group .. + group - 1.
-  T *out = static_cast<T *>(pb_.out) + (row * pb_.num_q_heads + kv_head * group) * dim;
-  if (len == 0) {
+  T *out = static_cast<T *>(pb_.out) +
+           static_cast<size_t>(pb_.q_first(static_cast<uint32_t>(row))) * q_stride +
+           kv_head * group * dim;
+  if (len == 0) {  // one query token (q_len <= seq_len otherwise)
     for (size_t i = 0; i < group * dim; ++i) out[i] = Elem<Ty::kOut>::from_f32(0.f);
     return;
   }
   const size_t t0 = chunk * kChunkTokens;
   attend<Ty>(static_cast<uint32_t>(row), kv_head, t0, std::min(len, t0 + kChunkTokens), s);
   if (n == 1) {
-    for (size_t g = 0; g < group; ++g) {
-      const float inv = 1.0f / s.l[g];
-      for (size_t d = 0; d < dim; ++d)
-        out[g * dim + d] = Elem<Ty::kOut>::from_f32(s.acc[g * dim + d] * inv);
-    }
+    store<Ty>(s, rows, out, q_stride);
     return;
   }
   float *first = slot_base_ + (row_slot_[row] + kv_head * n) * slot_floats_;
   float *slot = first + chunk * slot_floats_;
-  std::memcpy(slot, s.m, group * sizeof(float));
-  std::memcpy(slot + group, s.l, group * sizeof(float));
-  std::memcpy(slot + 2 * group, s.acc, group * dim * sizeof(float));
+  std::memcpy(slot, s.m, rows * sizeof(float));
+  std::memcpy(slot + rows, s.l, rows * sizeof(float));
+  std::memcpy(slot + 2 * rows, s.acc, rows * dim * sizeof(float));
   // The release half publishes this slot; the acquire half, in the thread
   // that finishes last, makes every other chunk's slot visible to it.
   std::atomic<uint32_t> &done = done_[row * heads_ + kv_head];
-  if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) merge<Ty>(first, n, s, out);
+  if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n)
+    merge<Ty>(first, n, rows, s, out, q_stride);
 }
 
 // One work item: the code above compiled for the baseline ISA and, on
@@ -306,7 +353,8 @@ ItemFn select_item() {
 size_t choose_threads(const DecodeProblem &pb, size_t items) {
   const size_t requested = resolve_cpu_threads(pb.cpu_threads);
   uint64_t tokens = 0;
-  for (uint32_t r = 0; r < pb.batch; ++r) tokens += static_cast<uint64_t>(pb.seq_lens[r]);
+  for (uint32_t r = 0; r < pb.batch; ++r)
+    tokens += static_cast<uint64_t>(pb.seq_lens[r]) * static_cast<uint64_t>(pb.q_len(r));
   // Multiply-adds per K/V element: group for the scores, group for V, plus conversion.
   const uint64_t work = tokens * pb.num_kv_heads * pb.head_dim * (2ull * pb.group_size + 2);
   constexpr uint64_t kWorkPerThread = 1ull << 18;

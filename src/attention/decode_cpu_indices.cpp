@@ -19,6 +19,24 @@ void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
     if (len > pb.max_seq_len)
       fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d (row %u) exceeds max_seq_len_hint = %d", r,
            static_cast<int>(len), r, static_cast<int>(pb.max_seq_len));
+    if (pb.q_indptr != nullptr) {
+      // Causal queries: q_len tokens ending at position len - 1.
+      const int64_t q_len = int64_t{pb.q_indptr[r + 1]} - pb.q_indptr[r];
+      if (q_len < 1)
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "q_indptr[%u] = %d and q_indptr[%u] = %d give row %u %lld query tokens: q_indptr "
+             "must increase (every row at least one token)",
+             r, static_cast<int>(pb.q_indptr[r]), r + 1, static_cast<int>(pb.q_indptr[r + 1]), r,
+             static_cast<long long>(q_len));
+      if (q_len > len)
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "row %u has %lld query tokens but seq_lens[%u] = %d: a row's queries are its last "
+             "q_len tokens, so q_len <= seq_len",
+             r, static_cast<long long>(q_len), r, static_cast<int>(len));
+      if (q_len > pb.max_q_len && pb.max_q_len_given)
+        fail(FD_ERR_INVALID_ARGUMENT, "row %u has %lld query tokens, more than max_q_len_hint = %d",
+             r, static_cast<long long>(q_len), static_cast<int>(pb.max_q_len));
+    }
     const uint64_t used = (static_cast<uint64_t>(len) + pb.kv.block_size - 1) / pb.kv.block_size;
     const int32_t *table = block_tables + static_cast<size_t>(r) * pb.max_blocks_per_seq;
     for (uint64_t i = 0; i < used; ++i)

@@ -83,19 +83,44 @@ void check_served_dtypes(const fd_decode_params &p) {
          "kv_dtype f32 is served by the CPU backend only, not by FD_DEVICE_CUDA");
 }
 
-// Query lengths: the field exists for multi-token attention; 0.2 serves one
-// query token per row.
+// Query lengths: several query tokens per row (q_indptr) are served by the
+// CPU backend; the CUDA kernels serve one token per row so far.
 void check_served_queries(const fd_decode_params &p) {
   if (p.max_q_len_hint < 0)
-    fail(FD_ERR_INVALID_ARGUMENT, "max_q_len_hint must be >= 0 (0: 1), got %d",
+    fail(FD_ERR_INVALID_ARGUMENT, "max_q_len_hint must be >= 0 (0: no bound given), got %d",
          static_cast<int>(p.max_q_len_hint));
+  if (p.device.type != FD_DEVICE_CUDA) return;
   if (p.max_q_len_hint > 1)
     fail(FD_ERR_UNSUPPORTED,
-         "max_q_len_hint %d is not served: 0.2 serves one query token per row (0 or 1)",
+         "max_q_len_hint %d is not served on CUDA: the CUDA backend serves one query token per "
+         "row (multi-token queries run on the CPU backend)",
          static_cast<int>(p.max_q_len_hint));
   if (p.q_indptr != nullptr)
     fail(FD_ERR_UNSUPPORTED,
-         "q_indptr is not served: 0.2 serves one query token per row (pass NULL)");
+         "q_indptr is not served on CUDA: the CUDA backend serves one query token per row (pass "
+         "NULL; multi-token queries run on the CPU backend)");
+}
+
+// Query tokens in all: q_indptr[batch] (host memory: the CPU backend), read
+// only where a run needs the extent of q and out; the entries themselves are
+// checked with the other indices (check_decode_indices) before anything runs.
+int64_t query_tokens(const fd_decode_params &p, bool run) {
+  if (p.q_indptr == nullptr) return p.batch;
+  if (!run) {
+    // A plan reads no buffer: bound the extent by the hint when there is one.
+    const int64_t per_row = p.max_q_len_hint > 0 ? p.max_q_len_hint : 1;
+    return static_cast<int64_t>(p.batch) * per_row;
+  }
+  if (p.q_indptr[0] != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d",
+         static_cast<int>(p.q_indptr[0]));
+  const int32_t total = p.q_indptr[p.batch];
+  if (total < static_cast<int64_t>(p.batch))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "q_indptr[batch] = %d is smaller than batch (%u): every row needs at least one query "
+         "token",
+         static_cast<int>(total), p.batch);
+  return total;
 }
 
 }  // namespace
@@ -165,8 +190,9 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
 
   pb.kv = resolve_paged_kv(paged_kv_request(p, p.kv_dtype, p.num_blocks), "");
 
-  const char *qo = "q/out (batch x num_q_heads x head_dim elements)";
-  const int64_t q_elems = checked_mul(checked_mul(p.batch, p.num_q_heads, qo), p.head_dim, qo);
+  const char *qo = "q/out (query tokens x num_q_heads x head_dim elements)";
+  const int64_t q_tokens = query_tokens(p, run);
+  const int64_t q_elems = checked_mul(checked_mul(q_tokens, p.num_q_heads, qo), p.head_dim, qo);
   const int64_t q_bytes = checked_mul(q_elems, static_cast<int64_t>(q_elem), qo);
   const int64_t out_bytes = checked_mul(q_elems, static_cast<int64_t>(out_elem), qo);
   const char *tables = "block_tables (batch x max_blocks_per_seq entries)";
@@ -190,11 +216,13 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
     const char *name;
     const void *ptr;
     int64_t bytes;
-  } inputs[5] = {{"q", p.q, q_bytes},
+  } inputs[6] = {{"q", p.q, q_bytes},
                  {"k_cache", p.k_cache, pb.kv.span_bytes},
                  {"v_cache", p.v_cache, pb.kv.span_bytes},
                  {"block_tables", p.block_tables, table_bytes},
-                 {"seq_lens", p.seq_lens, 4 * static_cast<int64_t>(p.batch)}};
+                 {"seq_lens", p.seq_lens, 4 * static_cast<int64_t>(p.batch)},
+                 {"q_indptr", p.q_indptr,
+                  p.q_indptr != nullptr ? 4 * (static_cast<int64_t>(p.batch) + 1) : 0}};
   for (const auto &in : inputs)
     if (run && overlaps(p.out, out_bytes, in.ptr, in.bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "out must not overlap %s", in.name);
@@ -213,6 +241,10 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   pb.seq_lens = p.seq_lens;
   pb.q = p.q;
   pb.out = p.out;
+  pb.q_indptr = p.q_indptr;
+  pb.q_tokens = q_tokens;
+  pb.max_q_len = p.max_q_len_hint > 0 ? p.max_q_len_hint : 1;
+  pb.max_q_len_given = p.max_q_len_hint > 0;
   pb.variant.sm_scale =
       p.sm_scale > 0.f ? p.sm_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   // seq_lens are int32, so a capacity beyond INT32_MAX never binds.

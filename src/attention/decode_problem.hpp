@@ -31,9 +31,22 @@ struct DecodeProblem {
   uint32_t max_blocks_per_seq = 0;
   const int32_t *block_tables = nullptr;
   const int32_t *seq_lens = nullptr;
-  // Queries and output: one query token per row.
+  // Queries and output: row r's query tokens are q_first(r) ..
+  // q_first(r) + q_len(r) - 1 of q and out, the last one at K/V position
+  // seq_lens[r] - 1 (causal: query j of the row sees positions
+  // <= seq_lens[r] - q_len(r) + j). Without q_indptr every row has one.
   const void *q = nullptr;
   void *out = nullptr;
+  const int32_t *q_indptr = nullptr;  // [batch + 1] offsets, or null
+  int32_t max_q_len = 1;              // max_q_len_hint resolved (1 when not given)
+  bool max_q_len_given = false;       // max_q_len_hint > 0: rows longer are refused
+  int64_t q_tokens = 0;               // query tokens in all (q and out hold as many)
+  int32_t q_first(uint32_t row) const {
+    return q_indptr != nullptr ? q_indptr[row] : static_cast<int32_t>(row);
+  }
+  int32_t q_len(uint32_t row) const {
+    return q_indptr != nullptr ? q_indptr[row + 1] - q_indptr[row] : 1;
+  }
   // Variant.
   Variant variant;
   // Execution.
