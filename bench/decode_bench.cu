@@ -9,7 +9,8 @@
 // device copy, bytes read + written) is measured in the same run. Writes
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
-// Usage: decode_bench [--out DIR] [--quick] [--explore] [--splits N] [--filter A,B,...]
+// Usage: decode_bench [--out DIR] [--quick] [--explore] [--verify] [--splits N]
+//                     [--filter A,B,...]
 // (or `flashdec bench ...`: the CLI links this file's fd_decode_bench_main).
 // --filter keeps the cases whose name contains one of the comma-separated
 // substrings, '_' standing for a space (for short iteration runs; the
@@ -69,15 +70,18 @@ struct RefArgs {
   float *out;     // [batch * hq, D]
   int64_t sb, sh, st, sd;
   int hq, hkv, dim, bs, mbps, max_len;
+  int q_len;  // query tokens per row (causal: token j sees len - q_len + j + 1 positions)
   float scale;
   bool bf16;
 };
 
-// One CTA per (row, q head): scores, max, exp and sum, then P V, all FP32.
+// One CTA per (row, query token, q head): scores, max, exp and sum, then
+// P V, all FP32.
 __global__ void reference_kernel(RefArgs a) {
   __shared__ float red[256];
-  const int rh = blockIdx.x, row = rh / a.hq, h = rh % a.hq, kvh = h / (a.hq / a.hkv);
-  const int len = a.lens[row];
+  const int rh = blockIdx.x, row = rh / (a.hq * a.q_len), h = rh % a.hq, kvh = h / (a.hq / a.hkv),
+            token = (rh / a.hq) % a.q_len;
+  const int len = a.lens[row] - a.q_len + 1 + token;
   const uint16_t *q = a.q + static_cast<int64_t>(rh) * a.dim;
   float *sc = a.scores + static_cast<int64_t>(rh) * a.max_len;
   auto at = [&](int t, int d) {
@@ -150,6 +154,7 @@ struct Spec {
   int bs;
   int32_t layout;
   int32_t num_splits = 0;  // 0: automatic
+  int q_len = 1;           // query tokens per row (speculative verify: --verify)
 };
 
 struct Result {
@@ -201,14 +206,15 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   res.sets = sets;
   const int64_t total_blocks = blocks_per_set * sets;
   res.kv_bytes = static_cast<double>(tokens) * H * D * 2 * elem;
-  const double qo_bytes = 2.0 * B * HQ * D * elem;
+  const int QL = spec.q_len;
+  const double qo_bytes = 2.0 * B * QL * HQ * D * elem;
   res.eff_bytes = res.kv_bytes + qo_bytes;
 
   // Buffers: one K/V pool, per-set q/out/tables, shared lens and workspace.
   uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
   int32_t *tables = nullptr, *lens = nullptr;
   const size_t pool = static_cast<size_t>(total_blocks * block_elems);
-  const size_t qn = static_cast<size_t>(B) * HQ * D;
+  const size_t qn = static_cast<size_t>(B) * QL * HQ * D;
   CHECK_CUDA(cudaMalloc(&k, pool * 2));
   CHECK_CUDA(cudaMalloc(&v, pool * 2));
   CHECK_CUDA(cudaMalloc(&q, qn * 2 * sets));
@@ -255,6 +261,16 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   base.q = q;
   base.out = out;
   base.block_tables = tables;
+  int32_t *indptr = nullptr;
+  if (QL > 1) {
+    std::vector<int32_t> host_indptr(static_cast<size_t>(B) + 1);
+    for (int r = 0; r <= B; ++r) host_indptr[static_cast<size_t>(r)] = r * QL;
+    CHECK_CUDA(cudaMalloc(&indptr, host_indptr.size() * 4));
+    CHECK_CUDA(
+        cudaMemcpy(indptr, host_indptr.data(), host_indptr.size() * 4, cudaMemcpyHostToDevice));
+    base.q_indptr = indptr;
+    base.max_q_len_hint = QL;
+  }
   size_t ws_bytes = 0;
   CHECK_FD(fd_decode_workspace_size(&base, &ws_bytes));
   void *ws = nullptr;
@@ -262,7 +278,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   base.workspace = ws;
   base.workspace_size = ws_bytes;
   res.splits =
-      ws_bytes ? static_cast<int>(ws_bytes / (static_cast<size_t>(B) * HQ * (D + 2) * 4)) : 1;
+      ws_bytes ? static_cast<int>(ws_bytes / (static_cast<size_t>(B) * QL * HQ * (D + 2) * 4)) : 1;
   auto params_for_set = [&](int s) {
     fd_decode_params p = base;
     p.q = q + qn * s;
@@ -275,7 +291,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   {
     float *ref = nullptr, *scores = nullptr;
     CHECK_CUDA(cudaMalloc(&ref, qn * 4));
-    CHECK_CUDA(cudaMalloc(&scores, static_cast<size_t>(B) * HQ * max_len * 4));
+    CHECK_CUDA(cudaMalloc(&scores, static_cast<size_t>(B) * QL * HQ * max_len * 4));
     RefArgs a;
     a.q = q, a.k = k, a.v = v, a.tables = tables, a.lens = lens, a.scores = scores, a.out = ref;
     if (spec.layout == FD_LAYOUT_TOKEN_MAJOR)
@@ -283,9 +299,10 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     else
       a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = 1, a.sd = bs;
     a.hq = HQ, a.hkv = H, a.dim = D, a.bs = bs, a.mbps = mbps, a.max_len = max_len;
+    a.q_len = QL;
     a.scale = 1.0f / std::sqrt(static_cast<float>(D));
     a.bf16 = bf16;
-    reference_kernel<<<B * HQ, 256, 0, stream>>>(a);
+    reference_kernel<<<B * QL * HQ, 256, 0, stream>>>(a);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaMemsetAsync(out, 0xff, qn * 2, stream));
     fd_decode_params p = params_for_set(0);
@@ -296,7 +313,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     CHECK_CUDA(cudaMemcpy(r.data(), ref, qn * 4, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(o.data(), out, qn * 2, cudaMemcpyDeviceToHost));
     double worst = 0;
-    for (int rh = 0; rh < B * HQ; ++rh) {
+    for (int rh = 0; rh < B * QL * HQ; ++rh) {
       double num = 0, den = 0;
       for (int d = 0; d < D; ++d) {
         const uint16_t bits = o[static_cast<size_t>(rh) * D + d];
@@ -373,15 +390,17 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   CHECK_CUDA(cudaFree(tables));
   CHECK_CUDA(cudaFree(lens));
   if (ws) CHECK_CUDA(cudaFree(ws));
+  if (indptr) CHECK_CUDA(cudaFree(indptr));
   return res;
 }
 
 std::string case_name(const Result &r) {
   const Spec &s = r.spec;
   char buf[128];
-  snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s", s.shape.name, s.bc.batch,
+  snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s%s", s.shape.name, s.bc.batch,
            ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.bs, layout_str(s.layout).c_str(),
-           s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "");
+           s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
+           s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "");
   return buf;
 }
 
@@ -397,14 +416,15 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
         std::accumulate(r.lens.begin(), r.lens.end(), 0.0) / static_cast<double>(r.lens.size());
     fprintf(f,
             "    {\"shape\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
-            "\"batch\": %d, \"context\": \"%s\", \"seq_lens\": {\"min\": %d, \"max\": %d, "
+            "\"batch\": %d, \"q_len\": %d, \"context\": \"%s\", \"seq_lens\": {\"min\": %d, "
+            "\"max\": %d, "
             "\"mean\": %.1f, \"sum\": %.0f}, \"dtype\": \"%s\", \"block_size\": %d, "
             "\"layout\": \"%s\", \"splits\": %d, \"buffer_sets\": %d, \"launches_per_graph\": %d, "
             "\"kv_MB\": %.2f, \"median_us\": %.3f, \"p10_us\": %.3f, \"p90_us\": %.3f, "
             "\"repeat_median_us\": %.3f, \"stream_median_us\": %.3f, \"effective_GBps\": %.1f, "
             "\"fraction_of_copy\": %.4f, \"rel_error\": %.3e, \"correct\": %s}%s\n",
             r.spec.shape.name, r.spec.shape.hq, r.spec.shape.hkv, r.spec.shape.dim, r.spec.bc.batch,
-            ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
+            r.spec.q_len, ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
             std::accumulate(r.lens.begin(), r.lens.end(), 0.0), dtype_str(r.spec.dtype).c_str(),
             r.spec.bs, layout_str(r.spec.layout).c_str(), r.splits, r.sets, r.launches_per_graph,
             r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us, r.repeat_median_us,
@@ -505,15 +525,17 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
 }
 
 void usage(FILE *to, const char *program) {
-  fprintf(to, "usage: %s [--out DIR] [--quick] [--explore] [--splits N] [--filter A,B,...]\n",
-          program);
+  fprintf(
+      to,
+      "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--splits N] [--filter A,B,...]\n",
+      program);
 }
 
 }  // namespace
 
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
-  bool quick = false, explore = false;
+  bool quick = false, explore = false, verify = false;
   int32_t fixed_splits = 0;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
@@ -524,6 +546,8 @@ int fd_decode_bench_main(int argc, char **argv) {
           "decode_bench.json, decode_bench.md and decode_bench.svg to DIR (default .).\n"
           "  --quick      bf16, blocks 16 and 32, token-major only\n"
           "  --explore    add fixed split counts (1..128) for a few cases\n"
+          "  --verify     instead of the grid, speculative verification: 2, 4 and 8 query\n"
+          "               tokens per row (q_indptr), 64 x 4096, every shape, bf16, block 16\n"
           "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
@@ -538,6 +562,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       quick = true;
     else if (!strcmp(argv[i], "--explore"))
       explore = true;
+    else if (!strcmp(argv[i], "--verify"))
+      verify = true;
     else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
       fixed_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
@@ -575,6 +601,15 @@ int fd_decode_bench_main(int argc, char **argv) {
             specs.push_back({sh, bc, dt, bs, lay, fixed_splits});
           }
     }
+  if (verify) {
+    specs.clear();
+    for (const Shape &sh : kShapes)
+      for (int q_len : {1, 2, 4, 8}) {
+        Spec s{sh, BatchCtx{64, 4096}, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, fixed_splits};
+        s.q_len = q_len;
+        specs.push_back(s);
+      }
+  }
   if (explore) {
     for (int splits : {1, 2, 4, 8, 16})
       for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{64, 4096}, BatchCtx{1, 32768}})

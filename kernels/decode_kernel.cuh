@@ -62,11 +62,15 @@ struct Config {
 // Row stride (floats) of the warp-merge buffer; see decode_kernel.
 template <int D>
 constexpr int kRedStride = D + 8;
-// The warp merge at the end reuses the pipeline's shared memory.
-static_assert(kWarps * 16 * kRedStride<128> * 4 + 3 * kWarps * 16 * 4 + 64 * 4 <=
+// Query rows one CTA serves at most: four 16-row m-tiles, one per warp.
+constexpr int kMaxQueryRows = kWarps * 16;
+static_assert(kDecodeMaxQueryRows == kMaxQueryRows, "decode_launch.hpp's bound");
+// The warp merge at the end reuses the pipeline's shared memory: per warp
+// 16 rows of O, max, sum and weight, then (max, sum) per query row.
+static_assert(kWarps * 16 * kRedStride<128> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
                   Config<128>::kSmemBytes,
               "merge buffer");
-static_assert(kWarps * 16 * kRedStride<64> * 4 + 3 * kWarps * 16 * 4 + 64 * 4 <=
+static_assert(kWarps * 16 * kRedStride<64> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
                   Config<64>::kSmemBytes,
               "merge buffer");
 
@@ -271,6 +275,7 @@ struct Params {
   void *out;
   const int32_t *block_tables;
   const int32_t *seq_lens;
+  const int32_t *q_indptr;  // [batch + 1] query-token offsets, or null (one per row)
   int64_t stride_block, stride_head, stride_token, stride_dim;
   int32_t block_size_log2, num_blocks, max_blocks_per_seq, m_tiles;
   DecodeWorkList work;    // which (row, KV head, split) each CTA serves
@@ -334,6 +339,14 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     }
   };
   int seq_len = p.seq_lens[row];
+  // Query tokens of the row (several with q_indptr: its last q_len
+  // positions, attended causally), loaded beside seq_len.
+  int q_first = row, q_len = 1;
+  if (p.q_indptr != nullptr) {
+    q_first = p.q_indptr[row];
+    q_len = p.q_indptr[row + 1] - q_first;
+    q_len = q_len < 1 ? 1 : (q_len > p.work.max_q_len ? p.work.max_q_len : q_len);
+  }
   int pre[kS][kNch];
 #pragma unroll
   for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
@@ -389,22 +402,32 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int tig = lane & 3;
   const int group = p.work.group_size;
   const int num_q_heads = p.work.num_kv_heads * group;
-  const int64_t q_row0 = (static_cast<int64_t>(row) * num_q_heads + kvh * group) * D;
-  const TQ *qrow = static_cast<const TQ *>(p.q) + q_row0;
+  // The m-tile rows are the row's query rows: query token h / group, head
+  // kvh * group + h % group (one token per row: the group's heads).
+  const int rows = q_len * group;
+  auto q_index = [&](int h) -> int64_t {
+    return static_cast<int64_t>(q_first + h / group) * num_q_heads + kvh * group + h % group;
+  };
+  const TQ *qbase = static_cast<const TQ *>(p.q);
+  const int h0 = mt * 16 + g;
+  const int h1 = h0 + 8;
+  // Causal limits (exclusive) of this thread's two rows: query token j of the
+  // row sees positions < seq_len - q_len + 1 + j; from mask_from on, some
+  // row of the tile masks (one token per row: seq_len, as plain decode).
+  const int mask_from = seq_len - q_len + 1;
+  const int lim0 = mask_from + h0 / group, lim1 = mask_from + h1 / group;
 
   // Q as mma A fragments: rows g and g+8 of the m-tile, dims 2*tig.. of each
-  // 16-dim k-step. Heads past the group are zero rows.
+  // 16-dim k-step. Rows past the query rows are zero.
   uint32_t qa[D / 16][4];
   {
-    const int h0 = mt * 16 + g;
-    const int h1 = h0 + 8;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int d = ks * 16 + 2 * tig;
       auto pair = [&](int h, int dd) -> uint32_t {
-        if (h >= group) return 0u;
+        if (h >= rows) return 0u;
         // One 4-byte load per pair (the host requires q 4-byte aligned).
-        return __ldg(reinterpret_cast<const uint32_t *>(qrow + static_cast<int64_t>(h) * D + dd));
+        return __ldg(reinterpret_cast<const uint32_t *>(qbase + q_index(h) * D + dd));
       };
       qa[ks][0] = pair(h0, d);
       qa[ks][1] = pair(h1, d);
@@ -478,13 +501,14 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       }
 
       // Online softmax in base 2 (the variant's logits include log2(e)).
-      const bool tail = tok0 + t0 + kStepTokens > seq_len;
+      const bool tail = tok0 + t0 + kStepTokens > mask_from;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[n][e] = variant.logit_log2(s[n][e]);
-          if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= seq_len) s[n][e] = neg_inf();
+          if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= ((e & 2) ? lim1 : lim0))
+            s[n][e] = neg_inf();
         }
       float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
       float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
@@ -558,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   float *red_l = red_m + kWarps * 16;              // [warp][16]
   {
     float *wo = red_o + warp * 16 * Dp;
-    const bool row0 = mt * 16 + g < group, row1 = mt * 16 + g + 8 < group;
+    const bool row0 = h0 < rows, row1 = h1 < rows;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int d = n * 8 + 2 * tig;
@@ -579,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // exp2(m_w - max) and the weighted sum (one thread per head, fixed order).
   float *red_f = red_l + kWarps * 16;  // [warp][16] weights
   float *red_h = red_f + kWarps * 16;  // [head]: max, sum
-  if (tid < group) {
+  if (tid < rows) {
     const int hm = tid % 16, w0 = tid / 16;
     float mx = neg_inf();
     for (int w = w0; w < kWarps; w += p.m_tiles) mx = fmaxf(mx, red_m[w * 16 + hm]);
@@ -600,7 +624,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // the normalised output (unsplit) or the split's unnormalised partial.
   constexpr int kV = D / 4;
   const bool out8 = (reinterpret_cast<uintptr_t>(p.out) & 7) == 0;
-  for (int c = tid; c < group * kV; c += kThreads) {
+  for (int c = tid; c < rows * kV; c += kThreads) {
     const int h = c / kV, v = c % kV;
     const int hm = h % 16, w0 = h / 16;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -614,8 +638,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       acc.z += f * x.z;
       acc.w += f * x.w;
     }
-    const int64_t qh = static_cast<int64_t>(row) * num_q_heads + kvh * group + h;
     if (!p.work.has_partials()) {
+      const int64_t qh = q_index(h);
       const float sum = red_h[2 * h + 1];
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       using O = Mma<TQ>;  // out has q's element type
@@ -629,7 +653,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
         dst[0] = e0, dst[1] = e1, dst[2] = e2, dst[3] = e3;
       }
     } else {
-      const int64_t slot = p.work.partial_slot(qh, split);
+      const int64_t slot =
+          p.work.partial_slot(p.work.query_row(row, h / group, kvh * group + h % group), split);
       *reinterpret_cast<float4 *>(p.partial_o + slot * D + v * 4) = acc;
       if (v == 0)
         *reinterpret_cast<float2 *>(p.partial_ml + slot * 2) =
@@ -660,23 +685,35 @@ __device__ __forceinline__ void add_weighted(float acc[2], float w, const float2
 template <class TOut, int D>
 __global__ void __launch_bounds__(256, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
-                        const int32_t *__restrict__ seq_lens, void *out, const DecodeWorkList work,
-                        int max_len, int wph, int heads_per_cta) {
+                        const int32_t *__restrict__ seq_lens, const int32_t *__restrict__ q_indptr,
+                        void *out, const DecodeWorkList work, int max_len, int wph,
+                        int heads_per_cta) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
   __shared__ float share[8][D];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int part = warp % wph;
+  // qh: a query row of the partial slots (row, query token, q head).
   const int num_q_heads = work.num_kv_heads * work.group_size;
-  const int rows_heads = work.batch * num_q_heads;
+  const int rows_heads = static_cast<int>(work.query_rows());
   const int qh = blockIdx.x * heads_per_cta + warp / wph;
-  const bool active = qh < rows_heads;
+  const int row = qh / (work.max_q_len * num_q_heads);
+  const int token = (qh / num_q_heads) % work.max_q_len;
+  int out_row = qh;  // index of the output row (query token x q heads + head)
+  bool active = qh < rows_heads;
   int nv = 0;
   if (active) {
-    int len = seq_lens[qh / num_q_heads];
+    int len = seq_lens[row];
+    if (q_indptr != nullptr) {
+      const int first = q_indptr[row];
+      int q_len = q_indptr[row + 1] - first;
+      q_len = q_len < 1 ? 1 : q_len;
+      active = token < q_len;  // past the row's query tokens: nothing to merge
+      out_row = (first + token) * num_q_heads + qh % num_q_heads;
+    }
     len = len < 0 ? 0 : (len > max_len ? max_len : len);
-    nv = work.splits_holding(len);
+    nv = active ? work.splits_holding(len) : 0;
   }
   // This kernel follows the attention kernel directly and is scheduled only
   // once all its CTAs are past their own wait, so seq_lens (written before
@@ -753,7 +790,7 @@ __global__ void __launch_bounds__(256, 1)
   }
   FD_TRACE(fd_trace_merge, 4, 2, acc[0] != 0.f);
   if (!active) return;
-  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(qh) * D + lane * kPer;
+  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(out_row) * D + lane * kPer;
   const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<TOut>::from_float(acc[e] * inv);
@@ -836,6 +873,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.out = l.out;
   p.block_tables = l.block_tables;
   p.seq_lens = l.seq_lens;
+  p.q_indptr = l.q_indptr;
   p.stride_block = l.stride_block;
   p.stride_head = l.stride_head;
   p.stride_token = l.stride_token;
@@ -843,7 +881,9 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.block_size_log2 = l.block_size_log2;
   p.num_blocks = l.num_blocks;
   p.max_blocks_per_seq = l.max_blocks_per_seq;
-  p.m_tiles = (l.work.group_size + 15) / 16;
+  // 1, 2 or 4 m-tiles (the warps split evenly among them).
+  const int query_rows = l.work.max_q_len * l.work.group_size;
+  p.m_tiles = query_rows <= 16 ? 1 : (query_rows <= 32 ? 2 : 4);
   p.work = l.work;
   p.variant = VariantPolicy::of(l.variant);
   p.partial_o = l.partial_o;
@@ -851,12 +891,12 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   const unsigned grid = static_cast<unsigned>(l.work.size());
   err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || !l.work.has_partials()) return err;
-  const int rows_heads = l.work.batch * l.work.num_kv_heads * l.work.group_size;
+  const int rows_heads = static_cast<int>(l.work.query_rows());
   const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.num_splits);
   return detail::launch_pdl(detail::decode_merge_kernel<TQ, D>, static_cast<unsigned>(m.ctas),
                             32 * m.wph * m.heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml,
-                            l.seq_lens, l.out, l.work, l.max_blocks_per_seq << l.block_size_log2,
-                            m.wph, m.heads_per_cta);
+                            l.seq_lens, l.q_indptr, l.out, l.work,
+                            l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
 }
 
 template <class TQ, class TKV>

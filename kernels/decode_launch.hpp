@@ -24,6 +24,9 @@ constexpr int kDecodeMaxSplits = 128;
 // Largest GQA group (q heads sharing one KV head) the kernel serves: two
 // 16-row tensor-core tiles.
 constexpr int kDecodeMaxGroup = 32;
+// Query rows (query tokens x GQA group) one CTA serves: four 16-row tiles,
+// one per warp. Several query tokens per row must fit: max_q_len x group.
+constexpr int kDecodeMaxQueryRows = 64;
 
 struct DecodeLaunch {
   int32_t q_dtype = 0;     // FD_DTYPE_F16 or FD_DTYPE_BF16 (q and out)
@@ -36,7 +39,8 @@ struct DecodeLaunch {
   void *out = nullptr;
   const int32_t *block_tables = nullptr;
   const int32_t *seq_lens = nullptr;
-  int64_t stride_block = 0;  // elements
+  const int32_t *q_indptr = nullptr;  // [batch + 1] query-token offsets, or null
+  int64_t stride_block = 0;           // elements
   int64_t stride_head = 0;
   int64_t stride_token = 0;     // 1 for dim-major
   int64_t stride_dim = 0;       // 1 for token-major

@@ -8,7 +8,7 @@
     compare_decode_grids.py compare NEW.json OLD.json
         per case the time ratio new / old, the geometric mean, the cases more
         than 2% slower, and whether the split counts agree.
-Cases are matched by shape, batch, context, dtype, block size and layout.
+Cases are matched by shape, batch, context, dtype, block size, layout and q_len.
 """
 import json
 import statistics
@@ -18,7 +18,7 @@ import sys
 def key(c):
     ctx = c["context"]
     return (c["shape"], c["batch"], tuple(ctx) if isinstance(ctx, list) else ctx, c["dtype"],
-            c["block_size"], c["layout"])
+            c["block_size"], c["layout"], c.get("q_len", 1))
 
 
 def merge(out, rounds):

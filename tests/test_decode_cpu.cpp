@@ -560,14 +560,12 @@ void test_parameter_errors(void **state) {
   EXPECT_BOTH_FAIL(prm->num_splits = -2, FD_ERR_INVALID_ARGUMENT, "num_splits");
   EXPECT_BOTH_FAIL(prm->workspace_size = 64, FD_ERR_INVALID_ARGUMENT, "workspace");
   EXPECT_BOTH_FAIL(prm->max_q_len_hint = -1, FD_ERR_INVALID_ARGUMENT, "max_q_len_hint");
-  /* What the CUDA backend does not serve yet: refused, naming the field,
-   * before the device is looked at (multi-token queries: the CPU backend,
-   * tests/test_decode_multi_token.cpp). */
-  EXPECT_BOTH_FAIL((prm->device.type = FD_DEVICE_CUDA, prm->max_q_len_hint = 2), FD_ERR_UNSUPPORTED,
-                   "max_q_len_hint 2 is not served on CUDA");
+  /* On CUDA the host cannot read q_indptr: the hint must bound the rows
+   * (refused before the device is looked at; multi-token queries:
+   * tests/test_decode_multi_token.cpp, gpu_decode). */
   static const int32_t indptr[4] = {0, 1, 2, 3};
-  EXPECT_BOTH_FAIL((prm->device.type = FD_DEVICE_CUDA, prm->q_indptr = indptr), FD_ERR_UNSUPPORTED,
-                   "q_indptr is not served on CUDA");
+  EXPECT_BOTH_FAIL((prm->device.type = FD_DEVICE_CUDA, prm->q_indptr = indptr),
+                   FD_ERR_INVALID_ARGUMENT, "max_q_len_hint must be > 0 with q_indptr on CUDA");
   EXPECT_BOTH_FAIL(prm->q_dtype = FD_DTYPE_BF16, FD_ERR_UNSUPPORTED, "q_dtype bf16");
   EXPECT_BOTH_FAIL(prm->out_dtype = FD_DTYPE_F32, FD_ERR_UNSUPPORTED, "out_dtype f32");
   EXPECT_BOTH_FAIL((prm->q_dtype = FD_DTYPE_F32, prm->out_dtype = FD_DTYPE_F32), FD_ERR_UNSUPPORTED,
@@ -731,9 +729,11 @@ void test_plan_errors(void **state) {
   prm.max_seq_len_hint = 0;
   FD_ASSERT_FAILS(fd_decode_plan_create(&prm, (const int32_t *)((char *)p.lens.data() + 2), &plan),
                   FD_ERR_INVALID_ARGUMENT, "host_seq_lens (");
-  prm.max_q_len_hint = 4, prm.device.type = FD_DEVICE_CUDA;
-  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, NULL, &plan), FD_ERR_UNSUPPORTED, "max_q_len_hint");
-  prm.max_q_len_hint = 0, prm.device.type = FD_DEVICE_CPU;
+  static const int32_t indptr[4] = {0, 1, 2, 3};
+  prm.q_indptr = indptr, prm.device.type = FD_DEVICE_CUDA;
+  FD_ASSERT_FAILS(fd_decode_plan_create(&prm, NULL, &plan), FD_ERR_INVALID_ARGUMENT,
+                  "max_q_len_hint must be > 0");
+  prm.q_indptr = NULL, prm.device.type = FD_DEVICE_CPU;
   assert_ptr_equal(plan, (fd_decode_plan *)0x1);
 
   plan = NULL;

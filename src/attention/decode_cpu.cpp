@@ -188,8 +188,8 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
   const size_t q_len = static_cast<size_t>(pb_.q_len(row));
   const size_t rows = q_len * group;
   const size_t q_stride = static_cast<size_t>(pb_.num_q_heads) * dim;
-  const T *q = static_cast<const T *>(pb_.q) +
-               static_cast<size_t>(pb_.q_first(row)) * q_stride + kv_head * group * dim;
+  const T *q = static_cast<const T *>(pb_.q) + static_cast<size_t>(pb_.q_first(row)) * q_stride +
+               kv_head * group * dim;
   for (size_t j = 0; j < q_len; ++j) {
     const T *src = q + j * q_stride;
     float *dst = s.q + j * group * dim;

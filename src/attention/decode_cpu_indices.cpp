@@ -7,7 +7,9 @@
 namespace fd {
 
 void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
-                          const int32_t *block_tables) {
+                          const int32_t *block_tables, const int32_t *q_indptr) {
+  if (q_indptr != nullptr && q_indptr[0] != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d", static_cast<int>(q_indptr[0]));
   // Exact in 64 bits: both factors are below 2^32.
   const uint64_t capacity = uint64_t{pb.max_blocks_per_seq} * pb.kv.block_size;
   for (uint32_t r = 0; r < pb.batch; ++r) {
@@ -19,14 +21,14 @@ void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
     if (len > pb.max_seq_len)
       fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d (row %u) exceeds max_seq_len_hint = %d", r,
            static_cast<int>(len), r, static_cast<int>(pb.max_seq_len));
-    if (pb.q_indptr != nullptr) {
+    if (q_indptr != nullptr) {
       // Causal queries: q_len tokens ending at position len - 1.
-      const int64_t q_len = int64_t{pb.q_indptr[r + 1]} - pb.q_indptr[r];
+      const int64_t q_len = int64_t{q_indptr[r + 1]} - q_indptr[r];
       if (q_len < 1)
         fail(FD_ERR_INVALID_ARGUMENT,
              "q_indptr[%u] = %d and q_indptr[%u] = %d give row %u %lld query tokens: q_indptr "
              "must increase (every row at least one token)",
-             r, static_cast<int>(pb.q_indptr[r]), r + 1, static_cast<int>(pb.q_indptr[r + 1]), r,
+             r, static_cast<int>(q_indptr[r]), r + 1, static_cast<int>(q_indptr[r + 1]), r,
              static_cast<long long>(q_len));
       if (q_len > len)
         fail(FD_ERR_INVALID_ARGUMENT,

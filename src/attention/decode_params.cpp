@@ -83,22 +83,17 @@ void check_served_dtypes(const fd_decode_params &p) {
          "kv_dtype f32 is served by the CPU backend only, not by FD_DEVICE_CUDA");
 }
 
-// Query lengths: several query tokens per row (q_indptr) are served by the
-// CPU backend; the CUDA kernels serve one token per row so far.
+// Query lengths: several query tokens per row (q_indptr). The CUDA backend
+// cannot read the device's q_indptr on the host, so there the hint bounds
+// the rows and sizes the plan (its own limits: backend check_supported).
 void check_served_queries(const fd_decode_params &p) {
   if (p.max_q_len_hint < 0)
     fail(FD_ERR_INVALID_ARGUMENT, "max_q_len_hint must be >= 0 (0: no bound given), got %d",
          static_cast<int>(p.max_q_len_hint));
-  if (p.device.type != FD_DEVICE_CUDA) return;
-  if (p.max_q_len_hint > 1)
-    fail(FD_ERR_UNSUPPORTED,
-         "max_q_len_hint %d is not served on CUDA: the CUDA backend serves one query token per "
-         "row (multi-token queries run on the CPU backend)",
-         static_cast<int>(p.max_q_len_hint));
-  if (p.q_indptr != nullptr)
-    fail(FD_ERR_UNSUPPORTED,
-         "q_indptr is not served on CUDA: the CUDA backend serves one query token per row (pass "
-         "NULL; multi-token queries run on the CPU backend)");
+  if (p.device.type == FD_DEVICE_CUDA && p.q_indptr != nullptr && p.max_q_len_hint == 0)
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "max_q_len_hint must be > 0 with q_indptr on CUDA: the host plans from it and cannot "
+         "read the device's q_indptr");
 }
 
 // Query tokens in all: q_indptr[batch] (host memory: the CPU backend), read
@@ -106,14 +101,13 @@ void check_served_queries(const fd_decode_params &p) {
 // checked with the other indices (check_decode_indices) before anything runs.
 int64_t query_tokens(const fd_decode_params &p, bool run) {
   if (p.q_indptr == nullptr) return p.batch;
-  if (!run) {
-    // A plan reads no buffer: bound the extent by the hint when there is one.
-    const int64_t per_row = p.max_q_len_hint > 0 ? p.max_q_len_hint : 1;
-    return static_cast<int64_t>(p.batch) * per_row;
+  if (!run || p.device.type == FD_DEVICE_CUDA) {
+    // A plan reads no buffer, and the host cannot read a device q_indptr:
+    // the overlap checks take the extent every row has (one token).
+    return p.batch;
   }
   if (p.q_indptr[0] != 0)
-    fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d",
-         static_cast<int>(p.q_indptr[0]));
+    fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d", static_cast<int>(p.q_indptr[0]));
   const int32_t total = p.q_indptr[p.batch];
   if (total < static_cast<int64_t>(p.batch))
     fail(FD_ERR_INVALID_ARGUMENT,
@@ -243,7 +237,8 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   pb.out = p.out;
   pb.q_indptr = p.q_indptr;
   pb.q_tokens = q_tokens;
-  pb.max_q_len = p.max_q_len_hint > 0 ? p.max_q_len_hint : 1;
+  // Without q_indptr every row has one query token, whatever the hint says.
+  pb.max_q_len = p.q_indptr == nullptr ? 1 : (p.max_q_len_hint > 0 ? p.max_q_len_hint : 1);
   pb.max_q_len_given = p.max_q_len_hint > 0;
   pb.variant.sm_scale =
       p.sm_scale > 0.f ? p.sm_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));

@@ -42,6 +42,7 @@ void check_matches(const DecodePlan &plan, const DecodeProblem &pb) {
                 {"kv_dtype", plan.kv_dtype, pb.kv.dtype},
                 {"out_dtype", plan.out_dtype, pb.out_dtype},
                 {"layout", plan.layout, pb.kv.layout},
+                {"max_q_len_hint", plan.max_q_len, pb.max_q_len},
                 {"device.type", plan.device_type, pb.device_type},
                 {"device.ordinal", plan.device_ordinal, pb.device_ordinal}};
   for (const auto &f : fields)
@@ -75,6 +76,7 @@ DecodePlan plan_decode(const DecodeProblem &problem, const int32_t *host_seq_len
   plan.kv_dtype = problem.kv.dtype;
   plan.out_dtype = problem.out_dtype;
   plan.layout = problem.kv.layout;
+  plan.max_q_len = problem.max_q_len;
   plan.device_type = problem.device_type;
   plan.device_ordinal = problem.device_ordinal;
   if (host_seq_lens != nullptr) check_host_lens(problem, host_seq_lens);
@@ -96,7 +98,7 @@ void run_decode(const DecodePlan &plan, const DecodeProblem &problem) {
   check_workspace(plan, problem);
   if (problem.device_type == FD_DEVICE_CPU) {
     // Host pointers: the indices are cheap to check, so they always are.
-    check_decode_indices(problem, problem.seq_lens, problem.block_tables);
+    check_decode_indices(problem, problem.seq_lens, problem.block_tables, problem.q_indptr);
     decode_cpu(problem);
   } else {
     backend::cuda_run_decode(problem, plan.work);

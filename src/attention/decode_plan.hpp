@@ -23,6 +23,7 @@ struct DecodePlan {
   int32_t kv_dtype = FD_DTYPE_BF16;
   int32_t out_dtype = FD_DTYPE_BF16;
   int32_t layout = FD_LAYOUT_TOKEN_MAJOR;
+  int32_t max_q_len = 1;  // query tokens per row the work list has room for
   int32_t device_type = FD_DEVICE_CPU;
   int32_t device_ordinal = 0;
   // The split layout (CUDA); the CPU backend cuts rows into its own fixed

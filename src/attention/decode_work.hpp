@@ -32,6 +32,7 @@ struct DecodeWorkList {
   int32_t batch = 0;
   int32_t num_kv_heads = 0;
   int32_t group_size = 0;       // q heads per KV head
+  int32_t max_q_len = 1;        // query tokens per row at most (q_indptr rows)
   int32_t tile_tokens = 0;      // tokens per tile
   int32_t num_splits = 1;       // items per (row, KV head); 1: no partials, no merge
   int32_t tiles_per_split = 0;  // tiles of every split but the last
@@ -68,22 +69,29 @@ struct DecodeWorkList {
     return n > num_splits ? num_splits : n;
   }
 
-  // Partial slot of (row, q head of the whole batch row, split):
-  // [batch, num_q_heads, num_splits].
-  FD_HD int64_t partial_slot(int64_t row_q_head, int32_t split) const {
-    return row_q_head * num_splits + split;
+  // Query rows of the partial slots: (row, query token j < max_q_len, q
+  // head), [batch, max_q_len, num_q_heads] (with one token per row, the
+  // row's q head index row * num_q_heads + head).
+  FD_HD int64_t query_row(int64_t row, int32_t token, int32_t head) const {
+    return (row * max_q_len + token) * (static_cast<int64_t>(num_kv_heads) * group_size) + head;
   }
-  FD_HD int64_t partial_slots() const {
-    return static_cast<int64_t>(batch) * num_kv_heads * group_size * num_splits;
+  FD_HD int64_t query_rows() const {
+    return static_cast<int64_t>(batch) * max_q_len * num_kv_heads * group_size;
   }
+  // Partial slot of (query row, split): [query rows, num_splits].
+  FD_HD int64_t partial_slot(int64_t query_row, int32_t split) const {
+    return query_row * num_splits + split;
+  }
+  FD_HD int64_t partial_slots() const { return query_rows() * num_splits; }
 };
 
 // The regular list for `wanted` splits of rows up to `max_len` tokens:
 // whole-tile splits, at most `max_splits`, never more than the row has tiles.
 inline DecodeWorkList make_decode_work_list(int32_t batch, int32_t num_kv_heads, int32_t group_size,
                                             int32_t tile_tokens, int32_t max_len, int32_t wanted,
-                                            int32_t max_splits) {
+                                            int32_t max_splits, int32_t max_q_len = 1) {
   DecodeWorkList w;
+  w.max_q_len = max_q_len;
   w.batch = batch;
   w.num_kv_heads = num_kv_heads;
   w.group_size = group_size;

@@ -82,6 +82,13 @@ void check_supported(const DecodeProblem &pb) {
   if (pb.kv.block_size != 8 && pb.kv.block_size != 16 && pb.kv.block_size != 32)
     fail(FD_ERR_UNSUPPORTED, "block_size %u is not supported on CUDA (supported: 8, 16, 32)",
          pb.kv.block_size);
+  if (static_cast<int64_t>(pb.max_q_len) * pb.group_size > cuda::kDecodeMaxQueryRows)
+    fail(FD_ERR_UNSUPPORTED,
+         "max_q_len_hint %d x GQA group size %u = %lld query rows per KV head are not supported "
+         "on CUDA (at most %d: several query tokens per row serve speculative verification; "
+         "longer prompt chunks run on the CPU backend)",
+         static_cast<int>(pb.max_q_len), pb.group_size,
+         static_cast<long long>(pb.max_q_len) * pb.group_size, cuda::kDecodeMaxQueryRows);
   if (pb.group_size < 1 || pb.group_size > static_cast<uint32_t>(cuda::kDecodeMaxGroup))
     fail(FD_ERR_UNSUPPORTED,
          "GQA group size %u (num_q_heads / num_kv_heads) is not supported on CUDA "
@@ -133,9 +140,10 @@ size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
 // The regular work list of `wanted` whole-tile splits.
 DecodeWorkList make_list(const DecodeProblem &pb, int max_len, int64_t wanted) {
   const int32_t w = static_cast<int32_t>(std::min<int64_t>(wanted, cuda::kDecodeMaxSplits));
-  return make_decode_work_list(
-      static_cast<int32_t>(pb.batch), static_cast<int32_t>(pb.num_kv_heads),
-      static_cast<int32_t>(pb.group_size), kTile, max_len, w, cuda::kDecodeMaxSplits);
+  return make_decode_work_list(static_cast<int32_t>(pb.batch),
+                               static_cast<int32_t>(pb.num_kv_heads),
+                               static_cast<int32_t>(pb.group_size), kTile, max_len, w,
+                               cuda::kDecodeMaxSplits, pb.q_indptr != nullptr ? pb.max_q_len : 1);
 }
 
 // The split choice reads only host-known values: the shape, the longest row
@@ -195,6 +203,11 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
 void check_indices_on_host(const DecodeProblem &pb, cudaStream_t stream) {
   std::vector<int32_t> lens(pb.batch);
   std::vector<int32_t> tables(static_cast<size_t>(pb.batch) * pb.max_blocks_per_seq);
+  std::vector<int32_t> indptr(pb.q_indptr != nullptr ? pb.batch + 1 : 0);
+  if (pb.q_indptr != nullptr)
+    cuda_check(cudaMemcpyAsync(indptr.data(), pb.q_indptr, indptr.size() * sizeof(int32_t),
+                               cudaMemcpyDefault, stream),
+               "copying q_indptr to the host");
   cuda_check(cudaMemcpyAsync(lens.data(), pb.seq_lens, lens.size() * sizeof(int32_t),
                              cudaMemcpyDefault, stream),
              "copying seq_lens to the host");
@@ -206,7 +219,8 @@ void check_indices_on_host(const DecodeProblem &pb, cudaStream_t stream) {
   // max_seq_len_hint: a row longer than the hint would otherwise run with
   // the hint's split layout at reduced speed, and the hint is the caller's
   // promise.
-  check_decode_indices(pb, lens.data(), tables.data());
+  check_decode_indices(pb, lens.data(), tables.data(),
+                       pb.q_indptr != nullptr ? indptr.data() : nullptr);
 }
 
 }  // namespace
@@ -261,6 +275,7 @@ void cuda_run_decode(const DecodeProblem &problem, const DecodeWorkList &work) {
   l.out = problem.out;
   l.block_tables = problem.block_tables;
   l.seq_lens = problem.seq_lens;
+  l.q_indptr = problem.q_indptr;
   l.stride_block = kv.stride_block;
   l.stride_head = kv.stride_head;
   l.stride_token = kv.stride_token;
