@@ -943,9 +943,10 @@ typedef struct fd_decode_params {
   const int32_t *q_indptr; /**< NULL (the default): one query token per row. Else [batch + 1]
                                 offsets into q and out: row r's query tokens are
                                 q_indptr[r] .. q_indptr[r+1]-1 (q_indptr[0] = 0, each row
-                                1..seq_lens[r] tokens), its last seq_len positions' tokens,
-                                attended causally (S2.2). Served by the CPU backend; the
-                                CUDA backend answers ::FD_ERR_UNSUPPORTED. */
+                                1..seq_lens[r] tokens): the row's last q_len positions,
+                                attended causally (S2.2). Memory of @p device. CUDA needs
+                                max_q_len_hint > 0 with it and serves up to 64 query rows
+                                (max_q_len_hint x GQA group) per KV head. */
   void *out;               /**< [query tokens, num_q_heads, head_dim]; must not alias inputs. */
   /* Attention variant (docs/semantics.md S2). */
   float sm_scale; /**< Softmax scale; 0 means 1/sqrt(head_dim). */
@@ -955,7 +956,8 @@ typedef struct fd_decode_params {
                                  max_blocks_per_seq*block_size). */
   int32_t max_q_len_hint;   /**< Host-known upper bound of query tokens per row (0: none
                                  given); a longer row is refused where indices are checked.
-                                 CUDA serves 0 and 1 (::FD_ERR_UNSUPPORTED above). */
+                                 With q_indptr on CUDA it is required and sizes the plan
+                                 (x GQA group <= 64, else ::FD_ERR_UNSUPPORTED). */
   int32_t num_splits;       /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
   uint32_t cpu_threads;     /**< CPU backend threads, the caller's included; 0 = the
                                  FLASHDEC_THREADS environment variable if set to a positive
@@ -989,8 +991,8 @@ FD_API fd_status fd_decode_workspace_size(const fd_decode_params *params, size_t
  * @brief Paged decode attention (S2): for each row r and query head h,
  * out[r,h] = softmax(sm_scale * q[r,h] . K[r,kvh,0..len)) @ V[r,kvh,0..len),
  * with kvh = h / (num_q_heads / num_kv_heads); empty rows give zeros. With
- * q_indptr (CPU backend), query token j of a row of q_len n attends
- * positions 0..len-n+j (causal, S2.2).
+ * q_indptr, query token j of a row of q_len n attends positions 0..len-n+j
+ * (causal, S2.2).
  *
  * Equivalent to ::fd_decode_plan_create from @p params (without host lengths),
  * ::fd_decode_run and ::fd_decode_plan_destroy, except that on CUDA it
