@@ -285,7 +285,9 @@ struct Params {
 };
 
 // TQ: element type of q and out; TKV: of K and V (the host serves TQ == TKV).
-template <class TQ, class TKV, int D, bool kDimMajor>
+// kMulti: several query tokens per row (q_indptr, work.max_q_len > 1); the
+// one-token instantiation keeps plain decode's code unchanged.
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
 __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
   static_assert(sizeof(TKV) == kKvElemBytes && sizeof(TQ) == 2,
                 "the tensor-core path reads 16-bit q and K/V elements");
@@ -342,10 +344,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // Query tokens of the row (several with q_indptr: its last q_len
   // positions, attended causally), loaded beside seq_len.
   int q_first = row, q_len = 1;
-  if (p.q_indptr != nullptr) {
-    q_first = p.q_indptr[row];
-    q_len = p.q_indptr[row + 1] - q_first;
-    q_len = q_len < 1 ? 1 : (q_len > p.work.max_q_len ? p.work.max_q_len : q_len);
+  if constexpr (kMulti) {
+    if (p.q_indptr != nullptr) {
+      q_first = p.q_indptr[row];
+      q_len = p.q_indptr[row + 1] - q_first;
+      q_len = q_len < 1 ? 1 : (q_len > p.work.max_q_len ? p.work.max_q_len : q_len);
+    }
   }
   int pre[kS][kNch];
 #pragma unroll
@@ -404,9 +408,15 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int num_q_heads = p.work.num_kv_heads * group;
   // The m-tile rows are the row's query rows: query token h / group, head
   // kvh * group + h % group (one token per row: the group's heads).
-  const int rows = q_len * group;
-  auto q_index = [&](int h) -> int64_t {
-    return static_cast<int64_t>(q_first + h / group) * num_q_heads + kvh * group + h % group;
+  const int rows = kMulti ? q_len * group : group;
+  const int64_t q_row0 = (static_cast<int64_t>(row) * num_q_heads + kvh * group) * D;
+  // Element offset in q / out of query row h.
+  auto q_offset = [&](int h) -> int64_t {
+    if constexpr (kMulti)
+      return (static_cast<int64_t>(q_first + h / group) * num_q_heads + kvh * group + h % group) *
+             D;
+    else
+      return q_row0 + static_cast<int64_t>(h) * D;
   };
   const TQ *qbase = static_cast<const TQ *>(p.q);
   const int h0 = mt * 16 + g;
@@ -414,8 +424,9 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // Causal limits (exclusive) of this thread's two rows: query token j of the
   // row sees positions < seq_len - q_len + 1 + j; from mask_from on, some
   // row of the tile masks (one token per row: seq_len, as plain decode).
-  const int mask_from = seq_len - q_len + 1;
-  const int lim0 = mask_from + h0 / group, lim1 = mask_from + h1 / group;
+  const int mask_from = kMulti ? seq_len - q_len + 1 : seq_len;
+  const int lim0 = kMulti ? mask_from + h0 / group : seq_len;
+  const int lim1 = kMulti ? mask_from + h1 / group : seq_len;
 
   // Q as mma A fragments: rows g and g+8 of the m-tile, dims 2*tig.. of each
   // 16-dim k-step. Rows past the query rows are zero.
@@ -427,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       auto pair = [&](int h, int dd) -> uint32_t {
         if (h >= rows) return 0u;
         // One 4-byte load per pair (the host requires q 4-byte aligned).
-        return __ldg(reinterpret_cast<const uint32_t *>(qbase + q_index(h) * D + dd));
+        return __ldg(reinterpret_cast<const uint32_t *>(qbase + q_offset(h) + dd));
       };
       qa[ks][0] = pair(h0, d);
       qa[ks][1] = pair(h1, d);
@@ -639,13 +650,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       acc.w += f * x.w;
     }
     if (!p.work.has_partials()) {
-      const int64_t qh = q_index(h);
       const float sum = red_h[2 * h + 1];
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       using O = Mma<TQ>;  // out has q's element type
       const uint16_t e0 = O::from_float(acc.x * inv), e1 = O::from_float(acc.y * inv);
       const uint16_t e2 = O::from_float(acc.z * inv), e3 = O::from_float(acc.w * inv);
-      uint16_t *dst = static_cast<uint16_t *>(p.out) + qh * D + v * 4;
+      uint16_t *dst = static_cast<uint16_t *>(p.out) + q_offset(h) + v * 4;
       if (out8) {
         *reinterpret_cast<uint2 *>(dst) = make_uint2(e0 | (static_cast<uint32_t>(e1) << 16),
                                                      e2 | (static_cast<uint32_t>(e3) << 16));
@@ -654,7 +664,9 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       }
     } else {
       const int64_t slot =
-          p.work.partial_slot(p.work.query_row(row, h / group, kvh * group + h % group), split);
+          p.work.partial_slot(kMulti ? p.work.query_row(row, h / group, kvh * group + h % group)
+                                     : static_cast<int64_t>(row) * num_q_heads + kvh * group + h,
+                              split);
       *reinterpret_cast<float4 *>(p.partial_o + slot * D + v * 4) = acc;
       if (v == 0)
         *reinterpret_cast<float2 *>(p.partial_ml + slot * 2) =
@@ -682,7 +694,7 @@ __device__ __forceinline__ void add_weighted(float acc[2], float w, const float2
 // through shared memory in a fixed order. Only partitions that hold tokens
 // are read; an empty row gives zeros. Few dependent memory round trips per
 // warp, and enough warps per head when there are many splits.
-template <class TOut, int D>
+template <class TOut, int D, bool kMulti>
 __global__ void __launch_bounds__(256, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, const int32_t *__restrict__ q_indptr,
@@ -698,19 +710,24 @@ __global__ void __launch_bounds__(256, 1)
   const int num_q_heads = work.num_kv_heads * work.group_size;
   const int rows_heads = static_cast<int>(work.query_rows());
   const int qh = blockIdx.x * heads_per_cta + warp / wph;
-  const int row = qh / (work.max_q_len * num_q_heads);
-  const int token = (qh / num_q_heads) % work.max_q_len;
   int out_row = qh;  // index of the output row (query token x q heads + head)
   bool active = qh < rows_heads;
   int nv = 0;
   if (active) {
-    int len = seq_lens[row];
-    if (q_indptr != nullptr) {
-      const int first = q_indptr[row];
-      int q_len = q_indptr[row + 1] - first;
-      q_len = q_len < 1 ? 1 : q_len;
+    int len;
+    if constexpr (kMulti) {
+      const int row = qh / (work.max_q_len * num_q_heads);
+      const int token = (qh / num_q_heads) % work.max_q_len;
+      len = seq_lens[row];
+      int first = row, q_len = 1;
+      if (q_indptr != nullptr) {
+        first = q_indptr[row];
+        q_len = q_indptr[row + 1] - first;
+      }
       active = token < q_len;  // past the row's query tokens: nothing to merge
       out_row = (first + token) * num_q_heads + qh % num_q_heads;
+    } else {
+      len = seq_lens[qh / num_q_heads];
     }
     len = len < 0 ? 0 : (len > max_len ? max_len : len);
     nv = active ? work.splits_holding(len) : 0;
@@ -839,9 +856,9 @@ cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 
 // Raises the attention kernel's dynamic shared memory limit on the current
 // device (a per-device, per-function setting that launches then rely on).
-template <class TQ, class TKV, int D, bool kDimMajor>
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t prepare_decode_variant() {
-  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor>,
+  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               detail::Config<D>::kSmemBytes);
 }
@@ -849,22 +866,28 @@ cudaError_t prepare_decode_variant() {
 // Prepares the variant of one element-type pair for `head_dim` and layout
 // (defined per pair in decode_<dtype>.cu, beside launch_decode_typed).
 template <class TQ, class TKV>
-cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major);
+cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi);
+
+template <class TQ, class TKV, bool kMulti>
+cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major) {
+  if (head_dim == 128)
+    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>()
+                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti>();
+  return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>()
+                   : prepare_decode_variant<TQ, TKV, 64, false, kMulti>();
+}
 
 template <class TQ, class TKV>
-cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major) {
-  if (head_dim == 128)
-    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true>()
-                     : prepare_decode_variant<TQ, TKV, 128, false>();
-  return dim_major ? prepare_decode_variant<TQ, TKV, 64, true>()
-                   : prepare_decode_variant<TQ, TKV, 64, false>();
+cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi) {
+  return multi ? prepare_decode_layouts<TQ, TKV, true>(head_dim, dim_major)
+               : prepare_decode_layouts<TQ, TKV, false>(head_dim, dim_major);
 }
 
 // Launches one variant; prepare_decode_variant must have run on this device.
-template <class TQ, class TKV, int D, bool kDimMajor>
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   using Cfg = detail::Config<D>;
-  auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor>;
+  auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>;
   cudaError_t err = cudaSuccess;
   detail::Params p;
   p.q = l.q;
@@ -882,7 +905,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.num_blocks = l.num_blocks;
   p.max_blocks_per_seq = l.max_blocks_per_seq;
   // 1, 2 or 4 m-tiles (the warps split evenly among them).
-  const int query_rows = l.work.max_q_len * l.work.group_size;
+  const int query_rows = (kMulti ? l.work.max_q_len : 1) * l.work.group_size;
   p.m_tiles = query_rows <= 16 ? 1 : (query_rows <= 32 ? 2 : 4);
   p.work = l.work;
   p.variant = VariantPolicy::of(l.variant);
@@ -893,19 +916,27 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   if (err != cudaSuccess || !l.work.has_partials()) return err;
   const int rows_heads = static_cast<int>(l.work.query_rows());
   const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.num_splits);
-  return detail::launch_pdl(detail::decode_merge_kernel<TQ, D>, static_cast<unsigned>(m.ctas),
-                            32 * m.wph * m.heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml,
-                            l.seq_lens, l.q_indptr, l.out, l.work,
-                            l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
+  return detail::launch_pdl(
+      detail::decode_merge_kernel<TQ, D, kMulti>, static_cast<unsigned>(m.ctas),
+      32 * m.wph * m.heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.q_indptr,
+      l.out, l.work, l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
 }
 
+template <class TQ, class TKV, bool kMulti>
+cudaError_t launch_decode_layouts(const DecodeLaunch &l) {
+  if (l.head_dim == 128)
+    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true, kMulti>(l)
+                       : launch_decode_variant<TQ, TKV, 128, false, kMulti>(l);
+  return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti>(l)
+                     : launch_decode_variant<TQ, TKV, 64, false, kMulti>(l);
+}
+
+// Several query tokens per row (the plan's max_q_len > 1) take their own
+// instantiation, so plain decode runs the one-token code unchanged.
 template <class TQ, class TKV>
 cudaError_t launch_decode_dispatch(const DecodeLaunch &l) {
-  if (l.head_dim == 128)
-    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true>(l)
-                       : launch_decode_variant<TQ, TKV, 128, false>(l);
-  return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true>(l)
-                     : launch_decode_variant<TQ, TKV, 64, false>(l);
+  return l.work.max_q_len > 1 ? launch_decode_layouts<TQ, TKV, true>(l)
+                              : launch_decode_layouts<TQ, TKV, false>(l);
 }
 
 }  // namespace cuda

@@ -18,9 +18,11 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
 
 cudaError_t prepare_decode(const DecodeLaunch &launch) {
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
-    return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major);
+    return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major,
+                                                launch.work.max_q_len > 1);
   if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
-    return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(launch.head_dim, launch.dim_major);
+    return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(launch.head_dim, launch.dim_major,
+                                                              launch.work.max_q_len > 1);
   return cudaErrorInvalidValue;
 }
 

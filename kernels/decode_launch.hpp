@@ -55,7 +55,8 @@ struct DecodeLaunch {
 };
 
 // Makes the attention kernel that `launch` names (element types, head_dim,
-// layout) launchable on the current device: raises its dynamic shared memory
+// layout, one or several query tokens per row: work.max_q_len) launchable
+// on the current device: raises its dynamic shared memory
 // limit, a per-device setting. A plan calls it once; launch_decode relies on
 // it for every launch of that kernel on that device.
 cudaError_t prepare_decode(const DecodeLaunch &launch);

@@ -237,8 +237,9 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   pb.out = p.out;
   pb.q_indptr = p.q_indptr;
   pb.q_tokens = q_tokens;
-  // Without q_indptr every row has one query token, whatever the hint says.
-  pb.max_q_len = p.q_indptr == nullptr ? 1 : (p.max_q_len_hint > 0 ? p.max_q_len_hint : 1);
+  // The plan sizes its work list from the hint (a plan may be made before
+  // q_indptr is known); without q_indptr every row still has one token.
+  pb.max_q_len = p.max_q_len_hint > 0 ? p.max_q_len_hint : 1;
   pb.max_q_len_given = p.max_q_len_hint > 0;
   pb.variant.sm_scale =
       p.sm_scale > 0.f ? p.sm_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));

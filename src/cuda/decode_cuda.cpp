@@ -140,10 +140,9 @@ size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
 // The regular work list of `wanted` whole-tile splits.
 DecodeWorkList make_list(const DecodeProblem &pb, int max_len, int64_t wanted) {
   const int32_t w = static_cast<int32_t>(std::min<int64_t>(wanted, cuda::kDecodeMaxSplits));
-  return make_decode_work_list(static_cast<int32_t>(pb.batch),
-                               static_cast<int32_t>(pb.num_kv_heads),
-                               static_cast<int32_t>(pb.group_size), kTile, max_len, w,
-                               cuda::kDecodeMaxSplits, pb.q_indptr != nullptr ? pb.max_q_len : 1);
+  return make_decode_work_list(
+      static_cast<int32_t>(pb.batch), static_cast<int32_t>(pb.num_kv_heads),
+      static_cast<int32_t>(pb.group_size), kTile, max_len, w, cuda::kDecodeMaxSplits, pb.max_q_len);
 }
 
 // The split choice reads only host-known values: the shape, the longest row
@@ -241,6 +240,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     kernel.kv_dtype = problem.kv.dtype;
     kernel.head_dim = static_cast<int32_t>(problem.head_dim);
     kernel.dim_major = problem.kv.dim_major();
+    kernel.work.max_q_len = problem.max_q_len;
     cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
   int max_len = problem.max_seq_len;
