@@ -124,18 +124,148 @@ func TestDecodePlanRefusesFieldMismatch(t *testing.T) {
 	}
 }
 
-// q_indptr is for multi-token queries: 0.2 serves only nil.
-func TestDecodeQIndptrUnsupported(t *testing.T) {
-	p := newPlanProblem(6)
+// Multi-token queries over the K/V of newPlanProblem: two rows of 5 and 3
+// tokens whose last 2 and 3 tokens are queries (2 table slots per row).
+func (p planProblem) multiToken(seed uint64) planProblem {
+	p.tables, p.lens = []int32{4, 1, 5, -1}, []int32{5, 3}
+	p.q = noise(&seed, 5*int(p.hq*p.d))
+	return p
+}
+
+var mtIndptr = []int32{0, 2, 5}
+
+// causalReference is causal attention in float64 over the packed token-major
+// K/V: query j of a row of n queries and len tokens sees positions
+// 0 .. len-n+j.
+func causalReference(p planProblem, indptr []int32) []float64 {
+	hq, hkv, d, bs := int(p.hq), int(p.hkv), int(p.d), int(p.bs)
+	slots := len(p.tables) / len(p.lens)
+	at := func(r, h, t int) int { return ((int(p.tables[r*slots+t/bs])*hkv+h)*bs + t%bs) * d }
+	out := make([]float64, len(p.q))
+	for r := range p.lens {
+		first, n, length := int(indptr[r]), int(indptr[r+1]-indptr[r]), int(p.lens[r])
+		for j := 0; j < n; j++ {
+			visible := length - n + j + 1
+			for h := 0; h < hq; h++ {
+				kh, qv := h/(hq/hkv), p.q[((first+j)*hq+h)*d:]
+				s, m := make([]float64, visible), math.Inf(-1)
+				for t := range s {
+					for i := 0; i < d; i++ {
+						s[t] += float64(qv[i]) * float64(p.k[at(r, kh, t)+i])
+					}
+					s[t] /= math.Sqrt(float64(d))
+					m = math.Max(m, s[t])
+				}
+				sum := 0.0
+				for t := range s {
+					s[t] = math.Exp(s[t] - m)
+					sum += s[t]
+				}
+				for i := 0; i < d; i++ {
+					acc := 0.0
+					for t := range s {
+						acc += s[t] * float64(p.v[at(r, kh, t)+i])
+					}
+					out[((first+j)*hq+h)*d+i] = acc / sum
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Multi-token queries (QIndptr) on the CPU: causal attention within 1e-5 of a
+// float64 reference, the same bits for other thread counts, a hint, and
+// through a plan (which keeps its own copy of QIndptr).
+func TestDecodeMultiTokenMatchesCausalReference(t *testing.T) {
+	p := newPlanProblem(30).multiToken(31)
+	want := causalReference(p, mtIndptr)
 	out := make([]float32, len(p.q))
-	opt := DecodeOptions{QIndptr: []int32{0, 1, 2, 3}}
-	asError(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out, opt), Unsupported, "q_indptr")
-	_, err := NewDecodePlan(p.shape(F32), nil, opt)
-	asError(t, err, Unsupported, "q_indptr")
-	asError(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out,
-		DecodeOptions{QIndptr: []int32{0, 1}}), InvalidArgument, "batch + 1")
-	asError(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out,
-		DecodeOptions{MaxQLenHint: 2}), Unsupported, "max_q_len_hint")
+	must(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out, DecodeOptions{QIndptr: mtIndptr}))
+	for i := range want {
+		if math.Abs(float64(out[i])-want[i]) > 1e-5*(1+math.Abs(want[i])) {
+			t.Fatalf("out[%d] = %v, reference %v", i, out[i], want[i])
+		}
+	}
+	for _, opt := range []DecodeOptions{{CPUThreads: 3}, {MaxQLenHint: 3, NumSplits: 2}} {
+		indptr := append([]int32{}, mtIndptr...)
+		opt.QIndptr = indptr
+		got := make([]float32, len(p.q))
+		must(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, got, opt))
+		sameBits(t, "decode", got, out)
+		plan, err := NewDecodePlan(p.shape(F32), p.lens, opt)
+		must(t, err)
+		indptr[1] = 1 // the plan copied it
+		got = make([]float32, len(p.q))
+		must(t, RunDecodePlan(plan, p.q, p.k, p.v, p.tables, p.lens, got))
+		sameBits(t, "plan", got, out)
+		plan.Close()
+	}
+}
+
+// One query token per row through QIndptr gives the bits of QIndptr nil.
+func TestDecodeOneTokenRowsThroughQIndptr(t *testing.T) {
+	p := newPlanProblem(32)
+	p.tables, p.lens = []int32{4, 1, 0, 3, -1, -1, 5, 2, -1}, []int32{9, 1, 5}
+	want := make([]float32, len(p.q))
+	must(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, want, DecodeOptions{}))
+	got := make([]float32, len(p.q))
+	opt := DecodeOptions{QIndptr: []int32{0, 1, 2, 3}, MaxQLenHint: 1}
+	must(t, Decode(F32, p.q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, got, opt))
+	sameBits(t, "q_indptr", got, want)
+}
+
+// The binding checks the lengths (q_indptr, q, out) before calling C; the
+// library checks the offsets (its InvalidArgument, naming the row); nothing
+// is written by a refused call.
+func TestDecodeMultiTokenChecks(t *testing.T) {
+	p := newPlanProblem(33).multiToken(34)
+	row := int(p.hq * p.d)
+	out := make([]float32, len(p.q))
+	for i := range out {
+		out[i] = 7
+	}
+	decode := func(q, out []float32, opt DecodeOptions) error {
+		return Decode(F32, q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out, opt)
+	}
+	asError(t, decode(p.q, out, DecodeOptions{QIndptr: mtIndptr[:2]}), InvalidArgument, "q_indptr: expected 3 entries (batch + 1), got 2")
+	asError(t, decode(p.q, out, DecodeOptions{QIndptr: []int32{0, 2, 4}}), InvalidArgument,
+		"q/out: expected 128 elements (4 query tokens (q_indptr[2]) x 4 x 8), got 160 and 160")
+	asError(t, decode(p.q, out[:4*row], DecodeOptions{QIndptr: mtIndptr}), InvalidArgument, "q/out: expected 160 elements")
+	asError(t, decode(p.q, out, DecodeOptions{QIndptr: []int32{0, 2, -1}}), InvalidArgument, "q_indptr[2] = -1")
+	shape := p.shape(F32)
+	_, err := NewDecodePlan(shape, nil, DecodeOptions{QIndptr: []int32{0, 2, 5, 6}})
+	asError(t, err, InvalidArgument, "q_indptr: expected 3 entries (batch + 1), got 4")
+	plan, err := NewDecodePlan(shape, nil, DecodeOptions{QIndptr: mtIndptr})
+	must(t, err)
+	asError(t, RunDecodePlan(plan, p.q[:2*row], p.k, p.v, p.tables, p.lens, out[:2*row]), InvalidArgument, "q/out: expected 160 elements")
+	plan.Close()
+
+	q6, out6 := append(append([]float32{}, p.q...), p.q[:row]...), make([]float32, 6*row)
+	for _, c := range []struct {
+		indptr  []int32
+		q, out  []float32
+		hint    int32
+		message string
+	}{
+		// Row 1 has 3 K/V tokens: 4 query tokens cannot all be among them.
+		{[]int32{0, 2, 6}, q6, out6, 0, "row 1 has 4 query tokens but seq_lens[1] = 3"},
+		{[]int32{1, 2, 5}, p.q, out, 0, "q_indptr[0] must be 0"},
+		{[]int32{0, 0, 5}, p.q, out, 0, "q_indptr must increase"},
+		{mtIndptr, p.q, out, 2, "row 1 has 3 query tokens, more than max_q_len_hint = 2"},
+	} {
+		opt := DecodeOptions{QIndptr: c.indptr, MaxQLenHint: c.hint}
+		asError(t, decode(c.q, c.out, opt), InvalidArgument, c.message)
+		plan, err := NewDecodePlan(shape, p.lens, opt)
+		must(t, err)
+		asError(t, RunDecodePlan(plan, c.q, p.k, p.v, p.tables, p.lens, c.out), InvalidArgument, c.message)
+		plan.Close()
+	}
+	for i := range out {
+		if out[i] != 7 {
+			t.Fatal("a refused call wrote out")
+		}
+	}
 }
 
 // Element types are separate fields; q bf16 with K/V f16 is not served.

@@ -8,6 +8,7 @@ package flashdec
 import "C"
 
 import (
+	"fmt"
 	"runtime"
 	"unsafe"
 )
@@ -49,10 +50,19 @@ type DecodeOptions struct {
 	NumSplits     int32   // 0 automatic, 1 none
 	CPUThreads    uint32  // 0: all hardware threads
 	MaxSeqLenHint int32   // upper bound of lens (0: max_blocks_per_seq*block_size)
-	MaxQLenHint   int32   // upper bound of query tokens per row (0: 1); 0.2 serves 0 and 1
-	// QIndptr is fd_decode_params.q_indptr: per-row query offsets into q,
-	// [batch+1], for multi-token queries. 0.2 serves only nil (one query
-	// token per row); anything else is Unsupported.
+	// MaxQLenHint bounds the query tokens per row (0: no bound given); a
+	// longer row of QIndptr is InvalidArgument. (The library's CUDA backend
+	// needs it with q_indptr; the Go calls here run on the CPU.)
+	MaxQLenHint int32
+	// QIndptr is fd_decode_params.q_indptr, multi-token queries:
+	// len(lens)+1 offsets into q, QIndptr[0] = 0; row r's query
+	// tokens are q's tokens QIndptr[r] .. QIndptr[r+1]-1, at least one and
+	// at most lens[r]. They are the row's last tokens, and attention is
+	// causal: query j of a row of n sees K/V positions 0 .. lens[r]-n+j.
+	// q and out then hold QIndptr[len(lens)] tokens. Lengths are checked by
+	// the binding (InvalidArgument naming q_indptr, q or out), the offsets by
+	// the library (InvalidArgument naming the row). nil: one query token per
+	// row. One token per row through QIndptr gives the bits of nil.
 	QIndptr []int32
 }
 
@@ -110,21 +120,31 @@ func decodeCall[Q, KV, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, len
 	if !fitsU32(batch) {
 		return invalid("seq_lens: batch %d does not fit in uint32", batch)
 	}
-	qElems, ok := elemCount(batch, int(g.numQHeads), int(g.headDim))
+	// One query token per row, or QIndptr[batch] (the extent the library
+	// reads; it checks the offsets lie within it).
+	tokens, rows := batch, fmt.Sprint(batch)
+	if opt.QIndptr != nil {
+		if len(opt.QIndptr) != batch+1 {
+			return invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(opt.QIndptr))
+		}
+		if opt.QIndptr[batch] < 0 {
+			return invalid("q_indptr: q_indptr[%d] = %d query tokens in all is negative", batch, opt.QIndptr[batch])
+		}
+		tokens = int(opt.QIndptr[batch])
+		rows = fmt.Sprintf("%d query tokens (q_indptr[%d])", tokens, batch)
+	}
+	qElems, ok := elemCount(tokens, int(g.numQHeads), int(g.headDim))
 	if !ok {
-		return invalid("q/out: %d x %d x %d elements overflow", batch, g.numQHeads, g.headDim)
+		return invalid("q/out: %d x %d x %d elements overflow", tokens, g.numQHeads, g.headDim)
 	}
 	if len(q) != qElems || len(out) != qElems {
-		return invalid("q/out: expected %d elements (%d x %d x %d), got %d and %d", qElems, batch, g.numQHeads, g.headDim, len(q), len(out))
+		return invalid("q/out: expected %d elements (%s x %d x %d), got %d and %d", qElems, rows, g.numQHeads, g.headDim, len(q), len(out))
 	}
 	if len(tables) == 0 || len(tables)%batch != 0 {
 		return invalid("block_tables: %d entries is not a positive multiple of batch %d", len(tables), batch)
 	}
 	if !fitsU32(len(tables) / batch) {
 		return invalid("block_tables: %d entries per row do not fit in uint32", len(tables)/batch)
-	}
-	if opt.QIndptr != nil && len(opt.QIndptr) != batch+1 {
-		return invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(opt.QIndptr))
 	}
 	var a cArena
 	defer a.free()
@@ -166,9 +186,10 @@ func decodeCall[Q, KV, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, len
 	return nil
 }
 
-// DecodeLayer runs paged decode attention of q ([rows, numQHeads, head_dim])
-// over layer `layer` of a CPU cache with the given block tables and seq_lens.
-// q and out have the cache's dtype.
+// DecodeLayer runs paged decode attention of q ([rows, numQHeads, head_dim],
+// or [opt.QIndptr[rows], ...] with multi-token queries) over layer `layer` of
+// a CPU cache with the given block tables and seq_lens. q and out have the
+// cache's dtype.
 func DecodeLayer[T Elem](c *Cache, layer uint32, q []T, numQHeads uint32, tables, lens []int32, out []T, opt DecodeOptions) error {
 	if c.cfg.DeviceType != 0 {
 		return invalid("DecodeLayer needs a CPU cache")
@@ -214,7 +235,9 @@ func hostKV[KV Elem](a *cArena, k, v []KV, numQHeads, numKVHeads, headDim, block
 
 // Decode runs paged decode attention over host slices: k and v packed in
 // `layout` ([num_blocks, num_kv_heads, block_size, head_dim] for token-major),
-// with q, K/V and out all of dtype.
+// with q, K/V and out all of dtype. q and out are [len(lens), numQHeads,
+// headDim] (one query token per row), or [opt.QIndptr[len(lens)], numQHeads,
+// headDim] with multi-token queries (see DecodeOptions.QIndptr).
 func Decode[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, numKVHeads, headDim, blockSize uint32, layout Layout,
 	tables, lens []int32, out []T, opt DecodeOptions) error {
 	return DecodeTyped(SameDTypes(dtype), q, numQHeads, k, v, numKVHeads, headDim, blockSize, layout, tables, lens, out, opt)
@@ -257,7 +280,8 @@ type DecodePlan struct {
 // NewDecodePlan plans the calls of one step with this shape and these
 // options (fd_decode_plan_create). With hostSeqLens (the step's exact K/V
 // lengths, one per row) the split-KV layout is chosen from them; with nil,
-// from opt.MaxSeqLenHint, as Decode does.
+// from opt.MaxSeqLenHint, as Decode does. opt.QIndptr (multi-token queries,
+// copied into the plan) is the step's: every RunDecodePlan uses it.
 func NewDecodePlan(shape DecodeShape, hostSeqLens []int32, opt DecodeOptions) (*DecodePlan, error) {
 	if hostSeqLens != nil && len(hostSeqLens) != int(shape.Batch) {
 		return nil, invalid("host_seq_lens: expected %d entries (batch), got %d", shape.Batch, len(hostSeqLens))
@@ -265,13 +289,16 @@ func NewDecodePlan(shape DecodeShape, hostSeqLens []int32, opt DecodeOptions) (*
 	if opt.QIndptr != nil && len(opt.QIndptr) != int(shape.Batch)+1 {
 		return nil, invalid("q_indptr: expected %d entries (batch + 1), got %d", shape.Batch+1, len(opt.QIndptr))
 	}
+	if opt.QIndptr != nil {
+		opt.QIndptr = append([]int32{}, opt.QIndptr...) // the plan's own copy
+	}
 	var a cArena
 	defer a.free()
 	p := (*C.fd_decode_params)(a.alloc(int(unsafe.Sizeof(C.fd_decode_params{}))))
 	g := decodeGeom{numQHeads: shape.NumQHeads, numKVHeads: shape.NumKVHeads, headDim: shape.HeadDim, blockSize: shape.BlockSize,
 		numBlocks: shape.NumBlocks, layout: shape.Layout}
 	fillDecodeShape(p, shape.DTypes, shape.Batch, shape.MaxBlocksPerSeq, g, opt)
-	if len(opt.QIndptr) > 0 {
+	if opt.QIndptr != nil {
 		p.q_indptr = (*C.int32_t)(a.copyIn(unsafe.Pointer(&opt.QIndptr[0]), len(opt.QIndptr)*4))
 	}
 	var lens *C.int32_t
@@ -320,7 +347,8 @@ func (p *DecodePlan) WorkspaceSize() (int, error) {
 }
 
 // RunDecodePlan runs one decode call with plan (fd_decode_run) over host
-// slices, as Decode does, with the plan's element types and options. The
+// slices, as Decode does, with the plan's element types and options (q and
+// out of QIndptr[Batch] tokens for a plan made with QIndptr). The
 // slices must give the planned shape: a call that differs in a planned field
 // (for example more K/V blocks than planned) is refused with InvalidArgument
 // naming the field.

@@ -429,7 +429,9 @@ class Cache:
         dtype) over this cache's ``layer`` for the listed requests' committed
         tokens, or, with ``tx``, for the transaction's rows including their new
         token (effective_seq_lens). Returns ``out`` (allocated when None).
-        Extra keyword arguments go to :func:`flashdec.decode`.
+        Extra keyword arguments go to :func:`flashdec.decode`; on a CPU cache
+        that includes ``q_indptr`` (multi-token queries, the rows' last
+        tokens: q is then [q_indptr[-1], num_q_heads, head_dim]).
 
         CPU cache: q/out are host arrays; runs before return. CUDA cache: q/out
         are torch CUDA tensors on the cache's device; the block tables and

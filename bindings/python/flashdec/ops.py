@@ -31,6 +31,37 @@ def _kv_geometry(k: Buffer, layout: Layout) -> Tuple[int, int, int, int, Tuple[i
     return nb, h, b, a, (sb, sh, sbb, sa)  # [blocks, heads, head_dim, block_size]
 
 
+def _index_rows(x: Any, name: str, device: Device) -> int:
+    """Entries of a 1-D int32 index array (the rows of a multi-token call)."""
+    return index_tensor(x, name, kind="int32", shape=(None,), device=device).shape[0]
+
+
+def _query_offsets(q_indptr: Any, batch: int, device: Device) -> Buffer:
+    """q_indptr as the library reads it: int32 [batch + 1] in the memory of
+    the call's device (a numpy array or tensor, zero-copy; on the CPU also a
+    sequence of ints, copied). Its entries are the library's to check
+    (q_indptr[0] = 0, every row at least one token and at most its seq_len)."""
+    if not (isinstance(q_indptr, np.ndarray) or is_torch_tensor(q_indptr)):
+        q_indptr = host_index_array(q_indptr, "q_indptr", np.int32)
+    return index_tensor(q_indptr, "q_indptr", kind="int32", shape=(batch + 1,), device=device)
+
+
+def _query_tokens(qi: Buffer, batch: int, stream: Any, read_device: bool) -> Optional[int]:
+    """q_indptr[batch], the query tokens q and out hold: read from host memory,
+    or from device memory only when ``read_device`` (the call waits for its
+    stream anyway, check_indices), on the call's stream; None otherwise."""
+    if qi.device.type == DeviceType.CPU:
+        return ctypes.c_int32.from_address(qi.ptr + 4 * batch).value
+    if not read_device:
+        return None
+    import torch
+
+    from ._cuda import torch_stream
+
+    with torch.cuda.stream(torch_stream(stream, qi.owner.device)):
+        return int(qi.owner[batch].item())
+
+
 class _Decode:
     """Checked fd_decode_params plus the buffers it points into."""
 
@@ -68,10 +99,24 @@ def _build_decode(
     missing ``out`` stays NULL (planning and sizing read no buffer)."""
     layout = Layout(layout)
     qb = tensor(q, "q")
+    rows = "batch" if q_indptr is None else "q_indptr[-1]"
     if len(qb.shape) != 3:
-        raise argument_error(f"q: expected shape [batch, num_q_heads, head_dim], got {list(qb.shape)}")
-    batch, hq, d = qb.shape
+        raise argument_error(f"q: expected shape [{rows}, num_q_heads, head_dim], got {list(qb.shape)}")
+    tokens, hq, d = qb.shape
     dev = qb.device
+    qi: Optional[Buffer] = None
+    if q_indptr is None:
+        batch = tokens  # one query token per row
+    else:
+        # Multi-token queries: the rows are seq_lens', q holds q_indptr[-1] tokens.
+        batch = _index_rows(seq_lens, "seq_lens", dev)
+        qi = _query_offsets(q_indptr, batch, dev)
+        total = _query_tokens(qi, batch, stream, read_device=check_indices and allocate_out)
+        if total is not None and total != tokens:
+            raise argument_error(
+                f"q: expected shape [{total}, num_q_heads, head_dim] (q_indptr[-1] = {total} query tokens), "
+                f"got {list(qb.shape)}"
+            )
     kb = tensor(k_cache, "k_cache", contiguous=False, device=dev)
     vb = tensor(v_cache, "v_cache", dtype=kb.dtype, contiguous=False, device=dev)
     if kb.shape != vb.shape or kb.strides != vb.strides:
@@ -86,13 +131,13 @@ def _build_decode(
     sl = index_tensor(seq_lens, "seq_lens", kind="int32", shape=(batch,), device=dev)
     odt = DType(qb.dtype if out_dtype is None else out_dtype)
     if out is None and allocate_out:
-        out = empty_like_dtype((batch, hq, d), odt, like=q, stream=stream)
+        out = empty_like_dtype((tokens, hq, d), odt, like=q, stream=stream)
     dec = _Decode()
     dec.keep += [qb, kb, vb, bt, sl]
     p = dec.params
     p.out_dtype = int(odt)
     if out is not None:
-        ob = tensor(out, "out", dtype=out_dtype, shape=(batch, hq, d), writable=True, device=dev)
+        ob = tensor(out, "out", dtype=out_dtype, shape=(tokens, hq, d), writable=True, device=dev)
         p.out_dtype, p.out = int(ob.dtype), ob.ptr
         dec.keep.append(ob)
     p.batch = _u32(batch, "batch")
@@ -109,8 +154,7 @@ def _build_decode(
     p.stride_block, p.stride_head, p.stride_token, p.stride_dim = strides
     p.block_tables, p.seq_lens = bt.ptr, sl.ptr
     p.q = qb.ptr
-    if q_indptr is not None:
-        qi = index_tensor(q_indptr, "q_indptr", kind="int32", shape=(batch + 1,), device=dev)
+    if qi is not None:
         p.q_indptr = qi.ptr
         dec.keep.append(qi)
     p.sm_scale = float(sm_scale)
@@ -156,8 +200,10 @@ def decode(
     FlashDecError(UNSUPPORTED) naming the field.
 
     Args:
-        q: [batch, num_q_heads, head_dim], float32/float16/bf16 (numpy uint16
-            or torch.bfloat16). Its device (cpu or cuda:n) selects the backend.
+        q: [batch, num_q_heads, head_dim] (one query token per row), or
+            [q_indptr[-1], num_q_heads, head_dim] with ``q_indptr``;
+            float32/float16/bf16 (numpy uint16 or torch.bfloat16). Its device
+            (cpu or cuda:n) selects the backend.
         k_cache, v_cache: one layer's K/V storage, 4-D in the layout's axis
             order: token-major [num_blocks, num_kv_heads, block_size, head_dim],
             dim-major [num_blocks, num_kv_heads, head_dim, block_size]. Any
@@ -165,14 +211,29 @@ def decode(
             and V (and one element type); the layout's contiguous axis needs
             stride 1.
         block_tables: int32 [batch, max_blocks_per_seq], -1 for unused slots.
-        seq_lens: int32 [batch].
-        out: written in place when given ([batch, num_q_heads, head_dim], same
-            device as q); allocated otherwise, of ``out_dtype`` (default q's).
+        seq_lens: int32 [batch], K/V tokens per row (the row's query tokens
+            included).
+        out: written in place when given (q's shape, same device as q);
+            allocated otherwise, of ``out_dtype`` (default q's).
         workspace: uint8 1-D scratch for split-KV (see decode_workspace_size).
-        q_indptr, max_q_len_hint: per-row query offsets (int32 [batch + 1])
-            and the bound of query tokens per row, for multi-token queries:
-            0.2 serves one query token per row (q_indptr None,
-            max_q_len_hint 0 or 1); other values are UNSUPPORTED.
+        q_indptr: multi-token queries: int32 [batch + 1] offsets into q on
+            q's device (a numpy array or tensor; on the CPU also a sequence
+            of ints), q_indptr[0] = 0; row r's query tokens are
+            q[q_indptr[r]:q_indptr[r + 1]], at least one and at most
+            seq_lens[r]. batch is then len(seq_lens) and q/out hold
+            q_indptr[-1] tokens. Attention is causal: a row's queries are
+            its last tokens, query j of a row of n queries sees K/V positions
+            <= seq_lens[r] - n + j. None (default): one token per row, the
+            same bits as one-token rows through q_indptr. A bad entry (a row
+            of no tokens, or more than its seq_len) is the library's
+            INVALID_ARGUMENT naming the row (on CUDA where indices are
+            checked). On the CPU the binding checks q's shape against
+            q_indptr[-1]; on CUDA it reads that device value only with
+            check_indices (on ``stream``): otherwise q.shape[0] must be it.
+        max_q_len_hint: upper bound of query tokens per row (0: none given);
+            longer rows are INVALID_ARGUMENT where indices are checked. With
+            q_indptr on CUDA it is required and sizes the launch (times the
+            GQA group at most 64 query rows per KV head, else UNSUPPORTED).
         stream: CUDA stream (an int handle, 0 for the legacy default stream,
             or a torch.cuda.Stream); default torch's current stream of q.
             Everything is read and written on it with no host wait (unless
@@ -206,14 +267,17 @@ def decode_workspace_size(
     max_seq_len_hint: int = 0,
     out: Any = None,
     out_dtype: Optional[DType] = None,
+    q_indptr: Any = None,
+    max_q_len_hint: int = 0,
 ) -> int:
     """Workspace bytes :func:`decode` needs for these arguments (host only:
-    nothing is read from the arrays, nothing allocated or enqueued)."""
+    nothing is read from the arrays but a host ``q_indptr[-1]``, nothing
+    allocated or enqueued)."""
     dec, _ = _build_decode(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=0.0, num_splits=num_splits, workspace=None, cpu_threads=0,
         max_seq_len_hint=max_seq_len_hint, check_indices=False, stream=None, out_dtype=out_dtype,
-        allocate_out=False,
+        q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, allocate_out=False,
     )  # fmt: skip
     n = ctypes.c_size_t(0)
     check(_lib.fd_decode_workspace_size(ctypes.byref(dec.params), ctypes.byref(n)))
@@ -239,9 +303,17 @@ class DecodePlan:
 
     Made from the arrays of a call as :func:`decode` takes them: only their
     shapes, strides, element types and device are read (plus the options
-    below), never their contents. With ``host_seq_lens`` (the step's exact
-    K/V lengths, host integers, one per row) the split-KV layout is chosen
-    from them; otherwise from ``max_seq_len_hint``, as :func:`decode` does.
+    below), never their contents (but a host ``q_indptr[-1]``). With
+    ``host_seq_lens`` (the step's exact K/V lengths, host integers, one per
+    row) the split-KV layout is chosen from them; otherwise from
+    ``max_seq_len_hint``, as :func:`decode` does.
+
+    ``q_indptr`` (multi-token queries, as in :func:`decode`) is the step's:
+    every :meth:`run` uses it unless the run passes its own, and q/out hold
+    ``q_indptr[-1]`` tokens (it also makes batch ``len(seq_lens)`` for the
+    plan). On CUDA the plan is sized by ``max_q_len_hint`` (required with
+    q_indptr there) and reads no q_indptr entry, so the device tensor may be
+    filled after planning, or each run may pass its own.
 
     :meth:`run` takes the arrays of each layer; the planned parts (shapes,
     element types, layout, strides, device and the options) must be the same
@@ -334,9 +406,13 @@ class DecodePlan:
         *,
         workspace: Any = None,
         stream: Any = None,
+        q_indptr: Any = None,
     ) -> Any:
         """One decode call with this plan (fd_decode_run). Returns ``out``
         (allocated when None, as :func:`decode` does).
+
+        ``q_indptr``: this run's query offsets (as in :func:`decode`); None:
+        the plan's (None there too: one query token per row).
 
         ``workspace``: uint8 1-D scratch of at least :attr:`workspace_size`
         bytes on the arrays' device; when None and the plan needs one, it is
@@ -349,9 +425,10 @@ class DecodePlan:
             size = self.workspace_size
             if size:
                 workspace = _new_workspace(size, q, stream)
+        options = self._options if q_indptr is None else dict(self._options, q_indptr=q_indptr)
         dec, out = _build_decode(
             q, k_cache, v_cache, block_tables, seq_lens, out, workspace=workspace, stream=stream,
-            **self._options,
+            **options,
         )  # fmt: skip
         check(_lib.fd_decode_run(h, ctypes.byref(dec.params)))
         return out

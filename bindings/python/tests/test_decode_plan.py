@@ -1,6 +1,6 @@
 """DecodePlan on the CPU: plan + run gives fd_decode's bits; a run that
-differs from its plan is refused; the 0.2 parameters that are not served
-(q_indptr, mixed element types) are UNSUPPORTED naming the field."""
+differs from its plan is refused; mixed element types are UNSUPPORTED naming
+the field. Multi-token queries (q_indptr): test_decode_multi_token.py."""
 
 from __future__ import annotations
 
@@ -116,24 +116,6 @@ def test_raw_run_with_another_head_dim_is_refused(rng):
         assert (out == 7.0).all()
     finally:
         _lib.fd_decode_plan_destroy(plan)
-
-
-def test_q_indptr_and_multi_token_queries_are_unsupported(rng):
-    q, kc, vc, tables, lens, _, _ = paged_problem(rng)
-    out = np.full(q.shape, 7.0, np.float32)
-    indptr = np.arange(q.shape[0] + 1, dtype=np.int32)
-    for call in (fd.decode, fd.DecodePlan):
-        with pytest.raises(fd.FlashDecError) as e:
-            call(q, kc, vc, tables, lens, out, q_indptr=indptr)
-        assert e.value.status == fd.Status.UNSUPPORTED and "q_indptr" in e.value.message
-        with pytest.raises(fd.FlashDecError) as e:
-            call(q, kc, vc, tables, lens, out, max_q_len_hint=2)
-        assert e.value.status == fd.Status.UNSUPPORTED and "max_q_len_hint" in e.value.message
-    with pytest.raises(fd.FlashDecError) as e:
-        fd.decode(q, kc, vc, tables, lens, out, q_indptr=indptr[:2])
-    assert e.value.status == fd.Status.INVALID_ARGUMENT and "q_indptr" in e.value.message
-    assert (out == 7.0).all()
-    fd.decode(q, kc, vc, tables, lens, out, max_q_len_hint=1)  # 1 is served
 
 
 def test_mixed_element_types_are_unsupported(rng):

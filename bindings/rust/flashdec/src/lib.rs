@@ -37,7 +37,7 @@ pub use engine::{
 };
 pub use error::{status_string, Error, Result, Status};
 pub use ops::{
-    cuda_device_count, decode, default_decode_params, reference_attention_dense, rope_apply, run_decode,
+    cuda_device_count, decode, decode_multi, default_decode_params, reference_attention_dense, rope_apply, run_decode,
     DecodeOptions, DecodePlan, PagedKv,
 };
 pub use types::{Bf16, DType, Device, Element, Layout, F16};

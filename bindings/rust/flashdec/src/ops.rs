@@ -43,7 +43,23 @@ pub(crate) fn decode_params_base<Q: Element, O: Element>(
     seq_lens: &[i32],
     out: &mut [O],
 ) -> Result<sys::fd_decode_params> {
-    let mut p = decode_shape_base::<Q, O>(q.len(), num_q_heads, num_kv_heads, head_dim, block_tables, seq_lens, out.len())?;
+    decode_params_queries(q, None, num_q_heads, num_kv_heads, head_dim, block_tables, seq_lens, out)
+}
+
+/// [`decode_params_base`] with multi-token queries: `q_indptr` (host
+/// memory, borrowed by the returned params) gives the query tokens of q/out.
+#[allow(clippy::too_many_arguments)]
+fn decode_params_queries<Q: Element, O: Element>(
+    q: &[Q],
+    q_indptr: Option<&[i32]>,
+    num_q_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    block_tables: &[i32],
+    seq_lens: &[i32],
+    out: &mut [O],
+) -> Result<sys::fd_decode_params> {
+    let mut p = decode_shape_base::<Q, O>(q.len(), q_indptr, num_q_heads, num_kv_heads, head_dim, block_tables, seq_lens, out.len())?;
     p.q = q.as_ptr().cast();
     p.block_tables = block_tables.as_ptr();
     p.seq_lens = seq_lens.as_ptr();
@@ -51,9 +67,16 @@ pub(crate) fn decode_params_base<Q: Element, O: Element>(
     Ok(p)
 }
 
-/// The checks and shape fields of [`decode_params_base`], buffer pointers NULL.
+/// The checks and shape fields of [`decode_params_base`], buffer pointers
+/// NULL but `q_indptr`'s. Without `q_indptr` q/out hold one token per row
+/// (batch = seq_lens.len()); with it, `q_indptr[batch]` tokens: its length is
+/// checked here, so the library reads `q_indptr` and q/out only within the
+/// slices; its entries (q_indptr[0] = 0, every row from 1 to seq_len
+/// tokens) are the library's to check.
+#[allow(clippy::too_many_arguments)]
 fn decode_shape_base<Q: Element, O: Element>(
     q_len: usize,
+    q_indptr: Option<&[i32]>,
     num_q_heads: u32,
     num_kv_heads: u32,
     head_dim: u32,
@@ -65,9 +88,22 @@ fn decode_shape_base<Q: Element, O: Element>(
     if batch == 0 {
         return Err(Error::invalid("seq_lens: batch must be at least 1"));
     }
-    let q_elems = elem_count(&[batch, num_q_heads as usize, head_dim as usize], "q/out")?;
+    let tokens = match q_indptr {
+        None => batch,
+        Some(indptr) => {
+            if indptr.len() != batch + 1 {
+                return Err(Error::invalid(format!("q_indptr: expected {} entries (batch + 1), got {}", batch + 1, indptr.len())));
+            }
+            let total = indptr[batch];
+            usize::try_from(total).map_err(|_| Error::invalid(format!("q_indptr: q_indptr[{batch}] = {total} query tokens in all is negative")))?
+        }
+    };
+    let q_elems = elem_count(&[tokens, num_q_heads as usize, head_dim as usize], "q/out")?;
     if q_len != q_elems {
-        return Err(Error::invalid(format!("q: expected {q_elems} elements ({batch} x {num_q_heads} x {head_dim}), got {q_len}")));
+        return Err(Error::invalid(match q_indptr {
+            None => format!("q: expected {q_elems} elements ({batch} x {num_q_heads} x {head_dim}), got {q_len}"),
+            Some(_) => format!("q: expected {q_elems} elements ({tokens} query tokens (q_indptr[{batch}]) x {num_q_heads} x {head_dim}), got {q_len}"),
+        }));
     }
     if out_len != q_elems {
         return Err(Error::invalid(format!("out: expected {q_elems} elements, got {out_len}")));
@@ -83,6 +119,9 @@ fn decode_shape_base<Q: Element, O: Element>(
     p.q_dtype = Q::DTYPE.raw();
     p.out_dtype = O::DTYPE.raw();
     p.max_blocks_per_seq = to_u32(block_tables.len() / batch, "block_tables: entries per row")?;
+    if let Some(indptr) = q_indptr {
+        p.q_indptr = indptr.as_ptr();
+    }
     Ok(p)
 }
 
@@ -125,8 +164,8 @@ impl<T: Element> PagedKv<'_, T> {
     }
 }
 
-/// Options of [`decode`] and [`DecodePlan`]; `Default` = automatic
-/// scale/splits, all threads, one query token per row.
+/// Options of [`decode`], [`decode_multi`] and [`DecodePlan`]; `Default` =
+/// automatic scale/splits, all threads, no bound on query tokens per row.
 #[derive(Copy, Clone, Debug, Default)]
 pub struct DecodeOptions {
     pub sm_scale: f32,
@@ -134,7 +173,10 @@ pub struct DecodeOptions {
     pub cpu_threads: u32,
     /// Upper bound of `seq_lens` (0: max_blocks_per_seq * block_size).
     pub max_seq_len_hint: i32,
-    /// Upper bound of query tokens per row (0: 1); 0.2 serves 0 and 1.
+    /// Upper bound of query tokens per row (0: none given); a longer row of
+    /// [`decode_multi`] is `Status::InvalidArgument`. With `q_indptr` on
+    /// CUDA (raw parameters, device memory) it is required and sizes the
+    /// launch (times the GQA group at most 64 query rows per KV head).
     pub max_q_len_hint: i32,
 }
 
@@ -148,7 +190,8 @@ impl DecodeOptions {
     }
 }
 
-/// Paged decode attention (S2) on the CPU backend over host slices.
+/// Paged decode attention (S2) on the CPU backend over host slices, one
+/// query token per row (see [`decode_multi`] for more).
 /// q, out: [batch, num_q_heads, head_dim], batch = seq_lens.len();
 /// block_tables: [batch, max_blocks_per_seq].
 ///
@@ -164,8 +207,51 @@ pub fn decode<Q: Element, KV: Element, O: Element>(
     out: &mut [O],
     options: DecodeOptions,
 ) -> Result<()> {
+    decode_queries(q, None, num_q_heads, kv, block_tables, seq_lens, out, options)
+}
+
+/// Paged attention of multi-token queries (`fd_decode_params.q_indptr`) on
+/// the CPU backend over host slices (CUDA: raw parameters with a device
+/// `q_indptr` and `max_q_len_hint`, [`run_decode`]): row r (of batch = seq_lens.len()) has
+/// the query tokens `q_indptr[r]..q_indptr[r + 1]` of q and out, at least one
+/// and at most `seq_lens[r]`: they are the row's last tokens (already in the
+/// cache), and attention is causal, query j of a row of n sees K/V positions
+/// `0..=seq_lens[r] - n + j`.
+///
+/// q, out: [q_indptr[batch], num_q_heads, head_dim]; q_indptr: batch + 1
+/// offsets, q_indptr[0] = 0; block_tables: [batch, max_blocks_per_seq].
+/// Lengths are checked here (`Status::InvalidArgument` naming the argument);
+/// the offsets themselves are checked by the library before anything runs
+/// (`Status::InvalidArgument` with its message naming the row). One token
+/// per row through `q_indptr` gives the bits of [`decode`]. Element types as
+/// in [`decode`].
+#[allow(clippy::too_many_arguments)]
+pub fn decode_multi<Q: Element, KV: Element, O: Element>(
+    q: &[Q],
+    q_indptr: &[i32],
+    num_q_heads: u32,
+    kv: &PagedKv<'_, KV>,
+    block_tables: &[i32],
+    seq_lens: &[i32],
+    out: &mut [O],
+    options: DecodeOptions,
+) -> Result<()> {
+    decode_queries(q, Some(q_indptr), num_q_heads, kv, block_tables, seq_lens, out, options)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_queries<Q: Element, KV: Element, O: Element>(
+    q: &[Q],
+    q_indptr: Option<&[i32]>,
+    num_q_heads: u32,
+    kv: &PagedKv<'_, KV>,
+    block_tables: &[i32],
+    seq_lens: &[i32],
+    out: &mut [O],
+    options: DecodeOptions,
+) -> Result<()> {
     let num_blocks = kv.num_blocks()?;
-    let mut p = decode_params_base(q, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
+    let mut p = decode_params_queries(q, q_indptr, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
     kv.fill(&mut p, num_blocks);
     options.fill(&mut p);
     // Split-KV partials need scratch: size it and own it for the call.
@@ -176,8 +262,10 @@ pub fn decode<Q: Element, KV: Element, O: Element>(
         p.workspace = workspace.as_mut_ptr().cast();
         p.workspace_size = bytes;
     }
-    // SAFETY: all slices were checked against the shapes; host block ids and
-    // seq_lens are range-checked by the library before it reads K/V.
+    // SAFETY: all slices were checked against the shapes (q_indptr has
+    // batch + 1 entries and q/out q_indptr[batch] tokens); host block ids,
+    // seq_lens and query offsets are range-checked by the library before it
+    // reads K/V or q.
     unsafe { run_decode(&p) }
 }
 
@@ -185,10 +273,14 @@ pub fn decode<Q: Element, KV: Element, O: Element>(
 /// made once on the host and used by every layer's [`DecodePlan::run`].
 /// Immutable and thread-safe (`Send + Sync`: runs may share it, each with
 /// its own buffers); freed in `Drop`. It holds no device memory.
+///
+/// A plan of multi-token queries ([`DecodePlan::new_multi`]) keeps a copy of
+/// the step's `q_indptr`, which every [`DecodePlan::run`] uses.
 #[derive(Debug)]
 pub struct DecodePlan {
     raw: NonNull<sys::fd_decode_plan>,
     options: DecodeOptions,
+    q_indptr: Option<Box<[i32]>>,
 }
 
 // SAFETY: the header documents a plan as immutable and thread-safe.
@@ -213,15 +305,57 @@ impl DecodePlan {
         options: DecodeOptions,
         host_seq_lens: Option<&[i32]>,
     ) -> Result<DecodePlan> {
+        Self::plan_queries(q, None, num_q_heads, kv, block_tables, seq_lens, out, options, host_seq_lens)
+    }
+
+    /// Plans the multi-token calls of one step, given the slices of one of
+    /// them as [`decode_multi`] takes them (lengths and element types only,
+    /// and `q_indptr[batch]`), plus `host_seq_lens` as in [`DecodePlan::new`].
+    /// `q_indptr` is copied into the plan: every [`DecodePlan::run`] takes
+    /// q and out of `q_indptr[batch]` tokens and attends as [`decode_multi`]
+    /// does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_multi<Q: Element, KV: Element, O: Element>(
+        q: &[Q],
+        q_indptr: &[i32],
+        num_q_heads: u32,
+        kv: &PagedKv<'_, KV>,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &[O],
+        options: DecodeOptions,
+        host_seq_lens: Option<&[i32]>,
+    ) -> Result<DecodePlan> {
+        Self::plan_queries(q, Some(q_indptr), num_q_heads, kv, block_tables, seq_lens, out, options, host_seq_lens)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn plan_queries<Q: Element, KV: Element, O: Element>(
+        q: &[Q],
+        q_indptr: Option<&[i32]>,
+        num_q_heads: u32,
+        kv: &PagedKv<'_, KV>,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &[O],
+        options: DecodeOptions,
+        host_seq_lens: Option<&[i32]>,
+    ) -> Result<DecodePlan> {
         let num_blocks = kv.num_blocks()?;
-        let mut p = decode_shape_base::<Q, O>(q.len(), num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out.len())?;
+        let mut p = decode_shape_base::<Q, O>(q.len(), q_indptr, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out.len())?;
         kv.fill(&mut p, num_blocks);
         options.fill(&mut p);
-        // SAFETY: plan creation reads no buffer of p (the K/V pointers only
-        // for their alignment); the host lengths' count is checked.
+        // SAFETY: plan creation reads no buffer of p (the K/V and q_indptr
+        // pointers only for their alignment); the host lengths' count is checked.
         let mut plan = unsafe { Self::from_params(&p, host_seq_lens) }?;
         plan.options = options;
+        plan.q_indptr = q_indptr.map(Box::from);
         Ok(plan)
+    }
+
+    /// The query offsets every run uses (`None`: one query token per row).
+    pub fn q_indptr(&self) -> Option<&[i32]> {
+        self.q_indptr.as_deref()
     }
 
     /// Plans from raw parameters (`fd_decode_plan_create`): every field but
@@ -242,7 +376,7 @@ impl DecodePlan {
         let mut raw = std::ptr::null_mut();
         check(sys::fd_decode_plan_create(params, lens, &mut raw))?;
         let raw = NonNull::new(raw).ok_or_else(|| Error::invalid("fd_decode_plan_create returned NULL"))?;
-        Ok(DecodePlan { raw, options: DecodeOptions::default() })
+        Ok(DecodePlan { raw, options: DecodeOptions::default(), q_indptr: None })
     }
 
     /// The raw handle, for `sys` calls; owned by this plan.
@@ -258,10 +392,12 @@ impl DecodePlan {
     }
 
     /// One decode call with this plan (`fd_decode_run`) over host slices, as
-    /// [`decode`] takes them, with the plan's options; the workspace is
-    /// allocated for the call. The slices must give the planned shape and
-    /// element types: a call that differs in a planned field (for example
-    /// more K/V blocks) is `Status::InvalidArgument` naming the field.
+    /// [`decode`] takes them (as [`decode_multi`] with the plan's
+    /// `q_indptr`, for a plan from [`DecodePlan::new_multi`]), with the
+    /// plan's options; the workspace is allocated for the call. The slices
+    /// must give the planned shape and element types: a call that differs in
+    /// a planned field (for example more K/V blocks) is
+    /// `Status::InvalidArgument` naming the field.
     pub fn run<Q: Element, KV: Element, O: Element>(
         &self,
         q: &[Q],
@@ -272,7 +408,7 @@ impl DecodePlan {
         out: &mut [O],
     ) -> Result<()> {
         let num_blocks = kv.num_blocks()?;
-        let mut p = decode_params_base(q, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
+        let mut p = decode_params_queries(q, self.q_indptr(), num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
         kv.fill(&mut p, num_blocks);
         self.options.fill(&mut p);
         let bytes = self.workspace_size()?;
