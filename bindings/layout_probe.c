@@ -135,6 +135,9 @@ int main(void) {
   OFF(fd_decode_params, workspace_size);
   OFF(fd_decode_params, device);
   OFF(fd_decode_params, stream);
+  OFF(fd_decode_params, logit_softcap);
+  OFF(fd_decode_params, sliding_window);
+  OFF(fd_decode_params, sinks);
   SIZE(fd_kv_append_params);
   OFF(fd_kv_append_params, struct_size);
   OFF(fd_kv_append_params, dtype);

@@ -969,6 +969,19 @@ typedef struct fd_decode_params {
   size_t workspace_size;    /**< Bytes at workspace. */
   fd_device device;         /**< Where every pointer above lives and where the work runs. */
   fd_stream stream;         /**< CUDA stream the work is enqueued on (ignored on CPU). */
+  /* Appended in 0.2: attention variants of current models (S2.3). All three
+   * default to off; the CPU backend serves them, the CUDA backend answers
+   * ::FD_ERR_UNSUPPORTED (naming the field) for any value but the default. */
+  float logit_softcap;    /**< 0 (default): none; > 0: every score s = sm_scale * q.k becomes
+                               logit_softcap * tanh(s / logit_softcap) before the softmax
+                               (Gemma 2). Finite and >= 0. */
+  int32_t sliding_window; /**< 0 (default): none; w > 0: a query at position p attends
+                              positions p - w + 1 .. p only (the last w tokens, itself
+                              included; Mistral, Gemma 2/3, GPT-OSS alternate layers). */
+  const float *sinks;     /**< NULL (default) or [num_q_heads] FP32 logits, one per query head,
+                              that join that head's softmax denominator and add no value
+                              (GPT-OSS attention sinks); -inf is no sink. Memory of
+                              @p device. */
 } fd_decode_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16 q, K/V

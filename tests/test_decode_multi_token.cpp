@@ -1,4 +1,5 @@
-/* Multi-token queries on the CPU backend (docs/semantics.md S2.2): rows of
+/* Multi-token queries and attention variants on the CPU backend
+ * (docs/semantics.md S2.2, S2.3): rows of
  * q_len >= 1 query tokens given by q_indptr, causal over the paged K/V (query
  * j of a row of seq_len L and q_len n sees positions <= L - n + j). Checked
  * against a double-precision causal reference computed here from dense
@@ -6,7 +7,9 @@
  * than one 256-token chunk, GQA/MQA/MHA, all dtypes, both layouts); one token
  * per row through q_indptr gives the bits of q_indptr NULL; results are the
  * same bits for any thread count and through a plan; every bad input is
- * refused with its status and message and nothing written. */
+ * refused with its status and message and nothing written. The variants
+ * (logit soft-cap, sliding window, attention sinks) are in the same
+ * reference and checked alone and together, with the edge values of each. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -33,6 +36,9 @@ struct Case {
   std::vector<int32_t> lens, q_lens;
   uint32_t cpu_threads = 1;
   uint64_t seed = 1;
+  float softcap = 0.f;      /* fd_decode_params.logit_softcap */
+  int32_t window = 0;       /* fd_decode_params.sliding_window */
+  std::vector<float> sinks; /* empty: NULL */
 };
 
 /* A paged problem (packed storage of the layout, blocks in a random
@@ -123,6 +129,9 @@ fd_decode_params params_for(Problem &p) {
   prm.seq_lens = p.lens.data();
   prm.out = p.out.data();
   prm.cpu_threads = p.c.cpu_threads;
+  prm.logit_softcap = p.c.softcap;
+  prm.sliding_window = p.c.window;
+  prm.sinks = p.c.sinks.empty() ? NULL : p.c.sinks.data();
   return prm;
 }
 
@@ -137,35 +146,43 @@ double worst_rel_error(const Problem &p) {
   for (uint32_t r = 0; r < p.batch; ++r) {
     const int32_t n = c.q_lens[r], len = p.lens[r];
     for (int32_t j = 0; j < n; ++j) {
-      const int32_t visible = len - n + j + 1; /* positions 0 .. len - n + j */
+      const int32_t position = len - n + j; /* attends [first, position] */
+      const int32_t first = c.window > 0 ? std::max(0, position - c.window + 1) : 0;
       const size_t token = (size_t)p.indptr[r] + (size_t)j;
       for (uint32_t h = 0; h < c.hq; ++h) {
         const uint32_t kvh = h / group;
         const size_t qi = (token * c.hq + h) * c.dim;
         const float *k = &p.k_dense[((size_t)r * c.hkv + kvh) * p.mbps * c.bs * c.dim];
         const float *v = &p.v_dense[((size_t)r * c.hkv + kvh) * p.mbps * c.bs * c.dim];
-        w.assign((size_t)visible, 0.0);
+        w.assign((size_t)(position + 1), 0.0);
         double mx = -INFINITY;
-        for (int32_t t = 0; t < visible; ++t) {
+        for (int32_t t = first; t <= position; ++t) {
           double s = 0;
           for (uint32_t d = 0; d < c.dim; ++d)
             s += (double)fd_test_load(p.q.data(), qi + d, c.dtype) * k[(size_t)t * c.dim + d];
-          w[(size_t)t] = s * scale;
-          mx = std::max(mx, w[(size_t)t]);
+          s *= scale;
+          if (c.softcap > 0.f) s = c.softcap * std::tanh(s / c.softcap);
+          w[(size_t)t] = s;
+          mx = std::max(mx, s);
         }
-        double sum = 0;
-        for (double &x : w) sum += (x = std::exp(x - mx));
+        const double sink = c.sinks.empty() ? -INFINITY : (double)c.sinks[h];
+        mx = std::max(mx, sink);
+        double sum = c.sinks.empty() ? 0.0 : std::exp(sink - mx); /* a sink adds no value */
+        for (int32_t t = first; t <= position; ++t)
+          sum += (w[(size_t)t] = std::exp(w[(size_t)t] - mx));
         double num = 0, den = 0;
         for (uint32_t d = 0; d < c.dim; ++d) {
           double want = 0;
-          for (int32_t t = 0; t < visible; ++t) want += w[(size_t)t] * v[(size_t)t * c.dim + d];
+          for (int32_t t = first; t <= position; ++t)
+            want += w[(size_t)t] * v[(size_t)t * c.dim + d];
           want /= sum;
           const double got = fd_test_load(p.out.data(), qi + d, c.dtype);
           if (!std::isfinite(got)) return INFINITY;
           num += (got - want) * (got - want);
           den += want * want;
         }
-        worst = std::max(worst, std::sqrt(num / den));
+        /* A large sink can take nearly all the mass: compare absolutely then. */
+        worst = std::max(worst, std::sqrt(num / std::max(den, 1e-6)));
       }
     }
   }
@@ -277,6 +294,68 @@ void test_deterministic_and_planned(void **state) {
   fd_decode_plan_destroy(plan);
 }
 
+/* The variants alone and together on random cases: soft-caps of 20, 30 and
+ * 50 (peaked q makes them bind), windows 1, block - 1, block, block + 1,
+ * shorter and longer than the rows, sinks of -inf, 0, a large value and
+ * random ones; one and several query tokens; rows longer than one chunk
+ * (a window then skips whole chunks). */
+void test_variants(void **state) {
+  (void)state;
+  fd_test_rng rng = {11};
+  const int32_t dtypes[3] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  const float caps[4] = {0.f, 20.f, 30.f, 50.f};
+  for (int i = 0; i < 48; ++i) {
+    Case c;
+    c.dtype = dtypes[i % 3];
+    c.layout = (i / 3) % 2 ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
+    c.hq = i % 2 ? 8 : 4, c.hkv = 2, c.dim = 16, c.bs = 8;
+    c.seed = 300 + (uint64_t)i;
+    c.softcap = caps[i % 4];
+    const int32_t windows[8] = {0, 1, 7, 8, 9, 100, 600, 5000};
+    c.window = windows[(i / 4) % 8];
+    const uint32_t batch = (uint32_t)fd_test_range(&rng, 1, 3);
+    for (uint32_t r = 0; r < batch; ++r) {
+      const int32_t len = (int32_t)fd_test_range(&rng, 1, i % 3 == 0 ? 900 : 120);
+      c.lens.push_back(len);
+      c.q_lens.push_back(i % 5 == 0 ? std::min(len, 6) : 1);
+    }
+    switch (i % 6) {
+      case 0: break; /* no sinks */
+      case 1: c.sinks.assign(c.hq, -INFINITY); break;
+      case 2: c.sinks.assign(c.hq, 0.f); break;
+      case 3: c.sinks.assign(c.hq, 12.f); break;
+      default:
+        for (uint32_t h = 0; h < c.hq; ++h) c.sinks.push_back(4.f * fd_test_normal(&rng));
+    }
+    Problem p = build(c);
+    run_and_check(p);
+  }
+}
+
+/* Variants that change nothing give the plain bits: sinks of -inf, a window
+ * at least as long as every row. */
+void test_neutral_variants_are_bit_equal(void **state) {
+  (void)state;
+  Case c;
+  c.dtype = FD_DTYPE_BF16;
+  c.lens = {700, 33, 1};
+  c.q_lens = {4, 1, 1};
+  Problem p = build(c);
+  fd_decode_params prm = params_for(p);
+  FD_ASSERT_OK(fd_decode(&prm));
+  const std::vector<uint8_t> plain = p.out;
+  std::vector<float> no_sinks(c.hq, -INFINITY);
+  prm.sinks = no_sinks.data();
+  p.out.assign(p.out.size(), 0xFF);
+  FD_ASSERT_OK(fd_decode(&prm));
+  assert_memory_equal(plain.data(), p.out.data(), plain.size());
+  prm.sinks = NULL;
+  prm.sliding_window = 700;
+  p.out.assign(p.out.size(), 0xFF);
+  FD_ASSERT_OK(fd_decode(&prm));
+  assert_memory_equal(plain.data(), p.out.data(), plain.size());
+}
+
 /* Bad query lengths: status, message, nothing written. */
 #define EXPECT_FAILS(mutate, status, substring)                      \
   do {                                                               \
@@ -314,6 +393,30 @@ void test_errors(void **state) {
   /* out is sized by the query tokens (7 here), not by the batch. */
   EXPECT_FAILS(prm->out = (void *)((char *)prm->q + 4 * p.c.hq * p.c.dim * p.es),
                FD_ERR_INVALID_ARGUMENT, "out must not overlap q");
+  /* Variant values. */
+  EXPECT_FAILS(prm->logit_softcap = -1.f, FD_ERR_INVALID_ARGUMENT, "logit_softcap");
+  EXPECT_FAILS(prm->logit_softcap = NAN, FD_ERR_INVALID_ARGUMENT, "logit_softcap");
+  EXPECT_FAILS(prm->logit_softcap = INFINITY, FD_ERR_INVALID_ARGUMENT, "logit_softcap");
+  EXPECT_FAILS(prm->sliding_window = -1, FD_ERR_INVALID_ARGUMENT, "sliding_window must be >= 0");
+  static const float sinks[5] = {0.f, 0.f, NAN, 0.f, 0.f};
+  EXPECT_FAILS(prm->sinks = sinks, FD_ERR_INVALID_ARGUMENT, "sinks[2] is NaN");
+  EXPECT_FAILS(prm->sinks = (const float *)((const char *)sinks + 2), FD_ERR_INVALID_ARGUMENT,
+               "sinks (");
+  /* The CUDA backend serves none of them yet: refused before anything runs
+   * (without a device the missing device is reported first). */
+  {
+    int32_t devices = 0;
+    FD_ASSERT_OK(fd_cuda_device_count(&devices));
+    const fd_status want = devices > 0 ? FD_ERR_UNSUPPORTED : FD_ERR_NO_DEVICE;
+    const char *cap_msg = devices > 0 ? "logit_softcap is not supported on CUDA" : "CUDA device";
+    Problem p = error_base();
+    fd_decode_params prm_ = params_for(p);
+    prm_.device.type = FD_DEVICE_CUDA, prm_.q_indptr = NULL, prm_.logit_softcap = 30.f;
+    fd_test_decode_dtype(&prm_, FD_DTYPE_F16); /* a type CUDA serves; nothing is read */
+    size_t bytes = 12345;
+    FD_ASSERT_FAILS(fd_decode_workspace_size(&prm_, &bytes), want, cap_msg);
+    assert_int_equal(bytes, 12345);
+  }
   /* On CUDA the host plans from the hint (it cannot read a device
    * q_indptr): refused before the device is looked at. */
   EXPECT_FAILS(prm->device.type = FD_DEVICE_CUDA, FD_ERR_INVALID_ARGUMENT,
@@ -328,6 +431,8 @@ int main(void) {
       cmocka_unit_test(test_prompt_chunk_beside_decode),
       cmocka_unit_test(test_one_token_rows_match_plain_decode),
       cmocka_unit_test(test_deterministic_and_planned),
+      cmocka_unit_test(test_variants),
+      cmocka_unit_test(test_neutral_variants_are_bit_equal),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

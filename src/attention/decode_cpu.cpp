@@ -57,6 +57,20 @@ size_t chunks_of(int32_t len) {
   return std::max<size_t>(1, (static_cast<size_t>(len) + kChunkTokens - 1) / kChunkTokens);
 }
 
+// The positions a row's queries attend: from the first one its earliest
+// query token sees (0, or later with a sliding window) to seq_len. Chunks
+// cover only this span, so a window skips the tokens before it entirely.
+struct RowSpan {
+  size_t first;   // first attended position
+  size_t chunks;  // chunks of kChunkTokens from `first`
+};
+RowSpan row_span(const DecodeProblem &pb, uint32_t row) {
+  const int32_t len = pb.seq_lens[row];
+  const int64_t earliest_query = int64_t{len} - pb.q_len(row);  // position of query token 0
+  const int64_t first = len > 0 ? VariantPolicy::of(pb.variant).first_visible(earliest_query) : 0;
+  return RowSpan{static_cast<size_t>(first), chunks_of(static_cast<int32_t>(len - first))};
+}
+
 // Per-thread FP32 scratch. An item's query rows are its row's query tokens
 // times the GQA group (token-major: row j * group + g is query token j, head
 // g of the group); one query token per request row gives `group` rows.
@@ -88,7 +102,7 @@ class Plan {
     // Counts first (no allocation yet).
     size_t max_q_len = 1;
     for (uint32_t r = 0; r < pb.batch; ++r) {
-      const size_t n = chunks_of(pb.seq_lens[r]);
+      const size_t n = row_span(pb, r).chunks;
       items_ += n * heads_;
       if (n > 1) slots_ += n * heads_;
       max_q_len = std::max(max_q_len, static_cast<size_t>(pb.q_len(r)));
@@ -113,7 +127,7 @@ class Plan {
     slot_base_ = threads_ + per_thread_ * max_threads;
     size_t item = 0, slot = 0;
     for (uint32_t r = 0; r < pb.batch; ++r) {
-      const size_t n = chunks_of(pb.seq_lens[r]);
+      const size_t n = row_span(pb, r).chunks;
       row_item_[r] = item;
       row_slot_[r] = slot;
       item += n * heads_;
@@ -154,12 +168,13 @@ class Plan {
                             Scratch &s) const;
   template <class Ty>
   FD_HOT_INLINE void merge(const float *first, size_t n, size_t rows, Scratch &s,
-                           typename Elem<Ty::kOut>::T *out, size_t q_stride) const;
+                           typename Elem<Ty::kOut>::T *out, size_t q_stride,
+                           uint32_t kv_head) const;
   // Writes the normalised rows of s.acc (query token j, head g at out +
-  // j * q_stride + g * dim).
+  // j * q_stride + g * dim); attention sinks join the denominators here.
   template <class Ty>
   FD_HOT_INLINE void store(const Scratch &s, size_t rows, typename Elem<Ty::kOut>::T *out,
-                           size_t q_stride) const;
+                           size_t q_stride, uint32_t kv_head) const;
 
   const DecodeProblem &pb_;
   size_t group_, dim_, tile_, tile8_, heads_;
@@ -209,6 +224,9 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
   // Last position query token 0 sees (the causal limit of token j is one more per token).
   const size_t len = static_cast<size_t>(pb_.seq_lens[row]);
   const size_t first_limit = len - q_len;
+  const VariantPolicy policy = VariantPolicy::of(pb_.variant);
+  // Several query tokens (causal) or a window: per-row masks.
+  const bool masked = q_len > 1 || policy.window > 0;
   const TileSource<Ty::kKV> k_src(pb_, pb_.k, row, kv_head);
   const TileSource<Ty::kKV> v_src(pb_, pb_.v, row, kv_head);
   for (size_t t0 = t_begin; t0 < t_end; t0 += tile_) {
@@ -217,17 +235,24 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
     cpu::scores(s.q, s.k, n, rows, dim, tile8_, s.p);
     for (size_t r = 0; r < rows; ++r) {
       float *w = s.p + r * tile8_;
-      if (q_len > 1) {
-        // Positions t0 .. t0 + visible - 1 of this tile are visible.
-        const size_t limit = first_limit + r / group;
-        const size_t visible = limit < t0 ? 0 : std::min(n, limit - t0 + 1);
-        if (visible == 0) {
+      if (policy.softcap > 0.f)
+        for (size_t j = 0; j < n; ++j) w[j] = policy.logit(w[j]);
+      if (masked) {
+        // Positions [begin, end) of this tile are visible to query row r:
+        // causal (its own position is the last) and, with a window, the
+        // last `window` positions only.
+        const size_t position = first_limit + r / group;
+        const size_t lo = static_cast<size_t>(policy.first_visible(static_cast<int64_t>(position)));
+        const size_t end = position < t0 ? 0 : std::min(n, position - t0 + 1);
+        const size_t begin = lo <= t0 ? 0 : std::min(n, lo - t0);
+        if (begin >= end) {
           // Nothing to add: weights 0, state unchanged (no -inf - -inf).
           std::fill(w, w + tile8_, 0.f);
           s.corr[r] = 1.f;
           continue;
         }
-        for (size_t j = visible; j < n; ++j) w[j] = -INFINITY;
+        for (size_t j = 0; j < begin; ++j) w[j] = -INFINITY;
+        for (size_t j = end; j < n; ++j) w[j] = -INFINITY;
       }
       s.corr[r] = cpu::softmax_update(w, n, s.m[r], s.l[r]);
     }
@@ -242,10 +267,19 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
 
 template <class Ty>
 FD_HOT_INLINE void Plan::store(const Scratch &s, size_t rows, typename Elem<Ty::kOut>::T *out,
-                               size_t q_stride) const {
+                               size_t q_stride, uint32_t kv_head) const {
   const size_t group = group_, dim = dim_;
+  const float *sinks = pb_.variant.sinks;
   for (size_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / s.l[r];
+    float inv = 1.0f / s.l[r];
+    if (sinks != nullptr) {
+      // A sink is one more term of the denominator, e^(sink - max), and no
+      // value: rescale to the larger of the two maxima (-inf: no change).
+      const float sink = sinks[kv_head * group + r % group];
+      const float m = s.m[r], top = sink > m ? sink : m;
+      const float keep = cpu::exp1(m - top);
+      inv = keep / (s.l[r] * keep + cpu::exp1(sink - top));
+    }
     auto *dst = out + (r / group) * q_stride + (r % group) * dim;
     for (size_t d = 0; d < dim; ++d) dst[d] = Elem<Ty::kOut>::from_f32(s.acc[r * dim + d] * inv);
   }
@@ -257,7 +291,8 @@ FD_HOT_INLINE void Plan::store(const Scratch &s, size_t rows, typename Elem<Ty::
 // query row sees none of holds max -inf and adds nothing.
 template <class Ty>
 FD_HOT_INLINE void Plan::merge(const float *first, size_t n, size_t rows, Scratch &s,
-                               typename Elem<Ty::kOut>::T *out, size_t q_stride) const {
+                               typename Elem<Ty::kOut>::T *out, size_t q_stride,
+                               uint32_t kv_head) const {
   const size_t dim = dim_;
   for (size_t r = 0; r < rows; ++r) {
     float mx = -INFINITY;
@@ -280,7 +315,7 @@ FD_HOT_INLINE void Plan::merge(const float *first, size_t n, size_t rows, Scratc
       for (size_t d = 0; d < dim; ++d) acc[d] += a[d] * f;
     }
   }
-  store<Ty>(s, rows, out, q_stride);
+  store<Ty>(s, rows, out, q_stride, kv_head);
 }
 
 template <class Ty>
@@ -290,7 +325,8 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   const size_t row =
       static_cast<size_t>(std::upper_bound(row_item_, row_item_ + batch + 1, item) - row_item_ - 1);
   const size_t len = static_cast<size_t>(pb_.seq_lens[row]);
-  const size_t n = chunks_of(pb_.seq_lens[row]);
+  const RowSpan span = row_span(pb_, static_cast<uint32_t>(row));
+  const size_t n = span.chunks;
   const size_t local = item - row_item_[row];
   const auto kv_head = static_cast<uint32_t>(local / n);
   const size_t chunk = local % n;
@@ -305,10 +341,10 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
     for (size_t i = 0; i < group * dim; ++i) out[i] = Elem<Ty::kOut>::from_f32(0.f);
     return;
   }
-  const size_t t0 = chunk * kChunkTokens;
+  const size_t t0 = span.first + chunk * kChunkTokens;
   attend<Ty>(static_cast<uint32_t>(row), kv_head, t0, std::min(len, t0 + kChunkTokens), s);
   if (n == 1) {
-    store<Ty>(s, rows, out, q_stride);
+    store<Ty>(s, rows, out, q_stride, kv_head);
     return;
   }
   float *first = slot_base_ + (row_slot_[row] + kv_head * n) * slot_floats_;
@@ -320,7 +356,7 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   // that finishes last, makes every other chunk's slot visible to it.
   std::atomic<uint32_t> &done = done_[row * heads_ + kv_head];
   if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n)
-    merge<Ty>(first, n, rows, s, out, q_stride);
+    merge<Ty>(first, n, rows, s, out, q_stride, kv_head);
 }
 
 // One work item: the code above compiled for the baseline ISA and, on
@@ -366,7 +402,7 @@ template <class Ty>
 void run(const DecodeProblem &pb) {
   const size_t tile = tile_tokens(pb.head_dim);
   size_t items = 0;
-  for (uint32_t r = 0; r < pb.batch; ++r) items += chunks_of(pb.seq_lens[r]) * pb.num_kv_heads;
+  for (uint32_t r = 0; r < pb.batch; ++r) items += row_span(pb, r).chunks * pb.num_kv_heads;
   const size_t threads = choose_threads(pb, items);
   const Plan plan(pb, tile, threads);
   const ItemFn run_item = select_item<Ty>();

@@ -1,5 +1,6 @@
 #include "attention/decode_cpu_indices.hpp"
 
+#include <cmath>
 #include <cstddef>
 
 #include "core/error.hpp"
@@ -8,6 +9,10 @@ namespace fd {
 
 void check_decode_indices(const DecodeProblem &pb, const int32_t *seq_lens,
                           const int32_t *block_tables, const int32_t *q_indptr) {
+  if (const float *sinks = pb.variant.sinks)
+    for (uint32_t h = 0; h < pb.num_q_heads; ++h)
+      if (std::isnan(sinks[h]))
+        fail(FD_ERR_INVALID_ARGUMENT, "sinks[%u] is NaN (-inf: no sink for that head)", h);
   if (q_indptr != nullptr && q_indptr[0] != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d", static_cast<int>(q_indptr[0]));
   // Exact in 64 bits: both factors are below 2^32.

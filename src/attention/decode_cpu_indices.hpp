@@ -13,7 +13,8 @@ namespace fd {
 // seq_lens[r] lies in [0, max_blocks_per_seq * block_size] and within the
 // resolved max_seq_len, and every block id a non-empty row uses (its first
 // ceil(seq_len / block_size) table entries) lies in [0, num_blocks).
-// With several query tokens per row, also that q_indptr starts at 0 and
+// Also that no attention sink is NaN. With several query tokens per row,
+// that q_indptr starts at 0 and
 // gives every row 1 .. min(seq_len, max_q_len_hint if given) tokens.
 // `seq_lens`, `block_tables` and `q_indptr` are host copies of the
 // problem's arrays (q_indptr null when the problem has none).

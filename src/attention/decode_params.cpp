@@ -154,6 +154,12 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   if (!std::isfinite(p.sm_scale) || p.sm_scale < 0.f)
     fail(FD_ERR_INVALID_ARGUMENT, "sm_scale must be finite and >= 0 (0: 1/sqrt(head_dim)), got %g",
          static_cast<double>(p.sm_scale));
+  if (!std::isfinite(p.logit_softcap) || p.logit_softcap < 0.f)
+    fail(FD_ERR_INVALID_ARGUMENT, "logit_softcap must be finite and >= 0 (0: none), got %g",
+         static_cast<double>(p.logit_softcap));
+  if (p.sliding_window < 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "sliding_window must be >= 0 (0: none), got %d",
+         static_cast<int>(p.sliding_window));
   if ((p.flags & ~kKnownFlags) != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "flags 0x%x has unknown bits 0x%x", p.flags,
          p.flags & ~kKnownFlags);
@@ -181,6 +187,7 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   require_aligned(p.block_tables, sizeof(int32_t), "block_tables");
   require_aligned(p.seq_lens, sizeof(int32_t), "seq_lens");
   require_aligned(p.q_indptr, sizeof(int32_t), "q_indptr");
+  require_aligned(p.sinks, sizeof(float), "sinks");
 
   pb.kv = resolve_paged_kv(paged_kv_request(p, p.kv_dtype, p.num_blocks), "");
 
@@ -243,6 +250,9 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   pb.max_q_len_given = p.max_q_len_hint > 0;
   pb.variant.sm_scale =
       p.sm_scale > 0.f ? p.sm_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  pb.variant.logit_softcap = p.logit_softcap;
+  pb.variant.sliding_window = p.sliding_window;
+  pb.variant.sinks = p.sinks;
   // seq_lens are int32, so a capacity beyond INT32_MAX never binds.
   const uint64_t max_len =
       p.max_seq_len_hint > 0 ? static_cast<uint64_t>(p.max_seq_len_hint) : capacity;

@@ -4,6 +4,7 @@
 // field in Variant, its resolution in the decode front end, and its rule here.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "attention/host_device.hpp"
@@ -13,7 +14,11 @@ namespace fd {
 // The resolved variant section of fd_decode_params: trivially copyable, so
 // it travels to the kernels by value.
 struct Variant {
-  float sm_scale = 1.f;  // > 0 (0 in the params resolves to 1/sqrt(head_dim))
+  float sm_scale = 1.f;          // > 0 (0 in the params resolves to 1/sqrt(head_dim))
+  float logit_softcap = 0.f;     // 0: none; > 0: scores become cap * tanh(score / cap)
+  int32_t sliding_window = 0;    // 0: none; w > 0: a query at p sees p - w + 1 .. p
+  const float *sinks = nullptr;  // null or [num_q_heads]: logits in each head's denominator
+  bool is_plain() const { return logit_softcap == 0.f && sliding_window == 0 && sinks == nullptr; }
 };
 
 // The policy the backends apply. Logits are either natural (CPU: q is
@@ -22,21 +27,32 @@ struct Variant {
 struct VariantPolicy {
   float sm_scale;
   float log2_scale;  // sm_scale * log2(e)
+  float softcap;     // 0: none
+  int32_t window;    // 0: none
 
   FD_HD static VariantPolicy of(const Variant &v) {
     VariantPolicy p;
     p.sm_scale = v.sm_scale;
     p.log2_scale = v.sm_scale * 1.4426950408889634f;
+    p.softcap = v.logit_softcap;
+    p.window = v.sliding_window;
     return p;
   }
   // Factor a CPU backend folds into q before the dot products.
   FD_HD float query_scale() const { return sm_scale; }
-  // Natural logit of a dot product of a pre-scaled q (CPU).
-  FD_HD float logit(float scaled_dot) const { return scaled_dot; }
-  // Base-2 logit of a raw dot product (CUDA).
+  // Natural logit of a dot product of a pre-scaled q (CPU): the soft-cap,
+  // when there is one, squashes it into (-cap, cap).
+  FD_HD float logit(float scaled_dot) const {
+    return softcap > 0.f ? softcap * tanhf(scaled_dot / softcap) : scaled_dot;
+  }
+  // Base-2 logit of a raw dot product (CUDA; the CUDA backend serves no
+  // soft-cap yet, so this is the plain scaling).
   FD_HD float logit_log2(float dot) const { return dot * log2_scale; }
-  // K/V tokens [first_visible(len), len) are attended by a row's query.
-  FD_HD int32_t first_visible(int32_t /*seq_len*/) const { return 0; }
+  // First position a query at `position` attends (the sliding window).
+  FD_HD int64_t first_visible(int64_t position) const {
+    const int64_t first = window > 0 ? position - window + 1 : 0;
+    return first > 0 ? first : 0;
+  }
 };
 
 }  // namespace fd

@@ -66,6 +66,13 @@ bool aligned16(const void *p) {
 // What this backend serves; everything else is FD_ERR_UNSUPPORTED naming the
 // parameter.
 void check_supported(const DecodeProblem &pb) {
+  // The variants of S2.3 run on the CPU backend so far.
+  if (pb.variant.logit_softcap != 0.f)
+    fail(FD_ERR_UNSUPPORTED, "logit_softcap is not supported on CUDA yet (0: none)");
+  if (pb.variant.sliding_window != 0)
+    fail(FD_ERR_UNSUPPORTED, "sliding_window is not supported on CUDA yet (0: none)");
+  if (pb.variant.sinks != nullptr)
+    fail(FD_ERR_UNSUPPORTED, "sinks are not supported on CUDA yet (NULL: none)");
   if (pb.kv.dtype == FD_DTYPE_F32)
     fail(FD_ERR_UNSUPPORTED, "kv_dtype f32 is not supported on CUDA (use f16 or bf16)");
   if (pb.kv.dtype != FD_DTYPE_F16 && pb.kv.dtype != FD_DTYPE_BF16)

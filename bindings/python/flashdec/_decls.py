@@ -380,6 +380,9 @@ class fd_decode_params(Structure):
         ('workspace_size', c_size_t),  # size_t
         ('device', fd_device),  # fd_device
         ('stream', c_void_p),  # fd_stream
+        ('logit_softcap', c_float),  # float
+        ('sliding_window', c_int32),  # int32_t
+        ('sinks', c_void_p),  # float *
     ]
 
 

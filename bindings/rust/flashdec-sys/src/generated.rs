@@ -1909,12 +1909,15 @@ pub struct fd_decode_params {
     pub workspace_size: usize,
     pub device: fd_device,
     pub stream: fd_stream,
+    pub logit_softcap: f32,
+    pub sliding_window: i32,
+    pub sinks: *const f32,
 }
 #[test]
 fn bindgen_test_layout_fd_decode_params() {
     assert_eq!(
         ::std::mem::size_of::<fd_decode_params>(),
-        192usize,
+        208usize,
         concat!("Size of: ", stringify!(fd_decode_params))
     );
     assert_eq!(
@@ -2483,6 +2486,57 @@ fn bindgen_test_layout_fd_decode_params() {
         );
     }
     test_field_stream();
+    fn test_field_logit_softcap() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).logit_softcap) as usize - ptr as usize
+            },
+            192usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_decode_params),
+                "::",
+                stringify!(logit_softcap)
+            )
+        );
+    }
+    test_field_logit_softcap();
+    fn test_field_sliding_window() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sliding_window) as usize - ptr as usize
+            },
+            196usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_decode_params),
+                "::",
+                stringify!(sliding_window)
+            )
+        );
+    }
+    test_field_sliding_window();
+    fn test_field_sinks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sinks) as usize - ptr as usize
+            },
+            200usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_decode_params),
+                "::",
+                stringify!(sinks)
+            )
+        );
+    }
+    test_field_sinks();
 }
 extern "C" {
     pub fn fd_decode_params_init(params: *mut fd_decode_params);
