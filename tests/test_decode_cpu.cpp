@@ -16,6 +16,7 @@ extern "C" {
 #include <numeric>
 #include <vector>
 
+#include "alloc_failures.h"
 #include "fd_test.h"
 
 namespace {
@@ -779,6 +780,33 @@ void test_plan_errors(void **state) {
   fd_decode_plan_destroy(plan);
 }
 
+/* A plan that cannot be allocated: FD_ERR_OUT_OF_MEMORY naming it, the out
+ * handle untouched; every allocation of the call is failed in turn until
+ * one run needs no more. */
+void test_plan_create_out_of_memory(void **state) {
+  (void)state;
+  Problem p = error_base();
+  fd_decode_params prm = params_for(p);
+  int failed = 0;
+  for (long k = 0;; ++k) {
+    fd_decode_plan *plan = (fd_decode_plan *)0x1;
+    fd_alloc_fail_arm(k);
+    const fd_status st = fd_decode_plan_create(&prm, p.lens.data(), &plan);
+    const bool used = fd_alloc_failures::t_allocations_left < 0;
+    fd_alloc_fail_arm(-1);
+    if (!used) {
+      FD_ASSERT_OK(st);
+      fd_decode_plan_destroy(plan);
+      break;
+    }
+    assert_int_equal(st, FD_ERR_OUT_OF_MEMORY);
+    assert_non_null(strstr(fd_last_error_message(), "fd_decode_plan"));
+    assert_ptr_equal(plan, (fd_decode_plan *)0x1);
+    ++failed;
+  }
+  assert_true(failed >= 1);
+}
+
 /* Without a usable CUDA device the CUDA backend answers NO_DEVICE. The shape is
  * one the CUDA kernel serves (S1), so only the missing device can fail it. */
 void test_cuda_without_device(void **state) {
@@ -829,6 +857,7 @@ int main(void) {
       cmocka_unit_test(test_plan_without_buffers),
       cmocka_unit_test(test_plan_run_matches_decode),
       cmocka_unit_test(test_plan_errors),
+      cmocka_unit_test(test_plan_create_out_of_memory),
       cmocka_unit_test(test_cuda_without_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -408,14 +408,21 @@ void test_errors(void **state) {
     int32_t devices = 0;
     FD_ASSERT_OK(fd_cuda_device_count(&devices));
     const fd_status want = devices > 0 ? FD_ERR_UNSUPPORTED : FD_ERR_NO_DEVICE;
-    const char *cap_msg = devices > 0 ? "logit_softcap is not supported on CUDA" : "CUDA device";
-    Problem p = error_base();
-    fd_decode_params prm_ = params_for(p);
-    prm_.device.type = FD_DEVICE_CUDA, prm_.q_indptr = NULL, prm_.logit_softcap = 30.f;
-    fd_test_decode_dtype(&prm_, FD_DTYPE_F16); /* a type CUDA serves; nothing is read */
-    size_t bytes = 12345;
-    FD_ASSERT_FAILS(fd_decode_workspace_size(&prm_, &bytes), want, cap_msg);
-    assert_int_equal(bytes, 12345);
+    static const float zero_sinks[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int field = 0; field < 3; ++field) {
+      Problem p = error_base();
+      fd_decode_params prm_ = params_for(p);
+      prm_.device.type = FD_DEVICE_CUDA, prm_.q_indptr = NULL;
+      fd_test_decode_dtype(&prm_, FD_DTYPE_F16); /* a type CUDA serves; nothing is read */
+      const char *name = field == 0 ? "logit_softcap" : field == 1 ? "sliding_window" : "sinks";
+      if (field == 0) prm_.logit_softcap = 30.f;
+      if (field == 1) prm_.sliding_window = 64;
+      if (field == 2) prm_.sinks = zero_sinks;
+      size_t bytes = 12345;
+      FD_ASSERT_FAILS(fd_decode_workspace_size(&prm_, &bytes), want,
+                      devices > 0 ? name : "CUDA device");
+      assert_int_equal(bytes, 12345);
+    }
   }
   /* On CUDA the host plans from the hint (it cannot read a device
    * q_indptr): refused before the device is looked at. */

@@ -213,8 +213,9 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
     for (; i + 8 <= nq; i += 8) Elem<Ty::kQ>::to_f32x8(src + i, dst + i);
     for (; i < nq; ++i) dst[i] = Elem<Ty::kQ>::to_f32(src[i]);
   }
+  const VariantPolicy policy = VariantPolicy::of(pb_.variant);
   {
-    const float scale = VariantPolicy::of(pb_.variant).query_scale();
+    const float scale = policy.query_scale();
     for (size_t i = 0; i < rows * dim; ++i) s.q[i] *= scale;
   }
   std::fill(s.m, s.m + rows, -INFINITY);
@@ -224,7 +225,6 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
   // Last position query token 0 sees (the causal limit of token j is one more per token).
   const size_t len = static_cast<size_t>(pb_.seq_lens[row]);
   const size_t first_limit = len - q_len;
-  const VariantPolicy policy = VariantPolicy::of(pb_.variant);
   // Several query tokens (causal) or a window: per-row masks.
   const bool masked = q_len > 1 || policy.window > 0;
   const TileSource<Ty::kKV> k_src(pb_, pb_.k, row, kv_head);

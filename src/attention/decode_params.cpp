@@ -106,8 +106,6 @@ int64_t query_tokens(const fd_decode_params &p, bool run) {
     // the overlap checks take the extent every row has (one token).
     return p.batch;
   }
-  if (p.q_indptr[0] != 0)
-    fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d", static_cast<int>(p.q_indptr[0]));
   const int32_t total = p.q_indptr[p.batch];
   if (total < static_cast<int64_t>(p.batch))
     fail(FD_ERR_INVALID_ARGUMENT,
