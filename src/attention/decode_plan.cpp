@@ -138,8 +138,14 @@ FD_API fd_status fd_decode_plan_create(const fd_decode_params *params, const int
     // otherwise the plan says how much every run needs.
     const bool limit = problem.num_splits == 0 && problem.workspace != nullptr;
     const fd::DecodePlan plan = fd::plan_decode(problem, host_seq_lens, limit);
-    fd_decode_plan *handle = new (std::nothrow) fd_decode_plan{plan};
-    if (handle == nullptr) fd::fail(FD_ERR_OUT_OF_MEMORY, "allocating an fd_decode_plan");
+    // Plain new (its nothrow form is another operator an allocator may
+    // replace separately from delete): a failure is this call's out of memory.
+    fd_decode_plan *handle = nullptr;
+    try {
+      handle = new fd_decode_plan{plan};
+    } catch (const std::bad_alloc &) {
+      fd::fail(FD_ERR_OUT_OF_MEMORY, "allocating an fd_decode_plan");
+    }
     *out = handle;
     return FD_OK;
   });
