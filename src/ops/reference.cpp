@@ -1,5 +1,6 @@
 #include "ops/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +62,31 @@ float check_dense_attention_args(const DenseAttentionArgs &a) {
       fail(FD_ERR_INVALID_ARGUMENT, "seq_lens[%u] = %d is out of range [0, max_seq_len=%u]", r,
            static_cast<int>(len), a.max_seq_len);
   }
+  if (a.q_indptr != nullptr) {
+    require_aligned(a.q_indptr, sizeof(int32_t), "q_indptr");
+    if (a.q_indptr[0] != 0)
+      fail(FD_ERR_INVALID_ARGUMENT, "q_indptr[0] must be 0, got %d", a.q_indptr[0]);
+    for (uint32_t r = 0; r < a.batch; ++r) {
+      const int64_t n = int64_t{a.q_indptr[r + 1]} - a.q_indptr[r];
+      if (n < 1 || n > a.seq_lens[r])
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "q_indptr[%u] = %d: row %u has %lld query tokens, it needs 1 .. seq_lens[%u] = %d",
+             r + 1, a.q_indptr[r + 1], r, static_cast<long long>(n), r, a.seq_lens[r]);
+    }
+    require_addressable(static_cast<uint32_t>(a.q_indptr[a.batch]), a.num_q_heads, a.head_dim, 1,
+                        "q/out ([q_indptr[batch], num_q_heads, head_dim])");
+  }
+  if (!std::isfinite(a.logit_softcap) || a.logit_softcap < 0.f)
+    fail(FD_ERR_INVALID_ARGUMENT, "logit_softcap must be finite and >= 0 (0: none), got %g",
+         static_cast<double>(a.logit_softcap));
+  if (a.sliding_window < 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "sliding_window must be >= 0 (0: none), got %d",
+         a.sliding_window);
+  if (a.sinks != nullptr) {
+    require_aligned(a.sinks, sizeof(float), "sinks");
+    for (uint32_t h = 0; h < a.num_q_heads; ++h)
+      if (std::isnan(a.sinks[h])) fail(FD_ERR_INVALID_ARGUMENT, "sinks[%u] is NaN", h);
+  }
   return a.sm_scale > 0.f ? a.sm_scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
 }
 
@@ -70,32 +96,48 @@ void reference_attention_dense(const DenseAttentionArgs &a, float sm_scale) {
   std::vector<float> scores(a.max_seq_len);
   std::vector<float> acc(dim);
   for (size_t r = 0; r < a.batch; ++r) {
-    const size_t len = static_cast<size_t>(a.seq_lens[r]);
-    for (size_t h = 0; h < a.num_q_heads; ++h) {
-      const size_t q_row = (r * a.num_q_heads + h) * dim;
-      const size_t kv_head = h / group;
-      const size_t kv_base = (r * a.num_kv_heads + kv_head) * a.max_seq_len * dim;
-      // Two passes, FP32 throughout: scores and their maximum, then weights.
-      float max_score = -INFINITY;
-      for (size_t t = 0; t < len; ++t) {
-        float dot = 0.f;
-        for (size_t d = 0; d < dim; ++d)
-          dot += load_as_f32(a.q, q_row + d, a.dtype) *
-                 load_as_f32(a.k, kv_base + t * dim + d, a.dtype);
-        scores[t] = dot * sm_scale;
-        if (scores[t] > max_score) max_score = scores[t];
+    const int64_t len = a.seq_lens[r];
+    // Query tokens of the row: the last n positions (S2.2); without q_indptr
+    // one token, at position len - 1.
+    const int64_t first = a.q_indptr != nullptr ? a.q_indptr[r] : static_cast<int64_t>(r);
+    const int64_t n = a.q_indptr != nullptr ? a.q_indptr[r + 1] - first : 1;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t position = len - n + j;
+      // Visible keys: 0 .. position, or its last sliding_window (S2.3).
+      const int64_t lo =
+          a.sliding_window > 0 ? std::max<int64_t>(0, position - a.sliding_window + 1) : 0;
+      const int64_t hi = position + 1;  // 0 for an empty row
+      for (size_t h = 0; h < a.num_q_heads; ++h) {
+        const size_t q_row = ((first + j) * a.num_q_heads + h) * dim;
+        const size_t kv_head = h / group;
+        const size_t kv_base = (r * a.num_kv_heads + kv_head) * a.max_seq_len * dim;
+        // Two passes, FP32 throughout: scores and their maximum (the sink
+        // included), then weights.
+        const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+        float max_score = sink;
+        for (int64_t t = lo; t < hi; ++t) {
+          float dot = 0.f;
+          for (size_t d = 0; d < dim; ++d)
+            dot += load_as_f32(a.q, q_row + d, a.dtype) *
+                   load_as_f32(a.k, kv_base + t * dim + d, a.dtype);
+          float s = dot * sm_scale;
+          if (a.logit_softcap > 0.f) s = a.logit_softcap * std::tanh(s / a.logit_softcap);
+          scores[t] = s;
+          if (s > max_score) max_score = s;
+        }
+        // The sink takes probability mass and brings no value.
+        float denom = sink == -INFINITY ? 0.f : std::exp(sink - max_score);
+        for (size_t d = 0; d < dim; ++d) acc[d] = 0.f;
+        for (int64_t t = lo; t < hi; ++t) {
+          const float p = std::exp(scores[t] - max_score);
+          denom += p;
+          for (size_t d = 0; d < dim; ++d)
+            acc[d] += p * load_as_f32(a.v, kv_base + t * dim + d, a.dtype);
+        }
+        // An empty row has no weights: its output is zero by definition (S2).
+        const float inv = hi > lo ? 1.0f / denom : 0.f;
+        for (size_t d = 0; d < dim; ++d) store_from_f32(a.out, q_row + d, a.dtype, acc[d] * inv);
       }
-      float denom = 0.f;
-      for (size_t d = 0; d < dim; ++d) acc[d] = 0.f;
-      for (size_t t = 0; t < len; ++t) {
-        const float p = std::exp(scores[t] - max_score);
-        denom += p;
-        for (size_t d = 0; d < dim; ++d)
-          acc[d] += p * load_as_f32(a.v, kv_base + t * dim + d, a.dtype);
-      }
-      // An empty row has no weights: its output is zero by definition (S2).
-      const float inv = len > 0 ? 1.0f / denom : 0.f;
-      for (size_t d = 0; d < dim; ++d) store_from_f32(a.out, q_row + d, a.dtype, acc[d] * inv);
     }
   }
 }

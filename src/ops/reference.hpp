@@ -1,5 +1,6 @@
 // Dense reference attention (docs/semantics.md S2, implementation 1): plain,
-// single-threaded C++ over contiguous per-row K/V. It is the yardstick the
+// single-threaded C++ over contiguous per-row K/V, with the multi-token rule
+// of S2.2 and the variants of S2.3 written out directly. It is the yardstick the
 // paged CPU backend and the CUDA kernel are checked against, so it favours
 // obviousness over speed.
 #pragma once
@@ -21,6 +22,13 @@ struct DenseAttentionArgs {
   const int32_t *seq_lens = nullptr;  // [batch], each in [0, max_seq_len]
   float sm_scale = 0.f;               // 0 means 1/sqrt(head_dim)
   void *out = nullptr;                // [batch, num_q_heads, head_dim]
+  // Several query tokens per row (S2.2): [batch + 1] offsets into q and out
+  // ([q_indptr[batch], num_q_heads, head_dim]); null: one token per row.
+  const int32_t *q_indptr = nullptr;
+  // The variants of S2.3, off by default.
+  float logit_softcap = 0.f;
+  int32_t sliding_window = 0;
+  const float *sinks = nullptr;  // [num_q_heads] or null
 };
 
 // Checks every argument (throws fd::Error naming the parameter) and returns
