@@ -93,6 +93,7 @@ int main(void) {
   OFF(fd_tx_info, state);
   OFF(fd_tx_info, max_blocks_per_seq);
   OFF(fd_tx_info, new_block_count);
+  OFF(fd_tx_info, token_count);
   SIZE(fd_prefix_info);
   OFF(fd_prefix_info, struct_size);
   OFF(fd_prefix_info, num_blocks);

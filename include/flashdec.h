@@ -585,15 +585,44 @@ FD_API fd_status fd_cache_export_async(const fd_cache *cache, const uint64_t *re
  */
 FD_API fd_status fd_cache_async_error(const fd_cache *cache);
 
+/**
+ * @brief Shortens committed requests (appended in 0.2): tokens rejected by an
+ * earlier speculative step, or an engine rolling back.
+ *
+ * Atomic for the batch: everything is checked first, then request i's
+ * seq_len becomes seq_lens[i] and its blocks past the first
+ * ceil(seq_lens[i] / block_size) are released to the front of the free list
+ * in table order (each pushed to the front in turn, as finish releases them:
+ * the last one is handed out first; free_count grows by their number).
+ * Contents are not cleared. Shared prefix blocks are never released: a
+ * length shorter than the attached prefix is refused. state_version grows
+ * when a length changes; truncating to the current lengths changes nothing.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; @p count unique,
+ *   active ids.
+ * @param[in] seq_lens Host memory, [count] int32, borrowed for the call: the
+ *   new lengths, 0 <= seq_lens[i] <= the request's seq_len.
+ * @param count Entries of both arrays, >= 1.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates, a
+ *   length outside [0, seq_len] or one that "would cut into the attached
+ *   prefix": the message names seq_lens[i]); ::FD_ERR_NOT_FOUND (unknown id);
+ *   ::FD_ERR_INVALID_STATE (terminal id, or a transaction is open). A failure
+ *   changes nothing.
+ */
+FD_API fd_status fd_cache_truncate(fd_cache *cache, const uint64_t *request_ids,
+                                   const int32_t *seq_lens, uint32_t count);
+
 /** @} */
 
 /* ------------------------------------------------------------------------ */
 /** @defgroup transactions Multi-layer token transactions
  *  Behaviour: docs/semantics.md S5.
  *
- *  One token for a batch of requests, written layer by layer, then published
- *  at once (commit) or rolled back (abort). At most one transaction is open per
- *  cache. Same thread contract as the cache.
+ *  New tokens for a batch of requests (one each with ::fd_tx_begin, k_i >= 1
+ *  for request i with ::fd_tx_begin_multi), written layer by layer, then
+ *  published at once (commit, or keep-a_i commit for speculative verify) or
+ *  rolled back (abort). At most one transaction is open per cache. Same
+ *  thread contract as the cache.
  *  @{ */
 
 /**
@@ -619,6 +648,8 @@ typedef enum fd_tx_state {
  * Ids must be non-empty, unique and active, and no transaction may be open.
  * Capacity is checked for the whole batch first. Row r gets position =
  * seq_len, offset = position % block_size, and a new block where offset == 0.
+ * The same as ::fd_tx_begin_multi with every token count 1 (token_count ==
+ * batch).
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param[in] request_ids Host memory, borrowed for the call; copied.
  * @param count Entries of @p request_ids (the batch), >= 1.
@@ -637,8 +668,8 @@ FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint3
                              fd_tx *tx);
 
 /**
- * @brief Writes one layer's K and V for every row, at the locations the cache
- * computed at begin.
+ * @brief Writes one layer's K and V for every new token of the transaction,
+ * at the locations the cache computed at begin.
  *
  * @p layer must equal the transaction's next layer. On success next_layer + 1
  * and transaction_layer_write_count + 1; on any failure of the open
@@ -649,8 +680,11 @@ FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint3
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
  * @param layer The transaction's next layer.
- * @param[in] k,v [batch, num_kv_heads, head_dim] in the cache's dtype and
- *   device memory; borrowed for the call (CUDA: read on @p stream).
+ * @param[in] k,v [token_count, num_kv_heads, head_dim] in the cache's dtype
+ *   and device memory: the transaction's new tokens packed in row order (row
+ *   0's k_0 tokens by position, then row 1's, ...; token_count = batch for
+ *   ::fd_tx_begin, fd_tx_info.token_count in general); borrowed for the call
+ *   (CUDA: read on @p stream).
  * @param stream CUDA stream the append is enqueued on (NULL: default
  *   stream); ignored by CPU caches.
  * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL data, wrong layer: "transaction
@@ -661,19 +695,21 @@ FD_API fd_status fd_tx_write_layer(fd_cache *cache, fd_tx tx, uint32_t layer, co
                                    const void *v, fd_stream stream);
 
 /**
- * @brief As ::fd_tx_write_layer, but first rotates Q and K with RoPE (S3.1) at
- * each row's position; writes rotated K and raw V; returns rotated Q.
+ * @brief As ::fd_tx_write_layer, but first rotates Q and K with RoPE (S3.1),
+ * each token at its own position; writes rotated K and raw V; returns rotated
+ * Q.
  *
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
  * @param layer The transaction's next layer.
- * @param[in] q [batch, num_q_heads, head_dim] in the cache's dtype and
- *   device memory; borrowed for the call (CUDA: until @p stream reaches it).
+ * @param[in] q [token_count, num_q_heads, head_dim] in the cache's dtype and
+ *   device memory, packed as K (token_count = batch for ::fd_tx_begin);
+ *   borrowed for the call (CUDA: until @p stream reaches it).
  * @param num_q_heads A positive multiple of the cache's num_kv_heads.
  * @param[in] k,v As ::fd_tx_write_layer.
  * @param rotary_dim Even, 0 < rotary_dim <= head_dim.
  * @param rope_base Finite, > 0 (e.g. 10000).
- * @param[out] q_out [batch, num_q_heads, head_dim], same memory kind as @p q;
+ * @param[out] q_out [token_count, num_q_heads, head_dim], same memory kind as @p q;
  *   borrowed; may equal @p q (in place).
  * @param stream As ::fd_tx_write_layer.
  * @return As ::fd_tx_write_layer.
@@ -684,7 +720,8 @@ FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t laye
                                         fd_stream stream);
 
 /**
- * @brief Publishes the token: every row's seq_len grows by exactly one.
+ * @brief Publishes the tokens: every row's seq_len grows by its token count
+ * (one with ::fd_tx_begin); the same as ::fd_tx_commit_keep keeping all.
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE when not every layer was written
@@ -694,8 +731,8 @@ FD_API fd_status fd_tx_write_layer_rope(fd_cache *cache, fd_tx tx, uint32_t laye
 FD_API fd_status fd_tx_commit(fd_cache *cache, fd_tx tx);
 
 /**
- * @brief Rolls the token back: new blocks return to the front of the free list
- * in their previous order; seq_lens unchanged.
+ * @brief Rolls the tokens back: new blocks return to the front of the free
+ * list in their previous order; seq_lens unchanged.
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
  * @return ::FD_OK; ::FD_ERR_INVALID_STATE (already committed/aborted);
@@ -711,6 +748,10 @@ typedef struct fd_tx_info {
   int32_t state;               /**< ::fd_tx_state (always ::FD_TX_OPEN here). */
   uint32_t max_blocks_per_seq; /**< Smallest valid table stride for ::fd_tx_block_tables. */
   uint32_t new_block_count;    /**< Blocks allocated at begin. */
+  /* Appended in 0.2 (a caller's older, smaller struct gets the fields above). */
+  uint32_t token_count; /**< New tokens, sum of the rows' token counts (= batch for
+                             ::fd_tx_begin): the first dimension of the layer writes' K, V
+                             and Q. */
 } fd_tx_info;
 
 /**
@@ -728,15 +769,17 @@ FD_API fd_status fd_tx_get_info(const fd_cache *cache, fd_tx tx, fd_tx_info *inf
 /**
  * @brief Per-row view of an open transaction, in begin's row order. Every
  * output is host memory of `batch` entries, borrowed for the call, and may be
- * NULL to skip it.
+ * NULL to skip it. For a row of k new tokens, positions, block_ids and offsets
+ * describe the first one (::fd_tx_get_tokens lists every token).
  * @param[in] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
  * @param capacity Entries available in each non-NULL array; must be >= batch.
  * @param[out] request_ids Row ids.
- * @param[out] positions Token positions (= committed seq_len).
- * @param[out] block_ids Physical block of the new token.
+ * @param[out] positions First new position (= committed seq_len).
+ * @param[out] block_ids Physical block of the first new token.
  * @param[out] offsets Offset inside that block.
- * @param[out] effective_seq_lens seq_len + 1.
+ * @param[out] effective_seq_lens seq_len + the row's token count (+ 1 for
+ *   ::fd_tx_begin).
  * @return As ::fd_tx_get_info; ::FD_ERR_INVALID_ARGUMENT when capacity < batch.
  */
 FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capacity,
@@ -761,7 +804,7 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
 /**
  * @brief Device view of an open transaction (appended in 0.1): its block
  * tables (new blocks included, padded with -1) and effective_seq_lens
- * (seq_len + 1), ready for ::fd_decode, copied into caller device buffers on
+ * (seq_len + the row's token count), ready for ::fd_decode, copied into caller device buffers on
  * @p stream with no host synchronisation.
  *
  * Same staging rules as ::fd_cache_export_async. On a CPU cache the
@@ -771,13 +814,13 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
  * @param table_stride As ::fd_tx_block_tables.
  * @param[out] block_tables Device memory (CUDA cache), [batch, table_stride]
  *   int32; may be NULL.
- * @param[out] effective_seq_lens Device memory (CUDA cache), [batch] int32;
- *   may be NULL.
+ * @param[out] effective_seq_lens Device memory (CUDA cache), [batch] int32
+ *   (seq_len + the row's token count); may be NULL.
  * @param stream CUDA stream the copies are enqueued on (NULL: default stream).
  * @return As ::fd_tx_block_tables; ::FD_ERR_DEVICE; ::FD_ERR_OUT_OF_MEMORY.
  *
  * CUDA caches and layer writes: ::fd_tx_write_layer and
- * ::fd_tx_write_layer_rope run the append kernels with the rows' block ids,
+ * ::fd_tx_write_layer_rope run the append kernels with the tokens' block ids,
  * offsets and positions that the cache computed at ::fd_tx_begin. Those are
  * uploaded to the device once per transaction, by the transaction's first
  * layer write, on that write's stream (from cache-owned pinned staging; no
@@ -786,7 +829,7 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
  * until the next ::fd_tx_begin on the cache (the staging is recycled in
  * stream order). Each write returns after
  * enqueueing; its inputs must stay valid until @p stream reaches it. The
- * first transaction, or one with more rows than any before, allocates
+ * first transaction, or one with more tokens than any before, allocates
  * staging memory: begin it outside stream capture. K, V, Q and q_out are
  * device memory; q_out may equal q but must not otherwise overlap q, k or v
  * (::FD_ERR_INVALID_ARGUMENT).
@@ -794,6 +837,88 @@ FD_API fd_status fd_tx_block_tables(const fd_cache *cache, fd_tx tx, uint32_t ta
 FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint32_t table_stride,
                                           int32_t *block_tables, int32_t *effective_seq_lens,
                                           fd_stream stream);
+
+/**
+ * @brief Opens a transaction of token_counts[i] >= 1 new tokens for request
+ * i (appended in 0.2): a prompt chunk, or the draft tokens of a speculative
+ * verify step.
+ *
+ * As ::fd_tx_begin (which is this call with every count 1), except that row i
+ * gets positions seq_len_i .. seq_len_i + k_i - 1, token j at offset
+ * (seq_len_i + j) % block_size of the row's logical block (seq_len_i + j) /
+ * block_size, and a new block for every logical block the row's tokens reach
+ * past its committed ones (ceil((seq_len_i + k_i) / block_size) -
+ * ceil(seq_len_i / block_size) blocks, taken from the front of the free list
+ * row by row, in logical order). The layer writes then take the sum of k_i
+ * tokens packed in row order (fd_tx_info.token_count).
+ *
+ * All or nothing: ids, counts and capacity for every new block are checked
+ * before anything changes.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; copied; @p count
+ *   unique, active ids.
+ * @param[in] token_counts Host memory, [count] uint32, borrowed for the call
+ *   and copied; each >= 1; seq_len_i + k_i and the sum of the counts must fit
+ *   in int32.
+ * @param count Entries of @p request_ids and @p token_counts (the batch), >= 1.
+ * @param[out] tx Not NULL; receives the handle on success only.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates, a
+ *   count of 0: "token_counts[3] is 0: each row appends at least one token",
+ *   a length or total past INT32_MAX; the message names the parameter);
+ *   ::FD_ERR_NOT_FOUND; ::FD_ERR_INVALID_STATE (terminal id, a transaction
+ *   already open); ::FD_ERR_OUT_OF_BLOCKS (capacity_failure_count and
+ *   transaction_failure_count + 1, nothing else changes);
+ *   ::FD_ERR_OUT_OF_MEMORY (nothing changes). As for ::fd_tx_begin, the
+ *   memory commit, keep and abort need is reserved here.
+ */
+FD_API fd_status fd_tx_begin_multi(fd_cache *cache, const uint64_t *request_ids,
+                                   const uint32_t *token_counts, uint32_t count, fd_tx *tx);
+
+/**
+ * @brief Per-token view of an open transaction (appended in 0.2): every new
+ * token in packed order (row 0's tokens by position, then row 1's, ...), the
+ * order of the layer writes' K, V and Q.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin or ::fd_tx_begin_multi on this cache.
+ * @param capacity Entries available in each non-NULL array; must be >=
+ *   fd_tx_info.token_count.
+ * @param[out] positions Host memory, borrowed for the call; each token's
+ *   position; may be NULL.
+ * @param[out] block_ids Host memory; the physical block each token goes to;
+ *   may be NULL.
+ * @param[out] offsets Host memory; the token's offset inside that block; may
+ *   be NULL.
+ * @return As ::fd_tx_get_info; ::FD_ERR_INVALID_ARGUMENT when capacity <
+ *   token_count and an output is given (nothing written).
+ */
+FD_API fd_status fd_tx_get_tokens(const fd_cache *cache, fd_tx tx, uint32_t capacity,
+                                  int32_t *positions, int32_t *block_ids, int32_t *offsets);
+
+/**
+ * @brief Commits the first keep_counts[i] new tokens of each row and drops
+ * the rest (appended in 0.2): the keep-a_i step of speculative verify.
+ *
+ * Row i's seq_len grows by keep_counts[i], for every row at once. New blocks
+ * of this transaction that hold no kept token go back to the front of the
+ * free list in their previous order, as an abort returns them (and count in
+ * transaction_rollback_block_count); dropped tokens' bytes stay in kept
+ * blocks but are not visible. The transaction becomes committed (and
+ * transaction_commit_count + 1). ::fd_tx_commit is this call keeping every
+ * token; keeping none of a row leaves its seq_len as it was.
+ * @param[in,out] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin or ::fd_tx_begin_multi on this cache.
+ * @param[in] keep_counts Host memory, [count] uint32, borrowed for the call;
+ *   0 <= keep_counts[i] <= row i's token count.
+ * @param count Entries of @p keep_counts; must equal the batch.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count not the batch, a
+ *   keep count above the row's token count: the message names
+ *   keep_counts[i]; the transaction stays open and unchanged);
+ *   ::FD_ERR_INVALID_STATE when not every layer was written (the transaction
+ *   stays open) or when already committed/aborted; ::FD_ERR_STALE_HANDLE;
+ *   ::FD_ERR_NOT_FOUND. Never fails for lack of memory (begin reserved it).
+ */
+FD_API fd_status fd_tx_commit_keep(fd_cache *cache, fd_tx tx, const uint32_t *keep_counts,
+                                   uint32_t count);
 
 /** @} */
 

@@ -31,9 +31,9 @@ void BlockAllocator::release(int32_t block) {
   ++counters_.free_count;
 }
 
-void BlockAllocator::rollback(const std::vector<int32_t> &blocks) {
+void BlockAllocator::rollback(const int32_t *blocks, size_t count) {
   // The first allocated block was the front: push it last.
-  for (size_t i = blocks.size(); i > 0; --i) stack_.push_back(blocks[i - 1]);
+  for (size_t i = count; i > 0; --i) stack_.push_back(blocks[i - 1]);
 }
 
 std::vector<int32_t> BlockAllocator::free_list() const {

@@ -48,7 +48,12 @@ class BlockAllocator {
 
   // Undoes allocations: `blocks` in the order they were allocated (nothing
   // else may have touched the list since). Counters are not changed.
-  void rollback(const std::vector<int32_t> &blocks);
+  void rollback(const std::vector<int32_t> &blocks) { rollback(blocks.data(), blocks.size()); }
+  // The same for `count` blocks at `blocks`, in allocation order. Rolling
+  // back several runs of one allocation, the later runs first, puts them all
+  // back in allocation order (a partial rollback: the runs need not be
+  // adjacent in that allocation).
+  void rollback(const int32_t *blocks, size_t count);
 
   void record_capacity_failure() { ++counters_.capacity_failure_count; }
 

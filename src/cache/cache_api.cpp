@@ -150,6 +150,14 @@ FD_API fd_status fd_cache_append(fd_cache *cache, const uint64_t *request_ids, u
   });
 }
 
+FD_API fd_status fd_cache_truncate(fd_cache *cache, const uint64_t *request_ids,
+                                   const int32_t *seq_lens, uint32_t count) {
+  return fd::guard([&] {
+    cache_of(cache).truncate(request_ids, seq_lens, count);
+    return FD_OK;
+  });
+}
+
 FD_API fd_status fd_cache_metrics_get(const fd_cache *cache, fd_cache_metrics *metrics) {
   return fd::guard([&] {
     const fd::PagedCache &c = cache_of(cache);
@@ -180,6 +188,17 @@ FD_API fd_status fd_tx_begin(fd_cache *cache, const uint64_t *request_ids, uint3
   });
 }
 
+FD_API fd_status fd_tx_begin_multi(fd_cache *cache, const uint64_t *request_ids,
+                                   const uint32_t *token_counts, uint32_t count, fd_tx *tx) {
+  return fd::guard([&] {
+    fd::PagedCache &c = cache_of(cache);
+    require_non_null(tx, "tx");
+    require_non_null(token_counts, "token_counts");
+    *tx = c.begin(request_ids, count, token_counts);
+    return FD_OK;
+  });
+}
+
 FD_API fd_status fd_tx_write_layer(fd_cache *cache, fd_tx tx, uint32_t layer, const void *k,
                                    const void *v, fd_stream stream) {
   return fd::guard([&] {
@@ -206,6 +225,14 @@ FD_API fd_status fd_tx_commit(fd_cache *cache, fd_tx tx) {
   });
 }
 
+FD_API fd_status fd_tx_commit_keep(fd_cache *cache, fd_tx tx, const uint32_t *keep_counts,
+                                   uint32_t count) {
+  return fd::guard([&] {
+    cache_of(cache).commit_keep(tx, keep_counts, count);
+    return FD_OK;
+  });
+}
+
 FD_API fd_status fd_tx_abort(fd_cache *cache, fd_tx tx) {
   return fd::guard([&] {
     cache_of(cache).abort(tx);
@@ -226,6 +253,7 @@ FD_API fd_status fd_tx_get_info(const fd_cache *cache, fd_tx tx, fd_tx_info *inf
     full.state = FD_TX_OPEN;
     full.max_blocks_per_seq = c.tx_max_blocks_per_seq(t);
     full.new_block_count = static_cast<uint32_t>(t.new_blocks.size());
+    full.token_count = static_cast<uint32_t>(t.locations.size());
     fd::write_versioned<kMin>(info, full, "info");
     return FD_OK;
   });
@@ -251,7 +279,29 @@ FD_API fd_status fd_tx_get_rows(const fd_cache *cache, fd_tx tx, uint32_t capaci
       if (positions) positions[i] = row.position;
       if (block_ids) block_ids[i] = row.block;
       if (offsets) offsets[i] = row.offset;
-      if (effective_seq_lens) effective_seq_lens[i] = row.position + 1;
+      if (effective_seq_lens)
+        effective_seq_lens[i] = row.position + static_cast<int32_t>(row.token_count);
+    }
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_tx_get_tokens(const fd_cache *cache, fd_tx tx, uint32_t capacity,
+                                  int32_t *positions, int32_t *block_ids, int32_t *offsets) {
+  return fd::guard([&] {
+    const fd::OpenTransaction &t = cache_of(cache).open_transaction(tx);
+    fd::require_aligned(positions, alignof(int32_t), "positions");
+    fd::require_aligned(block_ids, alignof(int32_t), "block_ids");
+    fd::require_aligned(offsets, alignof(int32_t), "offsets");
+    const size_t tokens = t.locations.size();
+    if ((positions || block_ids || offsets) && capacity < tokens)
+      fd::fail(FD_ERR_INVALID_ARGUMENT,
+               "capacity %u is smaller than the transaction's %zu tokens (token_count)", capacity,
+               tokens);
+    for (size_t i = 0; i < tokens; ++i) {
+      if (positions) positions[i] = t.positions[i];
+      if (block_ids) block_ids[i] = t.locations[i].block;
+      if (offsets) offsets[i] = t.locations[i].offset;
     }
     return FD_OK;
   });

@@ -48,7 +48,8 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint3
                                 if (block_tables) c.tx_block_tables(t, table_stride, tables);
                                 if (effective_seq_lens)
                                   for (size_t i = 0; i < rows; ++i)
-                                    lens[i] = t.rows[i].position + 1;
+                                    lens[i] = t.rows[i].position +
+                                              static_cast<int32_t>(t.rows[i].token_count);
                               });
     return FD_OK;
   });

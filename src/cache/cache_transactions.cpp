@@ -15,73 +15,114 @@ unsigned long long ull(uint64_t v) {
 }
 }  // namespace
 
-fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count) {
+uint64_t PagedCache::check_token_counts(const uint64_t *ids, const uint32_t *token_counts,
+                                        uint32_t count) const {
+  // Every row's new length, and the tokens of the whole transaction, must be
+  // int32 (positions, lengths and the layer writes' token count are).
+  const uint64_t block_size = s_.config.block_size;
+  uint64_t tokens = 0, needed = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    const Request &r = *id_records_[i];
+    const uint64_t k = token_counts ? token_counts[i] : 1;
+    const uint64_t end = static_cast<uint64_t>(r.seq_len) + k;
+    if (end > static_cast<uint64_t>(INT32_MAX))
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "token_counts[%u] = %llu: request %llu's seq_len %d + %llu exceeds INT32_MAX", i, ull(k),
+           ull(ids[i]), r.seq_len, ull(k));
+    tokens += k;
+    needed += (end + block_size - 1) / block_size - r.blocks.size();
+  }
+  if (tokens > static_cast<uint64_t>(INT32_MAX))
+    fail(FD_ERR_INVALID_ARGUMENT, "token_counts sum to %llu tokens, more than INT32_MAX",
+         ull(tokens));
+  return needed;
+}
+
+fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count, const uint32_t *token_counts) {
   check_id_list(ids, count, true);  // fills id_records_
+  if (token_counts != nullptr) {
+    require_aligned(token_counts, alignof(uint32_t), "token_counts");
+    for (uint32_t i = 0; i < count; ++i)
+      if (token_counts[i] == 0)
+        fail(FD_ERR_INVALID_ARGUMENT, "token_counts[%u] is 0: each row appends at least one token",
+             i);
+  }
   require_no_open_transaction("begin a transaction");
   check_records_active(ids, count);
-
-  const int32_t block_size = static_cast<int32_t>(s_.config.block_size);
-  uint32_t needed = 0;
-  for (uint32_t i = 0; i < count; ++i)
-    if (id_records_[i]->seq_len % block_size == 0) ++needed;
+  const uint64_t needed = check_token_counts(ids, token_counts, count);
   if (needed > s_.allocator.free_blocks()) {
     // The only counters a failed begin moves (S5).
     s_.allocator.record_capacity_failure();
     ++s_.tx_counters.failure_count;
-    fail(FD_ERR_OUT_OF_BLOCKS, "transaction needs %u new blocks, only %u are free", needed,
+    fail(FD_ERR_OUT_OF_BLOCKS, "transaction needs %llu new blocks, only %u are free", ull(needed),
          s_.allocator.free_blocks());
   }
 
   // Build the whole transaction (and reserve device staging) before touching
   // the allocator, in the previous transaction's object (its vectors keep
   // their capacity).
+  const uint32_t block_size = s_.config.block_size;
   if (!spare_tx_) spare_tx_ = std::make_unique<OpenTransaction>();
   OpenTransaction &t = *spare_tx_;
   t.rows.resize(count);
-  t.new_blocks.reserve(needed);
-  t.locations.resize(count);
-  t.positions.resize(count);
-  storage_->reserve_rows(count);
+  uint32_t tokens = 0, blocks = 0;
   for (uint32_t i = 0; i < count; ++i) {
     Request &r = *id_records_[i];
     TxRow &row = t.rows[i];
     row.request_id = ids[i];
     row.request = &r;
     row.position = r.seq_len;
-    row.offset = r.seq_len % block_size;
-    row.new_block = row.offset == 0;
-    row.table_size = static_cast<uint32_t>(r.blocks.size()) + (row.new_block ? 1u : 0u);
-    row.block = row.new_block ? 0 : r.blocks.back();
+    row.offset = static_cast<int32_t>(static_cast<uint32_t>(r.seq_len) % block_size);
+    row.token_count = token_counts ? token_counts[i] : 1;
+    row.first_token = tokens;
+    const uint64_t end = static_cast<uint64_t>(r.seq_len) + row.token_count;
+    row.table_size = static_cast<uint32_t>((end + block_size - 1) / block_size);
+    row.new_block_count = row.table_size - static_cast<uint32_t>(r.blocks.size());
+    row.first_new_block = blocks;
+    tokens += row.token_count;  // checked: fits int32
+    blocks += row.new_block_count;
   }
+  t.new_blocks.reserve(blocks);
+  t.locations.resize(tokens);
+  t.positions.resize(tokens);
+  storage_->reserve_rows(tokens);
   // What commit and abort would allocate, reserved now, so that neither can
   // fail for memory once the transaction is open (a caller that must undo
   // its writes can always abort). Block lists grow geometrically, not one
   // entry at a time, so a growing row rarely reallocates.
   s_.history.reserve_next(count);
   for (const TxRow &row : t.rows) {
-    std::vector<int32_t> &blocks = row.request->blocks;
-    if (row.new_block && blocks.size() == blocks.capacity())
-      blocks.reserve(std::max<size_t>(8, 2 * blocks.size()));
+    std::vector<int32_t> &list = row.request->blocks;
+    if (row.table_size > list.capacity())
+      list.reserve(std::max<size_t>({8, 2 * list.size(), row.table_size}));
   }
 
   // Nothing below can fail.
-  for (uint32_t i = 0; i < count; ++i) {
-    TxRow &row = t.rows[i];
-    if (row.new_block) {
-      row.block = s_.allocator.allocate();
-      t.new_blocks.push_back(row.block);  // capacity reserved above
+  for (TxRow &row : t.rows) {
+    for (uint32_t b = 0; b < row.new_block_count; ++b)
+      t.new_blocks.push_back(s_.allocator.allocate());  // capacity reserved above
+    for (uint32_t j = 0; j < row.token_count; ++j) {
+      const uint32_t pos = static_cast<uint32_t>(row.position) + j;
+      t.locations[row.first_token + j] = RowLocation{tx_row_block(t, row, pos / block_size),
+                                                     static_cast<int32_t>(pos % block_size)};
+      t.positions[row.first_token + j] = static_cast<int32_t>(pos);
     }
+    row.block = t.locations[row.first_token].block;
     row.request->in_transaction = true;
-    t.locations[i] = RowLocation{row.block, row.offset};
-    t.positions[i] = row.position;
   }
-  storage_->stage_rows(t.locations.data(), t.positions.data(), count);
+  storage_->stage_rows(t.locations.data(), t.positions.data(), tokens);
   ++s_.state_version;
   t.id = s_.next_tx_id++;
   t.cache_version = s_.state_version;
   ++s_.tx_counters.begin_count;
   s_.open_tx = std::move(spare_tx_);
   return fd_tx{t.id, t.cache_version};
+}
+
+int32_t PagedCache::tx_row_block(const OpenTransaction &t, const TxRow &row, size_t index) const {
+  const std::vector<int32_t> &committed = row.request->blocks;
+  if (index < committed.size()) return committed[index];
+  return t.new_blocks[row.first_new_block + (index - committed.size())];
 }
 
 const OpenTransaction &PagedCache::open_transaction(fd_tx tx) const {
@@ -158,7 +199,7 @@ void PagedCache::write_layer(fd_tx tx, uint32_t layer, const void *k, const void
   OpenTransaction &t = mutable_transaction(tx);
   check_layer_write(t, layer, k, v);
   try {
-    storage_->check_write(t.rows.size(), nullptr, 0, k, v, nullptr);
+    storage_->check_write(t.locations.size(), nullptr, 0, k, v, nullptr);
   } catch (const Error &) {
     ++s_.tx_counters.failure_count;
     throw;
@@ -182,7 +223,7 @@ void PagedCache::write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint3
            "num_q_heads %u must be a positive multiple of the cache's num_kv_heads %u", num_q_heads,
            kv_heads);
     check_rope_args(s_.config.head_dim, rotary_dim, rope_base);
-    storage_->check_write(t.rows.size(), q, num_q_heads, k, v, q_out);
+    storage_->check_write(t.locations.size(), q, num_q_heads, k, v, q_out);
   } catch (const Error &) {
     ++s_.tx_counters.failure_count;
     throw;
@@ -207,19 +248,44 @@ void PagedCache::end_transaction(int32_t state) noexcept {
   ++s_.state_version;
 }
 
-void PagedCache::commit(fd_tx tx) {
+void PagedCache::commit_keep(fd_tx tx, const uint32_t *keep_counts, uint32_t count, bool partial) {
   OpenTransaction &t = mutable_transaction(tx);
+  if (partial) {
+    require_non_null(keep_counts, "keep_counts");
+    require_aligned(keep_counts, alignof(uint32_t), "keep_counts");
+    if (count != t.rows.size())
+      fail(FD_ERR_INVALID_ARGUMENT, "count %u must equal transaction %llu's batch of %zu rows",
+           count, ull(t.id), t.rows.size());
+    for (uint32_t i = 0; i < count; ++i)
+      if (keep_counts[i] > t.rows[i].token_count)
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "keep_counts[%u] = %u is more than the %u tokens row %u (request %llu) appended", i,
+             keep_counts[i], t.rows[i].token_count, i, ull(t.rows[i].request_id));
+  }
   if (t.next_layer != s_.config.num_layers)
     fail(FD_ERR_INVALID_STATE,
          "transaction %llu has written %u of %u layers; commit needs every layer", ull(t.id),
          t.next_layer, s_.config.num_layers);
   // begin reserved the history slot and the block lists' room: nothing here
-  // allocates.
-  for (const TxRow &row : t.rows) {
+  // allocates. New blocks that hold no kept token go back to the free list
+  // as an abort returns them: the later rows' first, so that together they
+  // lie at the front in their previous order.
+  const uint32_t block_size = s_.config.block_size;
+  uint64_t dropped = 0;
+  for (size_t i = t.rows.size(); i > 0; --i) {
+    const TxRow &row = t.rows[i - 1];
     Request &r = *row.request;
-    if (row.new_block) r.blocks.push_back(row.block);
-    ++r.seq_len;
+    const uint32_t keep = partial ? keep_counts[i - 1] : row.token_count;
+    const uint32_t new_len = static_cast<uint32_t>(r.seq_len) + keep;
+    const uint32_t kept_blocks =
+        (new_len + block_size - 1) / block_size - static_cast<uint32_t>(r.blocks.size());
+    const int32_t *mine = t.new_blocks.data() + row.first_new_block;
+    r.blocks.insert(r.blocks.end(), mine, mine + kept_blocks);  // within the reserved capacity
+    s_.allocator.rollback(mine + kept_blocks, row.new_block_count - kept_blocks);
+    dropped += row.new_block_count - kept_blocks;
+    r.seq_len = static_cast<int32_t>(new_len);
   }
+  s_.tx_counters.rollback_block_count += dropped;
   end_transaction(FD_TX_COMMITTED);
   ++s_.tx_counters.commit_count;
 }
@@ -252,7 +318,8 @@ void PagedCache::tx_block_tables(const OpenTransaction &t, uint32_t table_stride
     const std::vector<int32_t> &blocks = row.request->blocks;
     int32_t *out = block_tables + i * table_stride;
     std::copy(blocks.begin(), blocks.end(), out);
-    if (row.new_block) out[blocks.size()] = row.block;
+    const int32_t *mine = t.new_blocks.data() + row.first_new_block;
+    std::copy(mine, mine + row.new_block_count, out + blocks.size());
     std::fill(out + row.table_size, out + table_stride, -1);
   }
 }

@@ -119,12 +119,15 @@ std::string check_requests(const CacheState &s) {
     if (r.in_transaction != (row != nullptr))
       return format("request %llu is %s the open transaction but its flag says otherwise", ull(id),
                     row ? "in" : "not in");
-    const uint64_t tokens = static_cast<uint64_t>(r.seq_len) + (row ? 1 : 0);
+    const uint64_t pending = row ? row->token_count : 0;
+    const uint64_t tokens = static_cast<uint64_t>(r.seq_len) + pending;
     const uint64_t expected = (tokens + bs - 1) / bs;
-    const uint64_t owned = r.blocks.size() + (row && row->new_block ? 1 : 0);
+    const uint64_t owned = r.blocks.size() + (row ? row->new_block_count : 0);
     if (owned != expected)
       return format("request %llu owns %llu blocks, but seq_len %d%s needs %llu", ull(id),
-                    ull(owned), r.seq_len, row ? " + 1 (open transaction)" : "", ull(expected));
+                    ull(owned), r.seq_len,
+                    row ? format(" + %llu (open transaction)", ull(pending)).c_str() : "",
+                    ull(expected));
     if (r.prefix_id.empty()) {
       if (r.prefix_blocks != 0)
         return format("request %llu has %u prefix blocks but no prefix", ull(id), r.prefix_blocks);
@@ -180,8 +183,12 @@ std::string check_transaction(const CacheState &s) {
   if (t.next_layer > s.config.num_layers)
     return format("open transaction %llu has written %u layers, more than num_layers %u", ull(t.id),
                   t.next_layer, s.config.num_layers);
-  const int32_t bs = static_cast<int32_t>(s.config.block_size);
+  if (t.positions.size() != t.locations.size())
+    return format("open transaction %llu holds %zu token positions for %zu token locations",
+                  ull(t.id), t.positions.size(), t.locations.size());
+  const uint64_t bs = s.config.block_size;
   std::vector<int32_t> new_blocks;
+  size_t tokens = 0;
   for (const TxRow &row : t.rows) {
     const Request *r = s.requests.find(row.request_id);
     if (r == nullptr || !r->active())
@@ -195,19 +202,45 @@ std::string check_transaction(const CacheState &s) {
           "open transaction %llu: request %llu's position %d differs from its "
           "seq_len %d",
           ull(t.id), ull(row.request_id), row.position, r->seq_len);
-    const size_t index = static_cast<size_t>(row.position / bs);
-    const bool location_ok =
-        row.offset == row.position % bs && row.new_block == (row.offset == 0) &&
-        row.table_size == index + 1 &&
-        (row.new_block ? r->blocks.size() == index
-                       : r->blocks.size() == index + 1 && r->blocks[index] == row.block);
-    if (!location_ok)
+    const uint64_t end = static_cast<uint64_t>(row.position) + row.token_count;
+    if (row.token_count == 0 || row.first_token != tokens ||
+        row.first_token + uint64_t{row.token_count} > t.locations.size() ||
+        row.first_new_block != new_blocks.size() ||
+        row.first_new_block + uint64_t{row.new_block_count} > t.new_blocks.size() ||
+        row.table_size != (end + bs - 1) / bs ||
+        row.table_size != r->blocks.size() + row.new_block_count)
       return format(
-          "open transaction %llu: request %llu's location (block %d, offset %d) does "
-          "not match what it owns",
-          ull(t.id), ull(row.request_id), row.block, row.offset);
-    if (row.new_block) new_blocks.push_back(row.block);
+          "open transaction %llu: request %llu's %u tokens and %u new blocks do not match its "
+          "place in the transaction or what it owns",
+          ull(t.id), ull(row.request_id), row.token_count, row.new_block_count);
+    tokens += row.token_count;
+    // The committed blocks the tokens reach are the row's own; each logical
+    // block past them is a new one, taken by its first token: together, in
+    // row order, they must be the transaction's new blocks.
+    for (uint32_t j = 0; j < row.token_count; ++j) {
+      const uint64_t pos = static_cast<uint64_t>(row.position) + j;
+      const size_t index = static_cast<size_t>(pos / bs);
+      const RowLocation &at = t.locations[row.first_token + j];
+      bool ok = t.positions[row.first_token + j] == static_cast<int32_t>(pos) &&
+                at.offset == static_cast<int32_t>(pos % bs) &&
+                (j > 0 || (row.block == at.block && row.offset == at.offset));
+      if (index < r->blocks.size()) {
+        ok = ok && at.block == r->blocks[index];
+      } else if (pos % bs == 0) {
+        new_blocks.push_back(at.block);
+      } else {
+        ok = ok && !new_blocks.empty() && at.block == new_blocks.back();
+      }
+      if (!ok)
+        return format(
+            "open transaction %llu: request %llu's token %u location (block %d, offset %d) does "
+            "not match what it owns",
+            ull(t.id), ull(row.request_id), j, at.block, at.offset);
+    }
   }
+  if (tokens != t.locations.size())
+    return format("open transaction %llu holds %zu token locations for %zu tokens", ull(t.id),
+                  t.locations.size(), tokens);
   if (new_blocks != t.new_blocks)
     return format("open transaction %llu's new blocks differ from its rows' new blocks", ull(t.id));
   return "";

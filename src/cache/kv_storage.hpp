@@ -74,7 +74,8 @@ class ExportFill {
   void (*call_)(const void *, int32_t *, int32_t *);
 };
 
-// Destination of one row of a layer write.
+// Destination of one row of a layer write: one new token (a transaction row
+// of k tokens has k of them, packed in row order).
 struct RowLocation {
   int32_t block;
   int32_t offset;
@@ -112,10 +113,10 @@ class KvStorage {
   virtual LayerStorage layer(uint32_t layer) = 0;
 
   // --- Transaction staging (device storages; the CPU storage ignores it) ---
-  // begin calls reserve_rows(n) before it mutates anything (it may throw,
-  // e.g. when staging memory cannot be allocated) and stage_rows() once the
-  // rows are final. A device storage keeps them and uploads them once, at
-  // the transaction's first layer write; write_layer* then ignore `rows` and
+  // begin calls reserve_rows(n), n = the transaction's new tokens, before it
+  // mutates anything (it may throw, e.g. when staging memory cannot be
+  // allocated) and stage_rows() once the token locations are final. A device storage keeps them and
+  // uploads them once, at the transaction's first layer write; write_layer* then ignore `rows` and
   // `positions` in favour of the staged copy.
   virtual void reserve_rows(size_t /*num_rows*/) {}
   virtual void stage_rows(const RowLocation * /*rows*/, const int32_t * /*positions*/,

@@ -127,6 +127,41 @@ void PagedCache::release_blocks(const std::vector<int32_t> &blocks, size_t first
   for (size_t i = first; i < blocks.size(); ++i) s_.allocator.release(blocks[i]);
 }
 
+void PagedCache::truncate(const uint64_t *ids, const int32_t *seq_lens, uint32_t count) {
+  check_id_list(ids, count, true);  // fills id_records_
+  require_non_null(seq_lens, "seq_lens");
+  require_aligned(seq_lens, alignof(int32_t), "seq_lens");
+  require_no_open_transaction("truncate requests");
+  check_records_active(ids, count);
+  const uint64_t block_size = s_.config.block_size;
+  bool changed = false;
+  for (uint32_t i = 0; i < count; ++i) {
+    const Request &r = *id_records_[i];
+    if (seq_lens[i] < 0 || seq_lens[i] > r.seq_len)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "seq_lens[%u] = %d is outside [0, %d] (request %llu's seq_len: truncate only shortens)",
+           i, seq_lens[i], r.seq_len, ull(ids[i]));
+    const uint64_t prefix_tokens = uint64_t{r.prefix_blocks} * block_size;
+    if (static_cast<uint64_t>(seq_lens[i]) < prefix_tokens)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "seq_lens[%u] = %d would cut into the attached prefix \"%s\" of request %llu (its "
+           "first %llu tokens)",
+           i, seq_lens[i], r.prefix_id.c_str(), ull(ids[i]), ull(prefix_tokens));
+    changed = changed || seq_lens[i] != r.seq_len;
+  }
+  // Nothing below can fail (releasing pushes onto the allocator's reserved
+  // list; shrinking a block list does not allocate).
+  for (uint32_t i = 0; i < count; ++i) {
+    Request &r = *id_records_[i];
+    const size_t keep =
+        static_cast<size_t>((static_cast<uint64_t>(seq_lens[i]) + block_size - 1) / block_size);
+    release_blocks(r.blocks, keep);  // private blocks only: keep >= prefix_blocks
+    r.blocks.resize(keep);
+    r.seq_len = seq_lens[i];
+  }
+  if (changed) ++s_.state_version;
+}
+
 void PagedCache::close_request(uint64_t id, int32_t terminal_state) {
   require_no_open_transaction(terminal_state == FD_REQUEST_FINISHED ? "finish a request"
                                                                     : "cancel a request");

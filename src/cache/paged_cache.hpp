@@ -94,18 +94,26 @@ class PagedCache {
                    int32_t *seq_lens) const;
   LayerStorage layer_storage(uint32_t layer) const;
   void append(const uint64_t *ids, uint32_t count, const void *k, const void *v, fd_stream stream);
+  // Shortens committed requests (S5.3): validates everything, then sets the
+  // lengths and releases the blocks past each new end.
+  void truncate(const uint64_t *ids, const int32_t *seq_lens, uint32_t count);
 
-  // Transactions (S5).
-  fd_tx begin(const uint64_t *ids, uint32_t count);
+  // Transactions (S5). `token_counts` NULL: one token per row (fd_tx_begin).
+  fd_tx begin(const uint64_t *ids, uint32_t count, const uint32_t *token_counts = nullptr);
   void write_layer(fd_tx tx, uint32_t layer, const void *k, const void *v, fd_stream stream);
   void write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint32_t num_q_heads,
                         const void *k, const void *v, uint32_t rotary_dim, float rope_base,
                         void *q_out, fd_stream stream);
-  void commit(fd_tx tx);
+  void commit(fd_tx tx) { commit_keep(tx, nullptr, 0, false); }
+  // Keeps the first keep_counts[i] new tokens of row i (every token when
+  // `partial` is false: keep_counts and count are then ignored).
+  void commit_keep(fd_tx tx, const uint32_t *keep_counts, uint32_t count, bool partial = true);
   void abort(fd_tx tx);
   // The open transaction `tx` names; throws the precise handle error otherwise.
   const OpenTransaction &open_transaction(fd_tx tx) const;
   uint32_t tx_max_blocks_per_seq(const OpenTransaction &t) const;
+  // The physical block of a row's logical block `index` (committed or new).
+  int32_t tx_row_block(const OpenTransaction &t, const TxRow &row, size_t index) const;
   void tx_block_tables(const OpenTransaction &t, uint32_t table_stride,
                        int32_t *block_tables) const;
 
@@ -145,6 +153,10 @@ class PagedCache {
   // As check_id_list, and every id is active.
   void check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const;
   OpenTransaction &mutable_transaction(fd_tx tx);
+  // begin's checks of token_counts (non-NULL entries >= 1, lengths within
+  // int32) and its block need; id_records_ holds the rows' records.
+  uint64_t check_token_counts(const uint64_t *ids, const uint32_t *token_counts,
+                              uint32_t count) const;
   // Checks a layer write's layer and data pointers (non-NULL, aligned); a
   // failure counts in transaction_failure_count.
   void check_layer_write(const OpenTransaction &t, uint32_t layer, const void *k, const void *v);

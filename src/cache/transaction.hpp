@@ -11,7 +11,7 @@
 
 namespace fd {
 
-// One row of a transaction: where the request's new token goes. Computed by
+// One row of a transaction: where the request's new tokens go. Computed by
 // the cache at begin and never read from caller memory afterwards.
 struct Request;
 
@@ -20,21 +20,25 @@ struct TxRow {
   // The row's request record (records are never erased and none is added
   // while a transaction is open, so the pointer stays valid until it ends).
   Request *request = nullptr;
-  int32_t position = 0;     // committed seq_len at begin
-  int32_t block = 0;        // physical block of the new token
-  int32_t offset = 0;       // position % block_size
-  bool new_block = false;   // `block` was allocated by this transaction
-  uint32_t table_size = 0;  // blocks of the row including the new one
+  int32_t position = 0;          // committed seq_len at begin: the first new position
+  int32_t block = 0;             // physical block of the first new token
+  int32_t offset = 0;            // position % block_size
+  uint32_t token_count = 1;      // new tokens (k >= 1), positions position .. position + k - 1
+  uint32_t first_token = 0;      // index of the first of them in the transaction's token arrays
+  uint32_t new_block_count = 0;  // blocks this row gets from this transaction
+  uint32_t first_new_block = 0;  // index of the first of them in OpenTransaction::new_blocks
+  uint32_t table_size = 0;       // blocks of the row including the new ones
 };
 
 struct OpenTransaction {
   uint64_t id = 0;
   uint64_t cache_version = 0;       // state_version right after begin
   std::vector<TxRow> rows;          // in begin's order
-  std::vector<int32_t> new_blocks;  // in allocation order
+  std::vector<int32_t> new_blocks;  // in allocation order: row by row, logical order in a row
   uint32_t next_layer = 0;
-  // The rows' destinations and positions in the form the storage takes,
-  // built once at begin (not per layer write).
+  // One entry per new token, rows packed in begin's order (the order of the
+  // layer writes' K/V/Q): destinations and positions in the form the storage
+  // takes, built once at begin (not per layer write).
   std::vector<RowLocation> locations;
   std::vector<int32_t> positions;
 };

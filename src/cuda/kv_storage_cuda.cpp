@@ -1,6 +1,6 @@
 // Device-memory K/V storage of the CUDA backend. The cache decides where each
-// token goes (cache/kv_storage.hpp); this storage stages a transaction's rows
-// once (pinned memory, uploaded by the first layer write on that write's
+// token goes (cache/kv_storage.hpp); this storage stages a transaction's
+// per-token locations once (pinned memory, uploaded by the first layer write on that write's
 // stream), launches the append kernels (kernels/append_launch.hpp) per layer,
 // and delivers metadata exports into caller device buffers, all without a host
 // synchronisation. Only creation and prefix registration synchronise:
@@ -163,7 +163,7 @@ class CudaKvStorage final : public KvStorage {
   CudaKvStorage(const KvGeometry &g, int32_t ordinal)
       : g_(g), ordinal_(ordinal), elem_(g.element_size()), rows_ring_(true), export_ring_(false) {
     CudaDeviceScope scope(ordinal_);
-    // Room for 4 transactions of up to 1365 rows and 4 exports of 16Ki
+    // Room for 4 transactions of up to 1365 tokens and 4 exports of 16Ki
     // entries in flight before anything is allocated on the way (the rings
     // free themselves if the constructor throws later).
     rows_ring_.preallocate(4, 16384);
@@ -235,6 +235,9 @@ class CudaKvStorage final : public KvStorage {
     return s;
   }
 
+  // `num_rows`: the transaction's new tokens (one location per token), so
+  // the staging is sized by tokens, and a transaction with more tokens than
+  // any before allocates.
   void reserve_rows(size_t num_rows) override {
     CudaDeviceScope scope(ordinal_);
     if (unrecorded_writes_) {
@@ -398,7 +401,7 @@ class CudaKvStorage final : public KvStorage {
   bool block_packed_ = true;  // one block of one layer is contiguous
   int64_t layer_stride_ = 0;  // elements
   int64_t strides_[4] = {0, 0, 0, 0};
-  StagingRing rows_ring_;                 // transaction rows (pinned + device twin)
+  StagingRing rows_ring_;                 // transaction tokens' locations (pinned + device twin)
   StagingRing export_ring_;               // metadata exports (pinned)
   StagingRing::Slot *pending_ = nullptr;  // reserved by reserve_rows
   StagingRing::Slot *staged_ = nullptr;   // the open transaction's rows

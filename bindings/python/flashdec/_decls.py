@@ -330,6 +330,7 @@ class fd_tx_info(Structure):
         ('state', c_int32),  # int32_t
         ('max_blocks_per_seq', c_uint32),  # uint32_t
         ('new_block_count', c_uint32),  # uint32_t
+        ('token_count', c_uint32),  # uint32_t
     ]
 
 
@@ -637,6 +638,7 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_cache_validate': (fd_status, [c_void_p]),
     'fd_cache_export_async': (fd_status, [c_void_p, _ptr(c_uint64), c_uint32, c_uint32, _ptr(c_int32), _ptr(c_int32), c_void_p]),
     'fd_cache_async_error': (fd_status, [c_void_p]),
+    'fd_cache_truncate': (fd_status, [c_void_p, _ptr(c_uint64), _ptr(c_int32), c_uint32]),
     'fd_tx_begin': (fd_status, [c_void_p, _ptr(c_uint64), c_uint32, POINTER(fd_tx)]),
     'fd_tx_write_layer': (fd_status, [c_void_p, fd_tx, c_uint32, c_void_p, c_void_p, c_void_p]),
     'fd_tx_write_layer_rope': (fd_status, [c_void_p, fd_tx, c_uint32, c_void_p, c_uint32, c_void_p, c_void_p, c_uint32, c_float, c_void_p, c_void_p]),
@@ -646,6 +648,9 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_tx_get_rows': (fd_status, [c_void_p, fd_tx, c_uint32, _ptr(c_uint64), _ptr(c_int32), _ptr(c_int32), _ptr(c_int32), _ptr(c_int32)]),
     'fd_tx_block_tables': (fd_status, [c_void_p, fd_tx, c_uint32, _ptr(c_int32)]),
     'fd_tx_block_tables_async': (fd_status, [c_void_p, fd_tx, c_uint32, _ptr(c_int32), _ptr(c_int32), c_void_p]),
+    'fd_tx_begin_multi': (fd_status, [c_void_p, _ptr(c_uint64), _ptr(c_uint32), c_uint32, POINTER(fd_tx)]),
+    'fd_tx_get_tokens': (fd_status, [c_void_p, fd_tx, c_uint32, _ptr(c_int32), _ptr(c_int32), _ptr(c_int32)]),
+    'fd_tx_commit_keep': (fd_status, [c_void_p, fd_tx, _ptr(c_uint32), c_uint32]),
     'fd_prefix_register': (fd_status, [c_void_p, c_char_p, c_void_p, c_void_p, c_uint32, c_void_p]),
     'fd_prefix_attach': (fd_status, [c_void_p, c_uint64, c_char_p]),
     'fd_prefix_evict': (fd_status, [c_void_p, c_char_p]),
@@ -734,6 +739,7 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_cache_validate': ('cache',),
     'fd_cache_export_async': ('cache', 'request_ids', 'count', 'table_stride', 'block_tables', 'seq_lens', 'stream'),
     'fd_cache_async_error': ('cache',),
+    'fd_cache_truncate': ('cache', 'request_ids', 'seq_lens', 'count'),
     'fd_tx_begin': ('cache', 'request_ids', 'count', 'tx'),
     'fd_tx_write_layer': ('cache', 'tx', 'layer', 'k', 'v', 'stream'),
     'fd_tx_write_layer_rope': ('cache', 'tx', 'layer', 'q', 'num_q_heads', 'k', 'v', 'rotary_dim', 'rope_base', 'q_out', 'stream'),
@@ -743,6 +749,9 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_tx_get_rows': ('cache', 'tx', 'capacity', 'request_ids', 'positions', 'block_ids', 'offsets', 'effective_seq_lens'),
     'fd_tx_block_tables': ('cache', 'tx', 'table_stride', 'block_tables'),
     'fd_tx_block_tables_async': ('cache', 'tx', 'table_stride', 'block_tables', 'effective_seq_lens', 'stream'),
+    'fd_tx_begin_multi': ('cache', 'request_ids', 'token_counts', 'count', 'tx'),
+    'fd_tx_get_tokens': ('cache', 'tx', 'capacity', 'positions', 'block_ids', 'offsets'),
+    'fd_tx_commit_keep': ('cache', 'tx', 'keep_counts', 'count'),
     'fd_prefix_register': ('cache', 'prefix_id', 'k_blocks', 'v_blocks', 'num_blocks', 'stream'),
     'fd_prefix_attach': ('cache', 'request_id', 'prefix_id'),
     'fd_prefix_evict': ('cache', 'prefix_id'),

@@ -1450,6 +1450,14 @@ extern "C" {
 extern "C" {
     pub fn fd_cache_async_error(cache: *const fd_cache) -> fd_status;
 }
+extern "C" {
+    pub fn fd_cache_truncate(
+        cache: *mut fd_cache,
+        request_ids: *const u64,
+        seq_lens: *const i32,
+        count: u32,
+    ) -> fd_status;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct fd_tx {
@@ -1551,12 +1559,13 @@ pub struct fd_tx_info {
     pub state: i32,
     pub max_blocks_per_seq: u32,
     pub new_block_count: u32,
+    pub token_count: u32,
 }
 #[test]
 fn bindgen_test_layout_fd_tx_info() {
     assert_eq!(
         ::std::mem::size_of::<fd_tx_info>(),
-        24usize,
+        28usize,
         concat!("Size of: ", stringify!(fd_tx_info))
     );
     assert_eq!(
@@ -1666,6 +1675,23 @@ fn bindgen_test_layout_fd_tx_info() {
         );
     }
     test_field_new_block_count();
+    fn test_field_token_count() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_tx_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).token_count) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_tx_info),
+                "::",
+                stringify!(token_count)
+            )
+        );
+    }
+    test_field_token_count();
 }
 extern "C" {
     pub fn fd_tx_get_info(cache: *const fd_cache, tx: fd_tx, info: *mut fd_tx_info) -> fd_status;
@@ -1698,6 +1724,33 @@ extern "C" {
         block_tables: *mut i32,
         effective_seq_lens: *mut i32,
         stream: fd_stream,
+    ) -> fd_status;
+}
+extern "C" {
+    pub fn fd_tx_begin_multi(
+        cache: *mut fd_cache,
+        request_ids: *const u64,
+        token_counts: *const u32,
+        count: u32,
+        tx: *mut fd_tx,
+    ) -> fd_status;
+}
+extern "C" {
+    pub fn fd_tx_get_tokens(
+        cache: *const fd_cache,
+        tx: fd_tx,
+        capacity: u32,
+        positions: *mut i32,
+        block_ids: *mut i32,
+        offsets: *mut i32,
+    ) -> fd_status;
+}
+extern "C" {
+    pub fn fd_tx_commit_keep(
+        cache: *mut fd_cache,
+        tx: fd_tx,
+        keep_counts: *const u32,
+        count: u32,
     ) -> fd_status;
 }
 extern "C" {
