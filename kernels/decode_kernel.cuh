@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const DecodeWorkItem item = p.work.item(static_cast<int32_t>(blockIdx.x));
+  const DecodeWorkItem item = p.work.template item<kMulti>(static_cast<int32_t>(blockIdx.x));
   const int split = item.split;
   const int kvh = item.kv_head;
   const int row = item.row;
@@ -342,13 +342,14 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   };
   int seq_len = p.seq_lens[row];
   // Query tokens of the row (several with q_indptr: its last q_len
-  // positions, attended causally), loaded beside seq_len.
+  // positions, attended causally), loaded beside seq_len. A row of no query
+  // token (bad input) has nothing to write.
   int q_first = row, q_len = 1;
   if constexpr (kMulti) {
     if (p.q_indptr != nullptr) {
       q_first = p.q_indptr[row];
       q_len = p.q_indptr[row + 1] - q_first;
-      q_len = q_len < 1 ? 1 : (q_len > p.work.max_q_len ? p.work.max_q_len : q_len);
+      q_len = q_len > p.work.max_q_len ? p.work.max_q_len : q_len;
     }
   }
   int pre[kS][kNch];
@@ -357,7 +358,17 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
 
   seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
   FD_TRACE(fd_trace_attn, 8, 2, seq_len);
-  const int row_tiles = (seq_len + kTile - 1) / kTile;
+  // This CTA's query tokens [j0, j1) of the row (its query tile) and the
+  // keys they see, positions below kv_end (the tile's last token's causal
+  // limit): only those are copied and walked. One token per row: the row.
+  int j0 = 0, j1 = 1, kv_end = seq_len;
+  if constexpr (kMulti) {
+    j1 = p.work.q_tile_end(q_len, item.q_tile);
+    if (j1 <= 0) return;  // a tile past the row's query tokens: nothing to write
+    j0 = j1 - p.work.q_tile_tokens < 0 ? 0 : j1 - p.work.q_tile_tokens;
+    kv_end = p.work.q_tile_keys(seq_len, item.q_tile);
+  }
+  const int row_tiles = (kv_end + kTile - 1) / kTile;
   // The last partition takes every remaining tile, so a seq_len above the
   // planned length costs speed, never tokens.
   const int n_tiles = p.work.item_tiles(item, row_tiles);
@@ -376,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     for (int i = 0; i < kNch; ++i) {
       const CopyCoords cc = copy_coords<kDimMajor, D>(tid, i, cpb_log2);
       const int t = tok0 + cc.token;
-      const bool valid = t < seq_len && ids[i] >= 0 && ids[i] < p.num_blocks;
+      const bool valid = t < kv_end && ids[i] >= 0 && ids[i] < p.num_blocks;
       int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
       if (kDimMajor)
         off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
@@ -406,14 +417,15 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int tig = lane & 3;
   const int group = p.work.group_size;
   const int num_q_heads = p.work.num_kv_heads * group;
-  // The m-tile rows are the row's query rows: query token h / group, head
-  // kvh * group + h % group (one token per row: the group's heads).
-  const int rows = kMulti ? q_len * group : group;
+  // The m-tile rows are the tile's query rows: query token j0 + h / group,
+  // head kvh * group + h % group (one token per row: the group's heads).
+  const int rows = kMulti ? (j1 - j0) * group : group;
   const int64_t q_row0 = (static_cast<int64_t>(row) * num_q_heads + kvh * group) * D;
   // Element offset in q / out of query row h.
   auto q_offset = [&](int h) -> int64_t {
     if constexpr (kMulti)
-      return (static_cast<int64_t>(q_first + h / group) * num_q_heads + kvh * group + h % group) *
+      return (static_cast<int64_t>(q_first + j0 + h / group) * num_q_heads + kvh * group +
+              h % group) *
              D;
     else
       return q_row0 + static_cast<int64_t>(h) * D;
@@ -422,11 +434,16 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int h0 = mt * 16 + g;
   const int h1 = h0 + 8;
   // Causal limits (exclusive) of this thread's two rows: query token j of the
-  // row sees positions < seq_len - q_len + 1 + j; from mask_from on, some
-  // row of the tile masks (one token per row: seq_len, as plain decode).
-  const int mask_from = kMulti ? seq_len - q_len + 1 : seq_len;
+  // row sees positions < seq_len - q_len + 1 + j, so row h of the tile sees
+  // positions < mask_from + h / group. The warp masks from its first row's
+  // limit on and stops after its last row's (warp_end; a warp with no row
+  // walks nothing). One token per row: seq_len, as plain decode.
+  const int mask_from = kMulti ? kv_end - (j1 - j0) + 1 : seq_len;
   const int lim0 = kMulti ? mask_from + h0 / group : seq_len;
   const int lim1 = kMulti ? mask_from + h1 / group : seq_len;
+  const int warp_mask_from = kMulti ? mask_from + (mt * 16) / group : seq_len;
+  const int warp_last = (mt * 16 + 15 < rows ? mt * 16 + 15 : rows - 1);
+  const int warp_end = kMulti ? (mt * 16 < rows ? mask_from + warp_last / group : 0) : seq_len;
 
   // Q as mma A fragments: rows g and g+8 of the m-tile, dims 2*tig.. of each
   // 16-dim k-step. Rows past the query rows are zero.
@@ -469,11 +486,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     const int tok0 = (tile_begin + j) * kTile;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
-    if (kDimMajor && tok0 + kTile > seq_len) {
+    if (kDimMajor && tok0 + kTile > kv_end) {
       // A dim-major copy brings 8 tokens at once, so the last tile can hold
-      // tokens past the row's end: stale cache contents (maybe NaN) that a
-      // zero probability would still turn into NaN. Zero them in V.
-      const int first = seq_len - tok0 < 0 ? 0 : seq_len - tok0;
+      // tokens past the row's end (or the tile's causal end): stale cache
+      // contents (maybe NaN) that a zero probability would still turn into
+      // NaN. Zero them in V.
+      const int first = kv_end - tok0 < 0 ? 0 : kv_end - tok0;
       for (int e = tid; e < D * kTile; e += kThreads) {
         const int d = e / kTile, t = e % kTile;
         if (t >= first) sv[dm_offset<D>(d, t / 8, cpb_log2) + (t & 7)] = TKV(0.f);
@@ -485,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
 
     for (int step = slice0; step < kStepsPerTile; step += slice_step) {
       const int t0 = step * kStepTokens;
-      if (tok0 + t0 >= seq_len) break;  // warp-uniform
+      if (tok0 + t0 >= warp_end) break;  // warp-uniform
 
       // Dim-major: the offsets of dims r + 16 ks (K) and r + 8 n (V, n
       // even) are the ks = 0 / n = 0 offsets plus a multiple of the dim
@@ -512,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       }
 
       // Online softmax in base 2 (the variant's logits include log2(e)).
-      const bool tail = tok0 + t0 + kStepTokens > mask_from;
+      const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -663,10 +681,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
         dst[0] = e0, dst[1] = e1, dst[2] = e2, dst[3] = e3;
       }
     } else {
-      const int64_t slot =
-          p.work.partial_slot(kMulti ? p.work.query_row(row, h / group, kvh * group + h % group)
-                                     : static_cast<int64_t>(row) * num_q_heads + kvh * group + h,
-                              split);
+      const int64_t slot = p.work.partial_slot(
+          kMulti ? p.work.query_row(row, j0 + h / group, kvh * group + h % group)
+                 : static_cast<int64_t>(row) * num_q_heads + kvh * group + h,
+          split);
       *reinterpret_cast<float4 *>(p.partial_o + slot * D + v * 4) = acc;
       if (v == 0)
         *reinterpret_cast<float2 *>(p.partial_ml + slot * 2) =
@@ -710,7 +728,7 @@ __global__ void __launch_bounds__(256, 1)
   const int num_q_heads = work.num_kv_heads * work.group_size;
   const int rows_heads = static_cast<int>(work.query_rows());
   const int qh = blockIdx.x * heads_per_cta + warp / wph;
-  int out_row = qh;  // index of the output row (query token x q heads + head)
+  int64_t out_row = qh;  // index of the output row (query token x q heads + head)
   bool active = qh < rows_heads;
   int nv = 0;
   if (active) {
@@ -723,9 +741,13 @@ __global__ void __launch_bounds__(256, 1)
       if (q_indptr != nullptr) {
         first = q_indptr[row];
         q_len = q_indptr[row + 1] - first;
+        q_len = q_len > work.max_q_len ? work.max_q_len : q_len;  // as the attention kernel
       }
       active = token < q_len;  // past the row's query tokens: nothing to merge
-      out_row = (first + token) * num_q_heads + qh % num_q_heads;
+      out_row = static_cast<int64_t>(first + token) * num_q_heads + qh % num_q_heads;
+      len = len < 0 ? 0 : (len > max_len ? max_len : len);
+      // The splits of the token's query tile that hold its keys.
+      if (active) len = work.q_tile_keys(len, work.q_tile_of(q_len, token));
     } else {
       len = seq_lens[qh / num_q_heads];
     }
@@ -807,7 +829,7 @@ __global__ void __launch_bounds__(256, 1)
   }
   FD_TRACE(fd_trace_merge, 4, 2, acc[0] != 0.f);
   if (!active) return;
-  uint16_t *dst = static_cast<uint16_t *>(out) + static_cast<int64_t>(out_row) * D + lane * kPer;
+  uint16_t *dst = static_cast<uint16_t *>(out) + out_row * D + lane * kPer;
   const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<TOut>::from_float(acc[e] * inv);
@@ -904,8 +926,9 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.block_size_log2 = l.block_size_log2;
   p.num_blocks = l.num_blocks;
   p.max_blocks_per_seq = l.max_blocks_per_seq;
-  // 1, 2 or 4 m-tiles (the warps split evenly among them).
-  const int query_rows = (kMulti ? l.work.max_q_len : 1) * l.work.group_size;
+  // 1, 2 or 4 m-tiles (the warps split evenly among them) for a query tile's
+  // rows.
+  const int query_rows = (kMulti ? l.work.q_tile_tokens : 1) * l.work.group_size;
   p.m_tiles = query_rows <= 16 ? 1 : (query_rows <= 32 ? 2 : 4);
   p.work = l.work;
   p.variant = VariantPolicy::of(l.variant);

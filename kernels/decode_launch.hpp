@@ -25,7 +25,8 @@ constexpr int kDecodeMaxSplits = 128;
 // 16-row tensor-core tiles.
 constexpr int kDecodeMaxGroup = 32;
 // Query rows (query tokens x GQA group) one CTA serves: four 16-row tiles,
-// one per warp. Several query tokens per row must fit: max_q_len x group.
+// one per warp. A (row, KV head) with more query rows (max_q_len x group) is
+// cut into query tiles of whole tokens, one CTA each (work.q_tiles).
 constexpr int kDecodeMaxQueryRows = 64;
 
 struct DecodeLaunch {

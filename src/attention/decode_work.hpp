@@ -5,13 +5,24 @@
 // read it through these functions, so the split layout is decided in exactly
 // one place.
 //
-// The list is regular: item i is (row, KV head, split) with the split
-// fastest, every split of a row covers `tiles_per_split` tiles of
+// The list is regular: item i is (query tile, row, KV head, split) with the
+// split fastest, every split of a row covers `tiles_per_split` tiles of
 // `tile_tokens` tokens starting at split * tiles_per_split, and the last
 // split of a row takes every remaining tile (so a row longer than planned
 // costs speed, never tokens). Because it is closed-form, a kernel finds its
 // item from blockIdx.x with no memory read, and an empty item (a split past
-// its row's end) exits at once. Partial slots are [row, q head, split].
+// its row's end) exits at once. Partial slots are [row, query token, q head,
+// split].
+//
+// Query tiles (several query tokens per row, q_indptr): a row's query tokens
+// are cut into tiles of `q_tile_tokens` tokens counted from the row's last
+// token back, so tile k holds tokens [q_len - (k + 1) T, q_len - k T) (the
+// first one may be shorter) and sees keys below seq_len - k T (causal). Tile 0
+// is the heaviest tile of every row and the only one of a short row; the
+// tiles are the slowest index of the list, so the heavy ones start first and
+// a row shorter than the plan's longest leaves only empty items (they exit at
+// once) in the later tiles. With q_tiles == 1 the list is the one of plain
+// decode.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +34,7 @@ namespace fd {
 struct DecodeWorkItem {
   int32_t row;
   int32_t kv_head;
+  int32_t q_tile;      // query tile, counted from the row's last token (0 with q_tiles == 1)
   int32_t split;       // index of the item among its row's splits
   int32_t tile_begin;  // first tile of the item
   bool last_split;     // takes every tile from tile_begin to the row's end
@@ -33,26 +45,53 @@ struct DecodeWorkList {
   int32_t num_kv_heads = 0;
   int32_t group_size = 0;       // q heads per KV head
   int32_t max_q_len = 1;        // query tokens per row at most (q_indptr rows)
+  int32_t q_tile_tokens = 1;    // query tokens per query tile (max_q_len when q_tiles == 1)
+  int32_t q_tiles = 1;          // query tiles per (row, KV head)
   int32_t tile_tokens = 0;      // tokens per tile
   int32_t num_splits = 1;       // items per (row, KV head); 1: no partials, no merge
   int32_t tiles_per_split = 0;  // tiles of every split but the last
 
   // Items in the list (the attention kernel's grid).
-  FD_HD int64_t size() const { return static_cast<int64_t>(batch) * num_kv_heads * num_splits; }
+  FD_HD int64_t size() const {
+    return static_cast<int64_t>(q_tiles) * batch * num_kv_heads * num_splits;
+  }
   FD_HD bool has_partials() const { return num_splits > 1; }
   FD_HD int32_t split_tokens() const { return tiles_per_split * tile_tokens; }
 
   // Item `index` in [0, size()); the host keeps size() below 2^31 (one
-  // CUDA grid), so 32-bit arithmetic suffices.
+  // CUDA grid), so 32-bit arithmetic suffices. kTiled false: the caller
+  // knows q_tiles == 1 (the one-token kernel) and skips that index.
+  template <bool kTiled = true>
   FD_HD DecodeWorkItem item(int32_t index) const {
     DecodeWorkItem it;
     it.split = index % num_splits;
     const int32_t rest = index / num_splits;
     it.kv_head = rest % num_kv_heads;
-    it.row = rest / num_kv_heads;
+    if (kTiled) {
+      const int32_t rows = rest / num_kv_heads;
+      it.row = rows % batch;
+      it.q_tile = rows / batch;
+    } else {
+      it.row = rest / num_kv_heads;
+      it.q_tile = 0;
+    }
     it.tile_begin = it.split * tiles_per_split;
     it.last_split = it.split + 1 == num_splits;
     return it;
+  }
+
+  // One past the last query token of query tile k in a row of q_len tokens
+  // (<= 0: the tile is empty); the tile starts at max(0, end - q_tile_tokens).
+  FD_HD int32_t q_tile_end(int32_t q_len, int32_t k) const { return q_len - k * q_tile_tokens; }
+  // The query tile holding token j (0 <= j < q_len) of a row of q_len tokens.
+  FD_HD int32_t q_tile_of(int32_t q_len, int32_t j) const {
+    return (q_len - 1 - j) / q_tile_tokens;
+  }
+  // Keys query tile k of a row sees: positions below seq_len - k T (its last
+  // token's causal limit), at least 0.
+  FD_HD int32_t q_tile_keys(int32_t seq_len, int32_t k) const {
+    const int32_t n = seq_len - k * q_tile_tokens;
+    return n < 0 ? 0 : n;
   }
 
   // Tiles item `it` covers in a row of `row_tiles` tiles (<= 0: empty item).
@@ -87,11 +126,15 @@ struct DecodeWorkList {
 
 // The regular list for `wanted` splits of rows up to `max_len` tokens:
 // whole-tile splits, at most `max_splits`, never more than the row has tiles.
+// Query tiles of `q_tile_tokens` tokens (0: one tile of max_q_len tokens).
 inline DecodeWorkList make_decode_work_list(int32_t batch, int32_t num_kv_heads, int32_t group_size,
                                             int32_t tile_tokens, int32_t max_len, int32_t wanted,
-                                            int32_t max_splits, int32_t max_q_len = 1) {
+                                            int32_t max_splits, int32_t max_q_len = 1,
+                                            int32_t q_tile_tokens = 0) {
   DecodeWorkList w;
   w.max_q_len = max_q_len;
+  w.q_tile_tokens = q_tile_tokens > 0 && q_tile_tokens < max_q_len ? q_tile_tokens : max_q_len;
+  w.q_tiles = (max_q_len + w.q_tile_tokens - 1) / w.q_tile_tokens;
   w.batch = batch;
   w.num_kv_heads = num_kv_heads;
   w.group_size = group_size;

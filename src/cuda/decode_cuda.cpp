@@ -63,6 +63,22 @@ bool aligned16(const void *p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// Query tokens of one query tile: every query row of a (row, KV head) in one
+// CTA when max_q_len x group fits its kDecodeMaxQueryRows rows (speculative
+// verification: one K/V read for all of them), else tiles of whole tokens of
+// at most that many rows (prefill chunks: one CTA per tile, each walking only
+// the keys its last token sees). group <= kDecodeMaxGroup = 32, so a tile
+// holds at least 2 tokens.
+int32_t query_tile_tokens(const DecodeProblem &pb) {
+  const int64_t rows = static_cast<int64_t>(pb.max_q_len) * pb.group_size;
+  if (rows <= cuda::kDecodeMaxQueryRows || pb.group_size < 1) return pb.max_q_len;
+  return static_cast<int32_t>(cuda::kDecodeMaxQueryRows / pb.group_size);
+}
+int64_t query_tiles(const DecodeProblem &pb) {
+  const int32_t t = query_tile_tokens(pb);
+  return (static_cast<int64_t>(pb.max_q_len) + t - 1) / t;
+}
+
 // What this backend serves; everything else is FD_ERR_UNSUPPORTED naming the
 // parameter.
 void check_supported(const DecodeProblem &pb) {
@@ -89,13 +105,6 @@ void check_supported(const DecodeProblem &pb) {
   if (pb.kv.block_size != 8 && pb.kv.block_size != 16 && pb.kv.block_size != 32)
     fail(FD_ERR_UNSUPPORTED, "block_size %u is not supported on CUDA (supported: 8, 16, 32)",
          pb.kv.block_size);
-  if (static_cast<int64_t>(pb.max_q_len) * pb.group_size > cuda::kDecodeMaxQueryRows)
-    fail(FD_ERR_UNSUPPORTED,
-         "max_q_len_hint %d x GQA group size %u = %lld query rows per KV head are not supported "
-         "on CUDA (at most %d: several query tokens per row serve speculative verification; "
-         "longer prompt chunks run on the CPU backend)",
-         static_cast<int>(pb.max_q_len), pb.group_size,
-         static_cast<long long>(pb.max_q_len) * pb.group_size, cuda::kDecodeMaxQueryRows);
   if (pb.group_size < 1 || pb.group_size > static_cast<uint32_t>(cuda::kDecodeMaxGroup))
     fail(FD_ERR_UNSUPPORTED,
          "GQA group size %u (num_q_heads / num_kv_heads) is not supported on CUDA "
@@ -130,6 +139,17 @@ void check_supported(const DecodeProblem &pb) {
       static_cast<uint64_t>(pb.max_blocks_per_seq) * kv.block_size > 0x7fffffffull)
     fail(FD_ERR_UNSUPPORTED, "batch %u x num_kv_heads %u is too large for one CUDA launch",
          pb.batch, pb.num_kv_heads);
+  // Several query tokens per row: one CTA per query tile (and split), one
+  // merge warp group per (row, query token, q head); both index spaces must
+  // fit one CUDA grid in 32-bit arithmetic.
+  const uint64_t q_tiles = static_cast<uint64_t>(query_tiles(pb));
+  if (grid_rows * q_tiles * cuda::kDecodeMaxSplits > 0x7fffffffull ||
+      static_cast<uint64_t>(pb.batch) * static_cast<uint64_t>(pb.max_q_len) * pb.num_q_heads >
+          0x7fffffffull)
+    fail(FD_ERR_UNSUPPORTED,
+         "batch %u x max_q_len_hint %d x num_q_heads %u query rows are too many for one CUDA "
+         "launch",
+         pb.batch, static_cast<int>(pb.max_q_len), pb.num_q_heads);
 }
 
 int multiprocessor_count(int32_t ordinal) {
@@ -147,9 +167,10 @@ size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
 // The regular work list of `wanted` whole-tile splits.
 DecodeWorkList make_list(const DecodeProblem &pb, int max_len, int64_t wanted) {
   const int32_t w = static_cast<int32_t>(std::min<int64_t>(wanted, cuda::kDecodeMaxSplits));
-  return make_decode_work_list(
-      static_cast<int32_t>(pb.batch), static_cast<int32_t>(pb.num_kv_heads),
-      static_cast<int32_t>(pb.group_size), kTile, max_len, w, cuda::kDecodeMaxSplits, pb.max_q_len);
+  return make_decode_work_list(static_cast<int32_t>(pb.batch),
+                               static_cast<int32_t>(pb.num_kv_heads),
+                               static_cast<int32_t>(pb.group_size), kTile, max_len, w,
+                               cuda::kDecodeMaxSplits, pb.max_q_len, query_tile_tokens(pb));
 }
 
 // The split choice reads only host-known values: the shape, the longest row
@@ -164,9 +185,14 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   // `slots` resident CTAs, each wave lasts its CTAs' tiles plus a fixed
   // start/drain cost; splitting adds that cost per CTA and a merge. A count
   // that leaves a nearly empty last wave loses to one that fills it.
-  const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads;
+  const int64_t q_tiles = query_tiles(pb);
+  const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads * q_tiles;
   const int64_t slots = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
                         cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim));
+  // Query tiles that fill the GPU by themselves are not split: the work is
+  // compute-bound, every tile sees a different number of keys, and partials
+  // of every query row would cost workspace and a merge pass.
+  if (q_tiles > 1 && ctas >= slots) return make_list(pb, max_len, 1);
   int min_split = kMinSplitTokens;
   if (ctas * ((max_len + min_split - 1) / min_split) * 4 < slots) min_split = kTile;
   int64_t limit = (max_len + min_split - 1) / min_split;
