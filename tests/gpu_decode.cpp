@@ -475,130 +475,178 @@ void test_graph_capture(void **state) {
 
 void expect_untouched(const Host &h, const Dev &d);
 
-/* Several query tokens per row (S2.2, speculative verification): the CUDA
- * kernel against the CPU backend on the same data, for q_len up to 8 with
- * groups of 4 and 8 (query rows up to 64 per KV head), both layouts, no /
- * automatic / fixed splits, rows shorter than the longest, a bit-identical
- * rerun, a captured plan run, the checked path refusing q_len > seq_len,
- * and more query rows than the kernel holds refused (UNSUPPORTED). */
+struct MultiShape {
+  uint32_t hkv, group;
+  int storage;
+  int32_t dtype;
+  std::vector<int32_t> lens, q_lens;
+  uint32_t dim = 128;
+  int32_t extra_hint = 0; /* max_q_len_hint above the longest row's q_len */
+  uint64_t seed = 99;
+};
+
+/* One multi-token case: the CUDA kernel against the CPU backend on the same
+ * fresh random data, no / automatic / 5 splits, outputs poisoned with NaN;
+ * with automatic splits also a bit-identical rerun and a captured plan run.
+ * `check_refusal`: the checked path refuses a row with more query tokens
+ * than cached ones (the case's last row must have as many of both). */
+void check_multi_token(const MultiShape &sh, bool check_refusal) {
+  Case c;
+  c.hkv = sh.hkv, c.group = sh.group, c.storage = sh.storage, c.dtype = sh.dtype;
+  c.dim = sh.dim;
+  c.lens = sh.lens;
+  c.seed = sh.seed;
+  const Host h = make_host(c);
+  std::vector<int32_t> indptr(1, 0);
+  int32_t max_q = 0;
+  for (int32_t n : sh.q_lens) indptr.push_back(indptr.back() + n), max_q = std::max(max_q, n);
+  const size_t tokens = static_cast<size_t>(indptr.back());
+  const size_t q_elems = tokens * h.hq * c.dim, qb = q_elems * esize();
+  std::vector<uint16_t> q(q_elems);
+  fd_test_rng rng = {sh.seed ^ 0x5bd1e995u};
+  for (auto &x : q) fd_test_store(&x, 0, c.dtype, 3.0f * fd_test_normal(&rng));
+  /* CPU backend: the reference. */
+  std::vector<uint16_t> ref(q_elems, 0xffff);
+  fd_decode_params cp = params_for(h);
+  cp.q = q.data(), cp.q_indptr = indptr.data(), cp.out = ref.data();
+  cp.k_cache = h.k.data(), cp.v_cache = h.v.data();
+  cp.block_tables = h.tables.data(), cp.seq_lens = h.lens.data();
+  FD_ASSERT_OK(fd_decode(&cp));
+
+  Dev d;
+  upload(h, d);
+  /* upload sized q and out for one token per row: room for every token. */
+  cudaFree(d.q), cudaFree(d.out);
+  d.q = d.out = nullptr;
+  CUDA_OK(cudaMalloc(&d.q, qb));
+  CUDA_OK(cudaMalloc(&d.out, qb));
+  CUDA_OK(fd_gpu_upload(d.stream, d.q, q.data(), qb));
+  int32_t *dev_indptr = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_indptr), indptr.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
+  auto run = [&](fd_decode_params p) {
+    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+    FD_ASSERT_OK(fd_decode(&p));
+    CUDA_OK(cudaStreamSynchronize(d.stream));
+    CUDA_OK(cudaGetLastError());
+    std::vector<uint16_t> got(q_elems);
+    CUDA_OK(fd_gpu_download(d.stream, got.data(), d.out, qb));
+    return got;
+  };
+  for (int32_t splits : {1, 0, 5}) {
+    fd_decode_params p = device_params(h, d, splits);
+    p.q_indptr = dev_indptr;
+    p.max_q_len_hint = max_q + sh.extra_hint;
+    attach_workspace(p, d);
+    const std::vector<uint16_t> got = run(p);
+    double worst = 0;
+    for (size_t t = 0; t < tokens * h.hq; ++t) {
+      double num = 0, den = 0;
+      for (uint32_t e = 0; e < c.dim; ++e) {
+        const double g = fd_test_load(got.data(), t * c.dim + e, c.dtype);
+        const double w = fd_test_load(ref.data(), t * c.dim + e, c.dtype);
+        if (!std::isfinite(g)) {
+          print_error("non-finite output at query row %zu dim %u (splits %d)\n", t, e, splits);
+          fail();
+        }
+        num += (g - w) * (g - w), den += w * w;
+      }
+      worst = std::max(worst, std::sqrt(num / den));
+    }
+    if (worst > tolerance(c.dtype)) {
+      print_error(
+          "multi-token %s D=%u %s hkv %u group %u max_q %d splits %d: rel error %.3g "
+          "vs the CPU\n",
+          c.dtype == FD_DTYPE_F16 ? "f16" : "bf16", c.dim, storage_name(c.storage), c.hkv, c.group,
+          max_q, splits, worst);
+      fail();
+    }
+    if (splits == 0) {
+      assert_memory_equal(got.data(), run(p).data(), qb); /* deterministic */
+      /* A plan's run, captured in a graph, gives the same bits. */
+      fd_decode_plan *plan = nullptr;
+      FD_ASSERT_OK(fd_decode_plan_create(&p, nullptr, &plan));
+      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+      const fd_status st = fd_decode_run(plan, &p);
+      CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+      FD_ASSERT_OK(st);
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_OK(cudaGraphLaunch(exec, d.stream));
+      std::vector<uint16_t> replay(q_elems);
+      CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
+      assert_memory_equal(got.data(), replay.data(), qb);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      fd_decode_plan_destroy(plan);
+      /* The checked path refuses a row with more query tokens than K/V. */
+      if (check_refusal) {
+        const uint32_t last = h.batch - 1;
+        std::vector<int32_t> bad = indptr;
+        bad.back() += 1;
+        p.flags = FD_DECODE_CHECK_INDICES;
+        p.max_q_len_hint = max_q + 1;
+        CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, bad.data(), bad.size() * 4));
+        CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+        char msg[96];
+        snprintf(msg, sizeof msg, "row %u has %d query tokens but seq_lens[%u] = %d", last,
+                 sh.q_lens[last] + 1, last, h.lens[last]);
+        FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, msg);
+        std::vector<uint8_t> untouched(qb);
+        CUDA_OK(fd_gpu_download(d.stream, untouched.data(), d.out, qb));
+        for (uint8_t b : untouched) assert_int_equal(b, 0xff);
+        CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
+      }
+    }
+  }
+  cudaFree(dev_indptr);
+}
+
+/* Several query tokens per row (S2.2, speculative verification): q_len up to
+ * 8 with groups of 4, 8 and 32 (query rows up to 64 per KV head: one CTA
+ * holds them all), both layouts, rows shorter than the longest. */
 void test_multi_token(void **state) {
   (void)state;
-  struct Shape {
-    uint32_t hkv, group;
-    int storage;
-    int32_t dtype;
-    std::vector<int32_t> lens, q_lens;
-  };
-  const Shape shapes[] = {
+  const MultiShape shapes[] = {
       {2, 4, kTokenPacked, FD_DTYPE_BF16, {900, 37, 4100, 8}, {8, 2, 4, 8}},
       {2, 8, kDimPacked, FD_DTYPE_F16, {513, 2000, 9}, {8, 3, 1}},
       {8, 4, kNhd, FD_DTYPE_BF16, {64, 65, 700}, {2, 2, 2}},
       {1, 32, kTokenPacked, FD_DTYPE_F16, {300, 2}, {2, 2}},
   };
-  for (const Shape &sh : shapes) {
-    Case c;
-    c.hkv = sh.hkv, c.group = sh.group, c.storage = sh.storage, c.dtype = sh.dtype;
-    c.lens = sh.lens;
-    const Host h = make_host(c);
-    std::vector<int32_t> indptr(1, 0);
-    int32_t max_q = 0;
-    for (int32_t n : sh.q_lens) indptr.push_back(indptr.back() + n), max_q = std::max(max_q, n);
-    const size_t tokens = static_cast<size_t>(indptr.back());
-    const size_t q_elems = tokens * h.hq * c.dim, qb = q_elems * esize();
-    std::vector<uint16_t> q(q_elems);
-    fd_test_rng rng = {99};
-    for (auto &x : q) fd_test_store(&x, 0, c.dtype, 3.0f * fd_test_normal(&rng));
-    /* CPU backend: the reference. */
-    std::vector<uint16_t> ref(q_elems, 0xffff);
-    fd_decode_params cp = params_for(h);
-    cp.q = q.data(), cp.q_indptr = indptr.data(), cp.out = ref.data();
-    cp.k_cache = h.k.data(), cp.v_cache = h.v.data();
-    cp.block_tables = h.tables.data(), cp.seq_lens = h.lens.data();
-    FD_ASSERT_OK(fd_decode(&cp));
+  for (const MultiShape &sh : shapes) check_multi_token(sh, &sh == &shapes[0]);
+}
 
-    Dev d;
-    upload(h, d);
-    CUDA_OK(fd_gpu_upload(d.stream, d.q, q.data(), qb));
-    int32_t *dev_indptr = nullptr;
-    CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_indptr), indptr.size() * 4));
-    CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
-    auto run = [&](fd_decode_params p) {
-      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-      FD_ASSERT_OK(fd_decode(&p));
-      CUDA_OK(cudaStreamSynchronize(d.stream));
-      std::vector<uint16_t> got(q_elems);
-      CUDA_OK(fd_gpu_download(d.stream, got.data(), d.out, qb));
-      return got;
-    };
-    for (int32_t splits : {1, 0, 5}) {
-      fd_decode_params p = device_params(h, d, splits);
-      p.q_indptr = dev_indptr;
-      p.max_q_len_hint = max_q;
-      attach_workspace(p, d);
-      const std::vector<uint16_t> got = run(p);
-      double worst = 0;
-      for (size_t t = 0; t < tokens * h.hq; ++t) {
-        double num = 0, den = 0;
-        for (uint32_t e = 0; e < c.dim; ++e) {
-          const double g = fd_test_load(got.data(), t * c.dim + e, c.dtype);
-          const double w = fd_test_load(ref.data(), t * c.dim + e, c.dtype);
-          if (!std::isfinite(g)) {
-            print_error("non-finite output at query row %zu dim %u (splits %d)\n", t, e, splits);
-            fail();
-          }
-          num += (g - w) * (g - w), den += w * w;
-        }
-        worst = std::max(worst, std::sqrt(num / den));
-      }
-      if (worst > tolerance(c.dtype)) {
-        print_error("multi-token hkv %u group %u splits %d: rel error %.3g vs the CPU\n", c.hkv,
-                    c.group, splits, worst);
-        fail();
-      }
-      if (splits == 0) {
-        assert_memory_equal(got.data(), run(p).data(), qb); /* deterministic */
-        /* A plan's run, captured in a graph, gives the same bits. */
-        fd_decode_plan *plan = nullptr;
-        FD_ASSERT_OK(fd_decode_plan_create(&p, nullptr, &plan));
-        CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-        const fd_status st = fd_decode_run(plan, &p);
-        CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-        FD_ASSERT_OK(st);
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        CUDA_OK(cudaGraphLaunch(exec, d.stream));
-        std::vector<uint16_t> replay(q_elems);
-        CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
-        assert_memory_equal(got.data(), replay.data(), qb);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        fd_decode_plan_destroy(plan);
-        /* The checked path refuses a row with more query tokens than K/V
-         * (the first shape's last row: 8 cached tokens, 9 queries). */
-        if (&sh == &shapes[0]) {
-          std::vector<int32_t> bad = indptr;
-          bad.back() += 1;
-          p.flags = FD_DECODE_CHECK_INDICES;
-          p.max_q_len_hint = max_q + 1;
-          CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, bad.data(), bad.size() * 4));
-          CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-          FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT,
-                          "row 3 has 9 query tokens but seq_lens[3] = 8");
-          std::vector<uint8_t> untouched(qb);
-          CUDA_OK(fd_gpu_download(d.stream, untouched.data(), d.out, qb));
-          for (uint8_t b : untouched) assert_int_equal(b, 0xff);
-          CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
-        }
-        /* More query rows per KV head than the kernel's four m-tiles hold. */
-        p.flags = 0;
-        p.max_q_len_hint = 64 / static_cast<int32_t>(c.group) + 1;
-        FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "query rows per KV head");
-      }
-    }
-    cudaFree(dev_indptr);
+/* Prompt chunks (issue 14): more query rows per KV head than one CTA holds,
+ * so a row's query tokens are cut into query tiles, one CTA each, walking
+ * only the keys their last token sees. q_len 1, 17, 100, 300 and 1000; rows
+ * with no cache before the chunk (seq_len == q_len); decode rows (q_len 1)
+ * beside long chunks; GQA groups 1, 4 and 8; both layouts (and NHD strides);
+ * bf16 and f16; head_dim 64 and 128; a max_q_len_hint above every row's
+ * q_len (tiles past a row's tokens stay empty). */
+void test_prefill_chunks(void **state) {
+  (void)state;
+  std::vector<MultiShape> shapes;
+  if (reduced()) {
+    /* Small enough for compute-sanitizer: 100 tokens x group 4 = 400 rows. */
+    shapes.push_back({2, 4, kTokenPacked, FD_DTYPE_BF16, {100, 1, 150}, {100, 1, 17}, 64});
+    shapes.push_back({1, 8, kDimPacked, FD_DTYPE_F16, {90, 40}, {17, 40}, 128});
+  } else {
+    shapes.push_back(
+        {2, 4, kTokenPacked, FD_DTYPE_BF16, {1000, 1, 4100, 37}, {1000, 1, 300, 17}, 128});
+    shapes.push_back({4, 1, kDimPacked, FD_DTYPE_F16, {100, 2000, 650}, {100, 1, 300}, 64});
+    shapes.push_back({2, 8, kNhd, FD_DTYPE_BF16, {1000, 300, 5}, {17, 300, 1}, 64});
+    shapes.push_back({1, 8, kDimPacked, FD_DTYPE_F16, {1500, 100}, {1000, 100}, 128});
+    shapes.push_back({2, 1, kTokenPacked, FD_DTYPE_F16, {3000, 300}, {300, 300}, 128, 37});
+    shapes.push_back({2, 4, kDimPadded, FD_DTYPE_BF16, {17, 700, 1}, {17, 100, 1}, 64});
   }
+  uint64_t seed = 7;
+  for (MultiShape &sh : shapes) {
+    sh.seed = seed++;
+    check_multi_token(sh, false);
+  }
+  print_message("gpu_decode: %zu prompt-chunk cases x 3 split modes passed\n", shapes.size());
 }
 
 /* Runs `plan` with `p` and returns the output (poisoned first). */
@@ -777,7 +825,7 @@ int main(void) {
       cmocka_unit_test(test_errors),        cmocka_unit_test(test_graph_capture),
       cmocka_unit_test(test_unaligned_out), cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_long_rows),     cmocka_unit_test(test_plan_run),
-      cmocka_unit_test(test_multi_token),
+      cmocka_unit_test(test_multi_token),   cmocka_unit_test(test_prefill_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
