@@ -9,8 +9,11 @@
 // device copy, bytes read + written) is measured in the same run. Writes
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
-// Usage: decode_bench [--out DIR] [--quick] [--explore] [--verify] [--splits N]
-//                     [--filter A,B,...]
+// Usage: decode_bench [--out DIR] [--quick] [--explore] [--verify] [--prefill]
+//                     [--splits N] [--filter A,B,...]
+// --prefill adds the multi-token cases of issue 14 (chunked prefill: causal
+// chunks timed in TFLOP/s over the visible (query, key) pairs; a mixed batch
+// of decode rows and prefill chunks against the two parts run separately).
 // (or `flashdec bench ...`: the CLI links this file's fd_decode_bench_main).
 // --filter keeps the cases whose name contains one of the comma-separated
 // substrings, '_' standing for a space (for short iteration runs; the
@@ -65,23 +68,24 @@ __global__ void fill_normal(uint16_t *dst, size_t n, uint64_t seed, float scale,
 
 struct RefArgs {
   const uint16_t *q, *k, *v;
-  const int32_t *tables, *lens;
-  float *scores;  // [batch * hq, max_len]
-  float *out;     // [batch * hq, D]
+  const int32_t *tables;
+  const int32_t *tok_row;  // [query token] its row
+  const int32_t *tok_len;  // [query token] keys it sees (causal)
+  float *scores;           // [batch * hq, max_len]
+  float *out;              // [batch * hq, D]
   int64_t sb, sh, st, sd;
   int hq, hkv, dim, bs, mbps, max_len;
-  int q_len;  // query tokens per row (causal: token j sees len - q_len + j + 1 positions)
   float scale;
   bool bf16;
 };
 
-// One CTA per (row, query token, q head): scores, max, exp and sum, then
-// P V, all FP32.
+// One CTA per (query token, q head): scores, max, exp and sum, then P V, all
+// FP32. Query token j of a row of q_len tokens and seq_len keys sees
+// seq_len - q_len + j + 1 of them (causal).
 __global__ void reference_kernel(RefArgs a) {
   __shared__ float red[256];
-  const int rh = blockIdx.x, row = rh / (a.hq * a.q_len), h = rh % a.hq, kvh = h / (a.hq / a.hkv),
-            token = (rh / a.hq) % a.q_len;
-  const int len = a.lens[row] - a.q_len + 1 + token;
+  const int rh = blockIdx.x, token = rh / a.hq, h = rh % a.hq, kvh = h / (a.hq / a.hkv);
+  const int row = a.tok_row[token], len = a.tok_len[token];
   const uint16_t *q = a.q + static_cast<int64_t>(rh) * a.dim;
   float *sc = a.scores + static_cast<int64_t>(rh) * a.max_len;
   auto at = [&](int t, int d) {
@@ -155,7 +159,25 @@ struct Spec {
   int32_t layout;
   int32_t num_splits = 0;  // 0: automatic
   int q_len = 1;           // query tokens per row (speculative verify: --verify)
+  // --prefill cases: per-row lengths and query tokens (both or neither; the
+  // batch is their size), and what the case is in the prefill table.
+  std::vector<int32_t> row_lens = {};
+  std::vector<int32_t> row_q_lens = {};
+  const char *tag = "";
 };
+
+// Query tokens of row r and whether the case passes q_indptr.
+int row_q_len(const Spec &s, int r) {
+  return s.row_q_lens.empty() ? s.q_len : s.row_q_lens[static_cast<size_t>(r)];
+}
+int max_q_len(const Spec &s) {
+  return s.row_q_lens.empty() ? s.q_len
+                              : *std::max_element(s.row_q_lens.begin(), s.row_q_lens.end());
+}
+bool uses_indptr(const Spec &s) {
+  if (s.row_q_lens.empty()) return s.q_len > 1;
+  return *std::max_element(s.row_q_lens.begin(), s.row_q_lens.end()) > 1;
+}
 
 struct Result {
   Spec spec;
@@ -165,6 +187,7 @@ struct Result {
   double kv_bytes = 0, eff_bytes = 0;
   double median_us = 0, p10_us = 0, p90_us = 0, repeat_median_us = 0, stream_median_us = 0;
   double eff_gbps = 0, fraction = 0, rel_error = 0;
+  double flops = 0, tflops = 0;  // causal: 4 * head_dim per visible (query, key) pair and q head
   bool ok = true;
 };
 
@@ -187,14 +210,35 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   Result res;
   res.spec = spec;
   const Shape &sh = spec.shape;
-  const int B = spec.bc.batch, bs = spec.bs, D = sh.dim, H = sh.hkv, HQ = sh.hq;
+  const int B = spec.row_lens.empty() ? spec.bc.batch : static_cast<int>(spec.row_lens.size());
+  const int bs = spec.bs, D = sh.dim, H = sh.hkv, HQ = sh.hq;
   const bool bf16 = spec.dtype == FD_DTYPE_BF16;
-  // Lengths: uniform, or ragged from [128, 8192] with seed 0.
+  // Lengths: per row, uniform, or ragged from [128, 8192] with seed 0.
   uint64_t seed = 0;
   for (int r = 0; r < B; ++r)
-    res.lens.push_back(spec.bc.ctx ? spec.bc.ctx
-                                   : 128 + static_cast<int32_t>(splitmix(seed) % (8192 - 128 + 1)));
-  const int max_len = spec.bc.ctx ? spec.bc.ctx : 8192;
+    res.lens.push_back(!spec.row_lens.empty() ? spec.row_lens[static_cast<size_t>(r)]
+                       : spec.bc.ctx
+                           ? spec.bc.ctx
+                           : 128 + static_cast<int32_t>(splitmix(seed) % (8192 - 128 + 1)));
+  const int max_len = !spec.row_lens.empty()
+                          ? *std::max_element(spec.row_lens.begin(), spec.row_lens.end())
+                      : spec.bc.ctx ? spec.bc.ctx
+                                    : 8192;
+  // Query tokens: row r's are indptr[r] .. indptr[r + 1] - 1; per token its
+  // row and the keys it sees (the reference's causal limits).
+  std::vector<int32_t> host_indptr(1, 0), tok_row, tok_len;
+  int QL = 1;  // the longest row's query tokens (max_q_len_hint)
+  for (int r = 0; r < B; ++r) {
+    const int n = row_q_len(spec, r);
+    QL = std::max(QL, n);
+    host_indptr.push_back(host_indptr.back() + n);
+    for (int j = 0; j < n; ++j) {
+      tok_row.push_back(r);
+      tok_len.push_back(res.lens[static_cast<size_t>(r)] - n + j + 1);
+      res.flops += 4.0 * D * HQ * tok_len.back();
+    }
+  }
+  const int64_t q_tokens = host_indptr.back();
   const int mbps = (max_len + bs - 1) / bs;
   int64_t blocks_per_set = 0, tokens = 0;
   for (int32_t l : res.lens) blocks_per_set += (l + bs - 1) / bs, tokens += l;
@@ -206,15 +250,14 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   res.sets = sets;
   const int64_t total_blocks = blocks_per_set * sets;
   res.kv_bytes = static_cast<double>(tokens) * H * D * 2 * elem;
-  const int QL = spec.q_len;
-  const double qo_bytes = 2.0 * B * QL * HQ * D * elem;
+  const double qo_bytes = 2.0 * static_cast<double>(q_tokens) * HQ * D * elem;
   res.eff_bytes = res.kv_bytes + qo_bytes;
 
   // Buffers: one K/V pool, per-set q/out/tables, shared lens and workspace.
   uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
   int32_t *tables = nullptr, *lens = nullptr;
   const size_t pool = static_cast<size_t>(total_blocks * block_elems);
-  const size_t qn = static_cast<size_t>(B) * QL * HQ * D;
+  const size_t qn = static_cast<size_t>(q_tokens) * HQ * D;
   CHECK_CUDA(cudaMalloc(&k, pool * 2));
   CHECK_CUDA(cudaMalloc(&v, pool * 2));
   CHECK_CUDA(cudaMalloc(&q, qn * 2 * sets));
@@ -262,9 +305,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   base.out = out;
   base.block_tables = tables;
   int32_t *indptr = nullptr;
-  if (QL > 1) {
-    std::vector<int32_t> host_indptr(static_cast<size_t>(B) + 1);
-    for (int r = 0; r <= B; ++r) host_indptr[static_cast<size_t>(r)] = r * QL;
+  if (uses_indptr(spec)) {
     CHECK_CUDA(cudaMalloc(&indptr, host_indptr.size() * 4));
     CHECK_CUDA(
         cudaMemcpy(indptr, host_indptr.data(), host_indptr.size() * 4, cudaMemcpyHostToDevice));
@@ -290,19 +331,24 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   // Correctness of set 0 against the FP32 reference.
   {
     float *ref = nullptr, *scores = nullptr;
+    int32_t *dev_tok = nullptr;
     CHECK_CUDA(cudaMalloc(&ref, qn * 4));
-    CHECK_CUDA(cudaMalloc(&scores, static_cast<size_t>(B) * QL * HQ * max_len * 4));
+    CHECK_CUDA(cudaMalloc(&scores, static_cast<size_t>(q_tokens) * HQ * max_len * 4));
+    CHECK_CUDA(cudaMalloc(&dev_tok, static_cast<size_t>(q_tokens) * 2 * 4));
+    CHECK_CUDA(cudaMemcpy(dev_tok, tok_row.data(), tok_row.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(
+        cudaMemcpy(dev_tok + q_tokens, tok_len.data(), tok_len.size() * 4, cudaMemcpyHostToDevice));
     RefArgs a;
-    a.q = q, a.k = k, a.v = v, a.tables = tables, a.lens = lens, a.scores = scores, a.out = ref;
+    a.q = q, a.k = k, a.v = v, a.tables = tables, a.scores = scores, a.out = ref;
+    a.tok_row = dev_tok, a.tok_len = dev_tok + q_tokens;
     if (spec.layout == FD_LAYOUT_TOKEN_MAJOR)
       a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = D, a.sd = 1;
     else
       a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = 1, a.sd = bs;
     a.hq = HQ, a.hkv = H, a.dim = D, a.bs = bs, a.mbps = mbps, a.max_len = max_len;
-    a.q_len = QL;
     a.scale = 1.0f / std::sqrt(static_cast<float>(D));
     a.bf16 = bf16;
-    reference_kernel<<<B * QL * HQ, 256, 0, stream>>>(a);
+    reference_kernel<<<static_cast<unsigned>(q_tokens * HQ), 256, 0, stream>>>(a);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaMemsetAsync(out, 0xff, qn * 2, stream));
     fd_decode_params p = params_for_set(0);
@@ -313,7 +359,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     CHECK_CUDA(cudaMemcpy(r.data(), ref, qn * 4, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(o.data(), out, qn * 2, cudaMemcpyDeviceToHost));
     double worst = 0;
-    for (int rh = 0; rh < B * QL * HQ; ++rh) {
+    for (int64_t rh = 0; rh < q_tokens * HQ; ++rh) {
       double num = 0, den = 0;
       for (int d = 0; d < D; ++d) {
         const uint16_t bits = o[static_cast<size_t>(rh) * D + d];
@@ -337,6 +383,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     if (!(worst <= (bf16 ? 5e-3 : 1e-3))) res.ok = false;
     CHECK_CUDA(cudaFree(ref));
     CHECK_CUDA(cudaFree(scores));
+    CHECK_CUDA(cudaFree(dev_tok));
   }
 
   {
@@ -382,6 +429,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     }
   }
   res.eff_gbps = res.eff_bytes / (res.median_us * 1e-6) / 1e9;
+  res.tflops = res.flops / (res.median_us * 1e-6) / 1e12;
   res.fraction = res.eff_gbps / copy_gbps;
   CHECK_CUDA(cudaFree(k));
   CHECK_CUDA(cudaFree(v));
@@ -396,7 +444,12 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
 
 std::string case_name(const Result &r) {
   const Spec &s = r.spec;
-  char buf[128];
+  char buf[160];
+  if (s.tag[0] != '\0') {
+    snprintf(buf, sizeof buf, "%s %s %s bs%d %s", s.shape.name, s.tag, dtype_str(s.dtype).c_str(),
+             s.bs, layout_str(s.layout).c_str());
+    return buf;
+  }
   snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s%s", s.shape.name, s.bc.batch,
            ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.bs, layout_str(s.layout).c_str(),
            s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
@@ -422,14 +475,15 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
             "\"layout\": \"%s\", \"splits\": %d, \"buffer_sets\": %d, \"launches_per_graph\": %d, "
             "\"kv_MB\": %.2f, \"median_us\": %.3f, \"p10_us\": %.3f, \"p90_us\": %.3f, "
             "\"repeat_median_us\": %.3f, \"stream_median_us\": %.3f, \"effective_GBps\": %.1f, "
-            "\"fraction_of_copy\": %.4f, \"rel_error\": %.3e, \"correct\": %s}%s\n",
+            "\"fraction_of_copy\": %.4f, \"causal_flops\": %.4e, \"TFLOPs\": %.2f, "
+            "\"case\": \"%s\", \"rel_error\": %.3e, \"correct\": %s}%s\n",
             r.spec.shape.name, r.spec.shape.hq, r.spec.shape.hkv, r.spec.shape.dim, r.spec.bc.batch,
-            r.spec.q_len, ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
+            max_q_len(r.spec), ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
             std::accumulate(r.lens.begin(), r.lens.end(), 0.0), dtype_str(r.spec.dtype).c_str(),
             r.spec.bs, layout_str(r.spec.layout).c_str(), r.splits, r.sets, r.launches_per_graph,
             r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us, r.repeat_median_us,
-            r.stream_median_us, r.eff_gbps, r.fraction, r.rel_error, r.ok ? "true" : "false",
-            i + 1 < rs.size() ? "," : "");
+            r.stream_median_us, r.eff_gbps, r.fraction, r.flops, r.tflops, case_name(r).c_str(),
+            r.rel_error, r.ok ? "true" : "false", i + 1 < rs.size() ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
   fclose(f);
@@ -446,11 +500,12 @@ void write_markdown(const std::string &path, const std::vector<Result> &rs, doub
   fprintf(f, "%s\n", summary.c_str());
   fprintf(f,
           "| case | splits | KV MB | graph median us | p10 | p90 | repeat | stream us | GB/s | "
-          "of copy | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+          "of copy | TFLOP/s | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result &r : rs)
-    fprintf(f, "| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.1e%s |\n",
+    fprintf(f,
+            "| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.1f | %.1e%s |\n",
             case_name(r).c_str(), r.splits, r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us,
-            r.repeat_median_us, r.stream_median_us, r.eff_gbps, r.fraction, r.rel_error,
+            r.repeat_median_us, r.stream_median_us, r.eff_gbps, r.fraction, r.tflops, r.rel_error,
             r.ok ? "" : " FAIL");
   fclose(f);
 }
@@ -489,6 +544,7 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
   for (const Result &r : rs) {
     if (!r.ok) ++failures;
     if (r.spec.num_splits != 0) continue;  // exploration rows are not part of the grid
+    if (r.spec.tag[0] != '\0') continue;   // --prefill rows: summarize_prefill
     if (r.kv_bytes >= 64e6) big.push_back(r.fraction);
     if (r.spec.bc.ctx == 0) ragged.push_back(r.fraction);
     if (r.kv_bytes >= 16e6) min_16 = std::min(min_16, r.fraction);
@@ -524,18 +580,70 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
   return buf;
 }
 
+// The --prefill cases (shape A, bf16, block 16, token-major; docs/benchmarks.md,
+// "Multi-token queries"): causal chunks with and without a cached prefix, and
+// a mixed batch against its two parts.
+std::vector<Spec> prefill_specs(int32_t fixed_splits) {
+  std::vector<Spec> specs;
+  auto add = [&](const char *tag, std::vector<int32_t> lens, std::vector<int32_t> q_lens) {
+    Spec s{kShapes[0],
+           BatchCtx{static_cast<int>(lens.size()), lens[0]},
+           FD_DTYPE_BF16,
+           16,
+           FD_LAYOUT_TOKEN_MAJOR,
+           fixed_splits};
+    s.row_lens = lens;
+    s.row_q_lens = q_lens;
+    s.tag = tag;
+    specs.push_back(s);
+  };
+  add("prefill 4096 new, no cache", {4096}, {4096});
+  add("prefill 2048 new over 8192", {10240}, {2048});
+  std::vector<int32_t> lens(32, 4096), q_lens(32, 1);
+  add("mixed: decode part 32x4096", lens, q_lens);
+  add("mixed: prefill part 2x512 over 4096", {4608, 4608}, {512, 512});
+  lens.insert(lens.end(), {4608, 4608});
+  q_lens.insert(q_lens.end(), {512, 512});
+  add("mixed: 32x4096 decode + 2x512 over 4096 in one call", lens, q_lens);
+  return specs;
+}
+
+// The --prefill table: time and causal TFLOP/s of each case, the mixed batch
+// against the sum of its parts run separately.
+std::string summarize_prefill(const std::vector<Result> &rs) {
+  std::string out = "| prefill case | ms | TFLOP/s (causal) | splits |\n|---|---|---|---|\n";
+  double parts = 0, mixed = 0;
+  char buf[512];
+  for (const Result &r : rs) {
+    if (r.spec.tag[0] == '\0') continue;
+    snprintf(buf, sizeof buf, "| %s | %.4f | %.1f | %d |\n", case_name(r).c_str(),
+             r.median_us * 1e-3, r.tflops, r.splits);
+    out += buf;
+    if (strstr(r.spec.tag, " part ")) parts += r.median_us;
+    if (strstr(r.spec.tag, "one call")) mixed = r.median_us;
+  }
+  if (parts > 0 && mixed > 0) {
+    snprintf(buf, sizeof buf,
+             "\nMixed batch in one call: %.1f us; its two parts run separately: %.1f us "
+             "(one call / separate = %.3f).\n",
+             mixed, parts, mixed / parts);
+    out += buf;
+  }
+  return out;
+}
+
 void usage(FILE *to, const char *program) {
-  fprintf(
-      to,
-      "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--splits N] [--filter A,B,...]\n",
-      program);
+  fprintf(to,
+          "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--prefill] [--splits N]\n"
+          "       [--filter A,B,...]\n",
+          program);
 }
 
 }  // namespace
 
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
-  bool quick = false, explore = false, verify = false;
+  bool quick = false, explore = false, verify = false, prefill = false;
   int32_t fixed_splits = 0;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
@@ -548,6 +656,10 @@ int fd_decode_bench_main(int argc, char **argv) {
           "  --explore    add fixed split counts (1..128) for a few cases\n"
           "  --verify     instead of the grid, speculative verification: 2, 4 and 8 query\n"
           "               tokens per row (q_indptr), 64 x 4096, every shape, bf16, block 16\n"
+          "  --prefill    add chunked prefill (shape A, bf16: 4096 causal tokens with no\n"
+          "               cache, 2048 over 8192 cached; TFLOP/s over the visible pairs) and\n"
+          "               a mixed batch (32 decode rows of 4096 + 2 chunks of 512 over\n"
+          "               4096) against its two parts run separately\n"
           "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
@@ -564,6 +676,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       explore = true;
     else if (!strcmp(argv[i], "--verify"))
       verify = true;
+    else if (!strcmp(argv[i], "--prefill"))
+      prefill = true;
     else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
       fixed_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
@@ -610,6 +724,8 @@ int fd_decode_bench_main(int argc, char **argv) {
         specs.push_back(s);
       }
   }
+  if (prefill)
+    for (const Spec &s : prefill_specs(fixed_splits)) specs.push_back(s);
   if (explore) {
     for (int splits : {1, 2, 4, 8, 16})
       for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{64, 4096}, BatchCtx{1, 32768}})
@@ -645,9 +761,9 @@ int fd_decode_bench_main(int argc, char **argv) {
     Result r = run_case(s, stream, copy0);
     printf(
         "%-44s splits %3d sets %3d  %9.2f us (rep %9.2f, stream %9.2f)  %7.0f GB/s  %.3f  "
-        "err %.1e%s\n",
+        "%6.1f TFLOP/s  err %.1e%s\n",
         case_name(r).c_str(), r.splits, r.sets, r.median_us, r.repeat_median_us, r.stream_median_us,
-        r.eff_gbps, r.fraction, r.rel_error, r.ok ? "" : "  FAIL");
+        r.eff_gbps, r.fraction, r.tflops, r.rel_error, r.ok ? "" : "  FAIL");
     fflush(stdout);
     results.push_back(r);
   }
@@ -657,7 +773,8 @@ int fd_decode_bench_main(int argc, char **argv) {
   for (Result &r : results) r.fraction = r.eff_gbps / copy;
   printf("copy ceiling: %.0f GB/s at start, %.0f GB/s at end; using %.0f\n", copy0, copy1, copy);
   bool ok = true;
-  const std::string summary = summarize(results, &ok);
+  std::string summary = summarize(results, &ok);
+  if (prefill) summary += "\n" + summarize_prefill(results);
   printf("\n%s\n", summary.c_str());
   write_json(out_dir + "/decode_bench.json", results, copy, prop.name);
   write_markdown(out_dir + "/decode_bench.md", results, copy, prop.name, summary);

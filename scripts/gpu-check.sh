@@ -7,8 +7,11 @@
 #
 # MODE picks what is checked:
 #   decode (default)  every ctest suite (the "gpu" label first), the decode
-#                     benchmark (bench/decode_bench: JSON, Markdown, SVG), then
-#                     memcheck, racecheck and initcheck over a reduced gpu_decode.
+#                     benchmark (bench/decode_bench: JSON, Markdown, SVG; with
+#                     its --prefill cases unless PREFILL=0), torch SDPA on the
+#                     same prefill shapes (bench/prefill_sdpa.py: its JSON and
+#                     the comparison table go to bench.log), then memcheck,
+#                     racecheck and initcheck over a reduced gpu_decode.
 #   append            the GPU-resident cache and the append kernels: gpu_append,
 #                     gpu_cache_step and the CPU suites of the append primitives
 #                     (test_kv_append, test_kv_append_cache), the append
@@ -37,8 +40,9 @@
 # CMOCKA_ROOT to a prefix holding include/cmocka.h and lib/libcmocka.so.
 #
 # Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, SKIP_SANITIZER=1,
-# SKIP_BENCH=1, BENCH_ARGS (decode mode, e.g. "--quick", "--explore" or
-# "--filter A,B"), GPU_ONLY=1 (decode mode: ctest runs only the "gpu" label),
+# SKIP_BENCH=1, BENCH_ARGS (decode mode, e.g. "--quick", "--explore", "--verify"
+# or "--filter A,B"), PREFILL=0 (decode mode: no --prefill cases, no torch
+# SDPA), GPU_ONLY=1 (decode mode: ctest runs only the "gpu" label),
 # BUILD_TARGETS (e.g. "gpu_decode decode_bench": build only these; implies
 # GPU_ONLY; append mode builds only its own targets unless this is set),
 # SANITIZER_TIMEOUT (seconds per compute-sanitizer run: 240 decode, 45 append),
@@ -64,6 +68,7 @@ case "$MODE" in
     tests_timeout=0
     bench=decode_bench
     read -ra bench_args <<<"${BENCH_ARGS:-}"
+    [ "${PREFILL:-1}" = 1 ] && bench_args+=(--prefill)
     bench_timeout=0
     bench_tail=12
     sanitizer_suites=(gpu_decode)
@@ -220,6 +225,21 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$bench" ]; then
   [ $rc -ne 0 ] && status=1
   note "$bench rc=$rc in $((SECONDS - start)) s"
   tail -"$bench_tail" "$OUT/bench.log"
+  if [ "$MODE" = decode ] && [ "${PREFILL:-1}" = 1 ]; then
+    # torch SDPA (cuDNN, flash) on the prefill shapes, beside decode_bench's
+    # numbers; exit 77: no torch or no GPU, not a failure.
+    start=$SECONDS
+    sdpa_dir=$(mktemp -d)
+    timeout 300 python3 bench/prefill_sdpa.py --compare "$OUT/decode_bench.json" \
+      >"$sdpa_dir/sdpa.json" 2>"$sdpa_dir/table"
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
+    { echo "### bench/prefill_sdpa.py (rc=$rc)"; cat "$sdpa_dir/table" "$sdpa_dir/sdpa.json"; } \
+      >>"$OUT/bench.log"
+    note "prefill_sdpa.py rc=$rc in $((SECONDS - start)) s"
+    tee -a "$OUT/summary.log" <"$sdpa_dir/table"
+    rm -rf "$sdpa_dir"
+  fi
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ "$MODE" = reliability ]; then
   # Every (suite, tool) pair, SANITIZER_JOBS at once.
