@@ -72,11 +72,13 @@ enum OpKind {
   kOpEvict,
   kOpTxQuery,
   kOpCacheQuery,
+  kOpCommitKeep,
+  kOpTruncate,
   kOpKinds
 };
 inline constexpr const char *kOpNames[kOpKinds] = {
-    "add",   "finish", "cancel",   "begin",  "write", "rope",    "commit",
-    "abort", "append", "register", "attach", "evict", "txquery", "query"};
+    "add",    "finish",   "cancel", "begin", "write",   "rope",  "commit", "abort",
+    "append", "register", "attach", "evict", "txquery", "query", "keep",   "truncate"};
 constexpr int kStatusSlots = 13;
 inline constexpr const char *kStatusShort[kStatusSlots] = {
     "OK",    "ARG", "OOB", "NF",  "STATE",  "STALE", "UNSUP",
@@ -391,6 +393,7 @@ class Episode {
         2.0,                                // 12 old handles
         2.0,                                // 13 cache queries
         abuse_ ? 3.0 : 0.0,                 // 14 arguments outside the contract
+        active > 0 ? 4.0 : 0.0,             // 15 truncate
     };
     switch (choose(w, sizeof w / sizeof w[0])) {
       case 0: return op_add(new_id());
@@ -399,7 +402,12 @@ class Episode {
       case 2: return op_close(pick_active(), true);
       case 3: return op_close(pick_active(), false);
       case 4: return op_close(pick_bad_id(), rng_.chance(0.5));
-      case 5: return op_begin(pick_active_batch(), false);
+      case 5: {
+        const std::vector<uint64_t> ids = pick_active_batch();
+        if (rng_.chance(0.5)) return op_begin(ids, false);
+        const std::vector<uint32_t> counts = pick_counts(ids.size());
+        return op_begin(ids, false, &counts);
+      }
       case 6: return op_begin_invalid();
       case 7: return op_append(pick_active_batch(), false);
       case 8: return op_append_invalid();
@@ -408,8 +416,17 @@ class Episode {
       case 11: return op_evict_random();
       case 12: return op_handle_random(pick_bad_handle());
       case 14: return op_abuse();
+      case 15: return op_truncate_random();
       default: return op_query();
     }
+  }
+
+  /* Token counts of a multi-token begin: 1 .. 2 * block_size + 1 each, so
+   * that rows cross zero, one or two block boundaries. */
+  std::vector<uint32_t> pick_counts(size_t n) {
+    std::vector<uint32_t> k(n);
+    for (uint32_t &x : k) x = 1 + rng_.below32(2 * T() + 1);
+    return k;
   }
 
   bool step_in_transaction() {
@@ -431,8 +448,8 @@ class Episode {
         return rng_.chance(0.3) && D() >= 2 ? op_write_rope(current_handle(), t.next_layer, 0)
                                             : op_write(current_handle(), t.next_layer, 0);
       case 1: return op_write_invalid();
-      case 2: return op_commit(current_handle());
-      case 3: return op_abort(current_handle());
+      case 2: return rng_.chance(0.5) ? op_commit(current_handle()) : op_commit_keep_random(false);
+      case 3: return rng_.chance(0.8) ? op_abort(current_handle()) : op_commit_keep_random(true);
       case 4: return op_view(current_handle());
       case 5: return op_forbidden();
       case 6: return op_handle_random(pick_bad_handle());
@@ -479,21 +496,29 @@ class Episode {
 
   /* ---------------------------------------------------------------------- */
   /* Transactions. */
-  bool op_begin(const std::vector<uint64_t> &ids, bool null_ids) {
-    desc_ = "fd_tx_begin(" + (null_ids ? std::string("NULL") : ids_str(ids)) + ", count " +
+  /* `counts`: NULL for fd_tx_begin, else fd_tx_begin_multi's token counts
+   * (one per id). */
+  bool op_begin(const std::vector<uint64_t> &ids, bool null_ids,
+                const std::vector<uint32_t> *counts = nullptr) {
+    desc_ = std::string(counts ? "fd_tx_begin_multi(" : "fd_tx_begin(") +
+            (null_ids ? std::string("NULL") : ids_str(ids)) +
+            (counts ? ", token_counts " + vec_str(*counts) : std::string()) + ", count " +
             dec(ids.size()) + ")";
     std::vector<Fault> f;
     if (null_ids) {
       f.push_back({FD_ERR_INVALID_ARGUMENT, "", "",
                    reading::kEveryFailedBeginCounts ? kTxFailure : kNoEffect});
     } else {
-      f = m().faults_begin(ids);
+      f = m().faults_begin(ids, counts ? *counts : std::vector<uint32_t>{});
     }
     const uint64_t dummy = 0;
+    const uint32_t dummy_count = 1;
     fd_tx tx{0xdeadbeefull, 0xfeedull};
+    const uint64_t *id_ptr = null_ids ? nullptr : (ids.empty() ? &dummy : ids.data());
     const fd_status s =
-        fd_tx_begin(cache_, null_ids ? nullptr : (ids.empty() ? &dummy : ids.data()),
-                    static_cast<uint32_t>(ids.size()), &tx);
+        counts ? fd_tx_begin_multi(cache_, id_ptr, counts->empty() ? &dummy_count : counts->data(),
+                                   static_cast<uint32_t>(ids.size()), &tx)
+               : fd_tx_begin(cache_, id_ptr, static_cast<uint32_t>(ids.size()), &tx);
     const Outcome o = settle(kOpBegin, s, f);
     if (o == Outcome::kMismatch) return false;
     if (o == Outcome::kFailedAsExpected) {
@@ -502,7 +527,7 @@ class Episode {
       return true;
     }
     const uint64_t expected_id = m().next_tx_id();
-    m().apply_begin(ids);
+    m().apply_begin(ids, counts ? *counts : std::vector<uint32_t>{});
     expect_version_ = m().begin_version_change();
     if (tx.id != expected_id)
       return mismatch("begin returned transaction id " + dec(tx.id) + ", expected " +
@@ -518,8 +543,15 @@ class Episode {
   }
 
   bool op_begin_invalid() {
-    switch (rng_.below(5)) {
+    switch (rng_.below(6)) {
       case 0: return op_begin({}, false);
+      case 4: {  // a row of zero tokens
+        std::vector<uint64_t> ids = pick_active_batch();
+        if (ids.empty()) ids.push_back(pick_active());
+        std::vector<uint32_t> counts = pick_counts(ids.size());
+        counts[rng_.below(counts.size())] = 0;
+        return op_begin(ids, false, &counts);
+      }
       case 1: return op_begin({pick_active()}, true);
       case 2: {
         std::vector<uint64_t> ids = pick_active_batch();
@@ -540,7 +572,7 @@ class Episode {
   /* Plain layer write. `bad`: 0 valid arguments, 1 NULL k, 2 NULL v. */
   bool op_write(fd_tx h, uint32_t layer, int bad) {
     const bool open = m().classify(h) == HandleKind::kOpen;
-    const size_t rows = open ? m().tx()->ids.size() : 16;
+    const size_t rows = open ? m().tx()->tokens() : 16;
     const uint64_t tag = ++tag_;
     Buffer k = make_kv(rows, tag), v = make_kv(rows, tag + 7777);
     desc_ = "fd_tx_write_layer(" + tx_str(h) + ", layer " + dec(layer) + ", k " +
@@ -613,7 +645,7 @@ class Episode {
     }
     const uint32_t hq = a.zero_heads ? 0 : (a.heads_override ? a.heads_override : H() * a.group);
     const bool open = m().classify(h) == HandleKind::kOpen;
-    const size_t rows = open ? m().tx()->ids.size() : 16;
+    const size_t rows = open ? m().tx()->tokens() : 16;
     const uint64_t tag = ++tag_;
     Buffer k = make_kv(rows, tag), v = make_kv(rows, tag + 7777);
     Buffer q(dtype(), std::max<size_t>(rows, 1) * std::max<uint32_t>(hq, 1) * D());
@@ -660,12 +692,12 @@ class Episode {
     return true;
   }
 
-  /* Shadow of a successful layer write: row r's token goes to the model's
-   * (block, offset) of that row. */
+  /* Shadow of a successful layer write: token r (packed in row order) goes
+   * to the model's (block, offset) of that token. */
   void record_rows(uint32_t layer, const Buffer &k, const Buffer &v, const RopeArgs *rope) {
     const OpenTx &t = *m().tx();
     std::vector<float> x(D());
-    for (size_t r = 0; r < t.ids.size(); ++r)
+    for (size_t r = 0; r < t.tokens(); ++r)
       for (uint32_t h = 0; h < H(); ++h) {
         const size_t base = (r * H() + h) * D();
         for (uint32_t d = 0; d < D(); ++d) x[d] = k.get(base + d);
@@ -716,6 +748,109 @@ class Episode {
     return o != Outcome::kMismatch;
   }
 
+  /* fd_tx_commit_keep with valid keeps (0 .. k per row, often all or none),
+   * or, with `invalid`, a keep above its row's count or a wrong count. */
+  bool op_commit_keep(fd_tx h, const std::vector<uint32_t> &keep) {
+    desc_ = "fd_tx_commit_keep(" + tx_str(h) + ", keep " + vec_str(keep) + ")";
+    note_handle(h);
+    const std::vector<Fault> f = m().faults_commit_keep(h, keep);
+    const uint32_t dummy = 0;
+    const Outcome o = settle(kOpCommitKeep,
+                             fd_tx_commit_keep(cache_, h, keep.empty() ? &dummy : keep.data(),
+                                               static_cast<uint32_t>(keep.size())),
+                             f);
+    if (o == Outcome::kSucceeded) expect_version_ = m().apply_commit_keep(keep);
+    return o != Outcome::kMismatch;
+  }
+
+  bool op_commit_keep_random(bool invalid) {
+    const OpenTx &t = *m().tx();
+    std::vector<uint32_t> keep(t.counts.size());
+    for (size_t i = 0; i < keep.size(); ++i) {
+      switch (rng_.below(4)) {
+        case 0: keep[i] = 0; break;
+        case 1: keep[i] = t.counts[i]; break;
+        default: keep[i] = rng_.below32(t.counts[i] + 1);
+      }
+    }
+    if (invalid) {
+      if (rng_.chance(0.5)) {
+        const size_t i = rng_.below(keep.size());
+        keep[i] = t.counts[i] + 1 + rng_.below32(3);
+      } else if (rng_.chance(0.5)) {
+        keep.push_back(1);
+      } else {
+        keep.pop_back();
+      }
+    }
+    return op_commit_keep(current_handle(), keep);
+  }
+
+  bool op_truncate(const std::vector<uint64_t> &ids, const std::vector<int32_t> &lens) {
+    desc_ = "fd_cache_truncate(" + ids_str(ids) + ", seq_lens " + vec_str(lens) + ")";
+    const std::vector<Fault> f = m().faults_truncate(ids, lens);
+    const uint64_t dummy = 0;
+    const int32_t dummy_len = 0;
+    const Outcome o = settle(kOpTruncate,
+                             fd_cache_truncate(cache_, ids.empty() ? &dummy : ids.data(),
+                                               lens.empty() ? &dummy_len : lens.data(),
+                                               static_cast<uint32_t>(ids.size())),
+                             f);
+    if (o == Outcome::kSucceeded) expect_version_ = m().apply_truncate(ids, lens);
+    return o != Outcome::kMismatch;
+  }
+
+  /* Mostly valid truncations (random new lengths at or above the prefix,
+   * sometimes the current ones); sometimes one invalid entry. */
+  bool op_truncate_random() {
+    std::vector<uint64_t> ids = pick_active_batch();
+    std::vector<int32_t> lens;
+    for (uint64_t id : ids) {
+      const Request &r = m().requests().at(id);
+      const int32_t floor = static_cast<int32_t>(m().prefix_blocks_of(r) * T());
+      lens.push_back(rng_.chance(0.2) ? r.seq_len
+                                      : floor + static_cast<int32_t>(
+                                                    rng_.below(uint64_t(r.seq_len - floor) + 1)));
+    }
+    if (rng_.chance(0.25)) {
+      switch (rng_.below(5)) {
+        case 0:  // longer than the request
+          if (!ids.empty()) lens[rng_.below(ids.size())] += 1 + rng_.below32(3);
+          break;
+        case 1:  // negative
+          if (!ids.empty()) lens[rng_.below(ids.size())] = -1 - rng_.below32(3);
+          break;
+        case 2: {  // into the prefix (when one is attached), else an unknown id
+          bool done = false;
+          for (size_t i = 0; i < ids.size() && !done; ++i) {
+            const Request &r = m().requests().at(ids[i]);
+            if (!r.prefix.empty()) {
+              lens[i] = static_cast<int32_t>(rng_.below(m().prefix_blocks_of(r) * T()));
+              done = true;
+            }
+          }
+          if (!done) {
+            ids.push_back(unknown_id());
+            lens.push_back(0);
+          }
+          break;
+        }
+        case 3:  // a bad id
+          ids.push_back(pick_bad_id());
+          lens.push_back(0);
+          break;
+        default:  // a duplicate (or an empty list)
+          if (!ids.empty()) {
+            ids.push_back(ids.front());
+            lens.push_back(lens.front());
+          } else {
+            return op_truncate({}, {});
+          }
+      }
+    }
+    return op_truncate(ids, lens);
+  }
+
   /* Any transaction call on a (usually bad) handle. */
   bool op_handle_random(fd_tx h) {
     const uint32_t layer = m().tx() ? m().tx()->next_layer : rng_.below32(L());
@@ -734,7 +869,24 @@ class Episode {
     const uint32_t batch = open ? static_cast<uint32_t>(m().tx()->ids.size()) : 4;
     note_handle(h);
     std::vector<Fault> f = m().handle_faults(h, true, kNoEffect);
-    switch (rng_.below(3)) {
+    switch (rng_.below(4)) {
+      case 3: {  // per-token view, sometimes with a capacity one too small
+        const uint32_t tokens = open ? static_cast<uint32_t>(m().tx()->tokens()) : 4;
+        const uint32_t cap = rng_.chance(0.3) ? tokens - 1 : tokens + rng_.below32(2);
+        if (open && cap < tokens) f.push_back({FD_ERR_INVALID_ARGUMENT, "capacity", "", kNoEffect});
+        desc_ = "fd_tx_get_tokens(" + tx_str(h) + ", capacity " + dec(cap) + ")";
+        const size_t n = size_t{tokens} + 2;
+        std::vector<int32_t> pos(n, -7), blk(n, -7), off(n, -7);
+        const Outcome o = settle(
+            kOpTxQuery, fd_tx_get_tokens(cache_, h, cap, pos.data(), blk.data(), off.data()), f);
+        if (o == Outcome::kFailedAsExpected) {
+          for (size_t i = 0; i < n; ++i)
+            if (pos[i] != -7 || blk[i] != -7 || off[i] != -7)
+              return mismatch("failed fd_tx_get_tokens wrote its outputs");
+          return true;
+        }
+        return o == Outcome::kMismatch ? false : check_tx_view(h);
+      }
       case 0: {
         desc_ = "fd_tx_get_info(" + tx_str(h) + ")";
         fd_tx_info info;
@@ -790,7 +942,7 @@ class Episode {
     const OpenTx &t = *m().tx();
     uint32_t w = 0;
     for (size_t r = 0; r < t.ids.size(); ++r) {
-      const size_t n = m().requests().at(t.ids[r]).blocks.size() + (t.row_new_block[r] ? 1 : 0);
+      const size_t n = m().requests().at(t.ids[r]).blocks.size() + t.row_new_blocks[r].size();
       w = std::max(w, static_cast<uint32_t>(n));
     }
     return w;
@@ -950,7 +1102,7 @@ class Episode {
   /* Every mutation is refused while a transaction is open (S5). */
   bool op_forbidden() {
     const std::string pid = pick_prefix_id();
-    switch (rng_.below(8)) {
+    switch (rng_.below(9)) {
       case 0: return op_add(rng_.chance(0.5) ? new_id() : pick_active());
       case 1: return op_close(pick_active(), true);
       case 2: return op_close(pick_active(), false);
@@ -958,6 +1110,9 @@ class Episode {
       case 4: return op_register(pid.c_str(), 1, false);
       case 5: return op_attach(pick_active(), pid.c_str());
       case 6: return op_evict(pid.c_str());
+      case 7:
+        if (rng_.chance(0.5)) return op_truncate_random();
+        return op_begin(pick_active_batch(), false);
       default: return op_begin(pick_active_batch(), false);
     }
   }
@@ -1290,7 +1445,7 @@ class Episode {
     if (m().tx()) {
       const fd_tx h = current_handle();
       const uint32_t layer = m().tx()->next_layer;
-      Buffer k = make_kv(m().tx()->ids.size(), ++tag_), v = k;
+      Buffer k = make_kv(m().tx()->tokens(), ++tag_), v = k;
       if (k.bytes.size() + 1 > raw.size()) return op_query();
       std::memcpy(odd, k.data(), k.bytes.size());
       desc_ = "fd_tx_write_layer(k misaligned)";
@@ -1536,7 +1691,8 @@ class Episode {
     if (s != FD_OK) return mismatch("fd_tx_get_info(open) failed: " + status_name(s));
     const uint32_t width = tx_table_width();
     if (info.batch != batch || info.next_layer != t.next_layer || info.state != FD_TX_OPEN ||
-        info.max_blocks_per_seq != width || info.new_block_count != t.new_blocks.size())
+        info.max_blocks_per_seq != width || info.new_block_count != t.new_blocks.size() ||
+        info.token_count != t.tokens())
       return mismatch("fd_tx_info {batch " + dec(info.batch) + ", next_layer " +
                       dec(info.next_layer) + ", state " + std::to_string(info.state) +
                       ", max_blocks_per_seq " + dec(info.max_blocks_per_seq) +
@@ -1548,21 +1704,38 @@ class Episode {
     s = fd_tx_get_rows(cache_, h, batch, ids.data(), pos.data(), blk.data(), off.data(),
                        eff.data());
     if (s != FD_OK) return mismatch("fd_tx_get_rows(open) failed: " + status_name(s));
-    std::vector<int32_t> want_eff;
-    for (int32_t p : t.positions) want_eff.push_back(p + 1);
-    if (ids != t.ids || pos != t.positions || blk != t.block_ids || off != t.offsets ||
-        eff != want_eff)
+    /* Per row: the first new token's position, block and offset. */
+    std::vector<int32_t> want_eff, want_blk, want_off;
+    for (size_t r = 0; r < batch; ++r) {
+      want_eff.push_back(t.first_pos[r] + static_cast<int32_t>(t.counts[r]));
+      want_blk.push_back(t.block_ids[t.first_token(r)]);
+      want_off.push_back(t.offsets[t.first_token(r)]);
+    }
+    if (ids != t.ids || pos != t.first_pos || blk != want_blk || off != want_off || eff != want_eff)
       return mismatch("tx rows: ids " + ids_str(ids) + " positions " + vec_str(pos) + " blocks " +
                       vec_str(blk) + " offsets " + vec_str(off) + " effective " + vec_str(eff) +
-                      "; expected " + ids_str(t.ids) + " " + vec_str(t.positions) + " " +
-                      vec_str(t.block_ids) + " " + vec_str(t.offsets) + " " + vec_str(want_eff));
+                      "; expected " + ids_str(t.ids) + " " + vec_str(t.first_pos) + " " +
+                      vec_str(want_blk) + " " + vec_str(want_off) + " " + vec_str(want_eff));
+    /* Per token, packed in row order. */
+    const size_t tokens = t.tokens();
+    std::vector<int32_t> tpos(tokens + 1, -3), tblk(tokens + 1, -3), toff(tokens + 1, -3);
+    s = fd_tx_get_tokens(cache_, h, static_cast<uint32_t>(tokens + rng_.below(2)), tpos.data(),
+                         tblk.data(), toff.data());
+    if (s != FD_OK) return mismatch("fd_tx_get_tokens(open) failed: " + status_name(s));
+    if (tpos[tokens] != -3 || tblk[tokens] != -3 || toff[tokens] != -3)
+      return mismatch("fd_tx_get_tokens wrote past token_count");
+    tpos.pop_back(), tblk.pop_back(), toff.pop_back();
+    if (tpos != t.positions || tblk != t.block_ids || toff != t.offsets)
+      return mismatch("tx tokens: positions " + vec_str(tpos) + " blocks " + vec_str(tblk) +
+                      " offsets " + vec_str(toff) + "; expected " + vec_str(t.positions) + " " +
+                      vec_str(t.block_ids) + " " + vec_str(t.offsets));
     /* Every output may be NULL to skip it. */
     {
       const uint64_t mask = rng_.next();
       std::vector<int32_t> pos2(batch, -3);
       s = fd_tx_get_rows(cache_, h, batch, nullptr, (mask & 1) ? pos2.data() : nullptr, nullptr,
                          nullptr, nullptr);
-      if (s != FD_OK || ((mask & 1) && pos2 != t.positions))
+      if (s != FD_OK || ((mask & 1) && pos2 != t.first_pos))
         return mismatch("fd_tx_get_rows with NULL outputs: " + status_name(s) + ", positions " +
                         vec_str(pos2));
     }
@@ -1572,7 +1745,7 @@ class Episode {
     if (s != FD_OK) return mismatch("fd_tx_block_tables(open) failed: " + status_name(s));
     for (size_t r = 0; r < batch; ++r) {
       std::vector<int32_t> want = m().requests().at(t.ids[r]).blocks;
-      if (t.row_new_block[r]) want.push_back(t.block_ids[r]);
+      want.insert(want.end(), t.row_new_blocks[r].begin(), t.row_new_blocks[r].end());
       want.resize(stride, -1);
       std::vector<int32_t> got(tab.begin() + static_cast<std::ptrdiff_t>(r * stride),
                                tab.begin() + static_cast<std::ptrdiff_t>((r + 1) * stride));

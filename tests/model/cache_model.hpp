@@ -128,10 +128,20 @@ struct OpenTx {
   uint64_t id = 0;
   uint64_t version = 0;  // filled in from the handle begin returned
   std::vector<uint64_t> ids;
+  std::vector<uint32_t> counts;                      // per row: new tokens k (1 for fd_tx_begin)
+  std::vector<int32_t> first_pos;                    // per row: committed seq_len at begin
+  std::vector<std::vector<int32_t>> row_new_blocks;  // per row, logical order
+  /* Per new token, rows packed in order (the layer writes' order). */
   std::vector<int32_t> positions, block_ids, offsets;
-  std::vector<bool> row_new_block;  // row allocated a block at begin
   std::vector<int32_t> new_blocks;  // in allocation order
   uint32_t next_layer = 0;
+  size_t tokens() const { return positions.size(); }
+  /* Index of row r's first token. */
+  size_t first_token(size_t r) const {
+    size_t n = 0;
+    for (size_t i = 0; i < r; ++i) n += counts[i];
+    return n;
+  }
 };
 
 struct HistoryEntry {
@@ -231,6 +241,17 @@ class CacheModel {
       if (requests_.at(id).seq_len % static_cast<int32_t>(bs()) == 0) ++n;
     return n;
   }
+  /* Blocks needed to grow request ids[i] by counts[i] tokens (S4.4): every
+   * logical block the new tokens reach past the committed ones. */
+  uint64_t blocks_needed(const std::vector<uint64_t> &ids,
+                         const std::vector<uint32_t> &counts) const {
+    uint64_t n = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint64_t seq = static_cast<uint64_t>(requests_.at(ids[i]).seq_len);
+      n += (seq + counts[i] + bs() - 1) / bs() - (seq + bs() - 1) / bs();
+    }
+    return n;
+  }
 
   /* ---------------- transaction handles ---------------- */
   const HistoryEntry *history_entry(uint64_t id) const {
@@ -316,10 +337,16 @@ class CacheModel {
   /* Faults shared by begin and append: ids, states, open transaction, then
    * capacity (only when everything else is valid: capacity is computed from
    * the rows' seq_lens). */
-  std::vector<Fault> faults_rows(const std::vector<uint64_t> &ids) const {
+  /* `counts`: per-row token counts (empty: one token each). */
+  std::vector<Fault> faults_rows(const std::vector<uint64_t> &ids,
+                                 const std::vector<uint32_t> &counts = {}) const {
     const uint32_t fx = reading::kEveryFailedBeginCounts ? kTxFailure : kNoEffect;
     std::vector<Fault> f;
     if (ids.empty()) f.push_back({FD_ERR_INVALID_ARGUMENT, "", "", fx});
+    for (size_t i = 0; i < counts.size(); ++i)  // S5: each row appends at least one token
+      if (counts[i] == 0)
+        f.push_back({FD_ERR_INVALID_ARGUMENT, "token_counts[" + dec(i) + "] is 0",
+                     "token_counts[" + dec(i) + "]", fx});
     std::vector<uint64_t> sorted = ids;
     std::sort(sorted.begin(), sorted.end());
     for (size_t i = 1; i < sorted.size(); ++i)  // the message names the duplicate id
@@ -333,33 +360,46 @@ class CacheModel {
       else if (r->state != FD_REQUEST_ACTIVE)
         f.push_back({FD_ERR_INVALID_STATE, dec(id), dec(id), fx});
     }
-    if (f.empty() && blocks_needed(ids) > free_.size())
-      f.push_back({FD_ERR_OUT_OF_BLOCKS, "", "", kCapacityFailure | kTxFailure});
+    if (f.empty()) {
+      const std::vector<uint32_t> k =
+          counts.empty() ? std::vector<uint32_t>(ids.size(), 1) : counts;
+      if (blocks_needed(ids, k) > free_.size())
+        f.push_back({FD_ERR_OUT_OF_BLOCKS, "", "", kCapacityFailure | kTxFailure});
+    }
     return f;
   }
-  std::vector<Fault> faults_begin(const std::vector<uint64_t> &ids) const {
-    return faults_rows(ids);
+  std::vector<Fault> faults_begin(const std::vector<uint64_t> &ids,
+                                  const std::vector<uint32_t> &counts = {}) const {
+    return faults_rows(ids, counts);
   }
 
-  /* Opens the transaction; the caller then records the handle's version. */
-  const OpenTx &apply_begin(const std::vector<uint64_t> &ids) {
+  /* Opens the transaction (`counts` empty: one token per row); the caller
+   * then records the handle's version. Row i's tokens take positions
+   * seq_len .. seq_len + k - 1; each logical block past the committed ones
+   * is a new block from the front of the free list, row by row. */
+  const OpenTx &apply_begin(const std::vector<uint64_t> &ids,
+                            const std::vector<uint32_t> &counts = {}) {
     OpenTx t;
     t.id = next_tx_id_++;
     t.ids = ids;
-    for (uint64_t id : ids) {
-      const Request &r = requests_.at(id);
-      const int32_t pos = r.seq_len, off = pos % static_cast<int32_t>(bs());
-      int32_t block;
-      if (off == 0) {
-        block = allocate();
-        t.new_blocks.push_back(block);
-      } else {
-        block = r.blocks[static_cast<size_t>(pos) / bs()];
+    t.counts = counts.empty() ? std::vector<uint32_t>(ids.size(), 1) : counts;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Request &r = requests_.at(ids[i]);
+      t.first_pos.push_back(r.seq_len);
+      std::vector<int32_t> table = r.blocks, mine;
+      for (uint32_t j = 0; j < t.counts[i]; ++j) {
+        const int32_t pos = r.seq_len + static_cast<int32_t>(j);
+        const size_t index = static_cast<size_t>(pos) / bs();
+        if (index == table.size()) {
+          table.push_back(allocate());
+          mine.push_back(table.back());
+          t.new_blocks.push_back(table.back());
+        }
+        t.positions.push_back(pos);
+        t.offsets.push_back(pos % static_cast<int32_t>(bs()));
+        t.block_ids.push_back(table[index]);
       }
-      t.positions.push_back(pos);
-      t.offsets.push_back(off);
-      t.block_ids.push_back(block);
-      t.row_new_block.push_back(off == 0);
+      t.row_new_blocks.push_back(mine);
     }
     ++c_.tx_begin;
     tx_ = t;
@@ -438,6 +478,84 @@ class CacheModel {
   VersionChange apply_commit() {
     publish(FD_TX_COMMITTED, true, true);
     return VersionChange::kGrows;
+  }
+
+  /* ---------------- keep-a_i commit (S5.2) ---------------- */
+  std::vector<Fault> faults_commit_keep(fd_tx h, const std::vector<uint32_t> &keep) const {
+    std::vector<Fault> f = handle_faults(h, false, kNoEffect);
+    if (!f.empty()) return f;
+    if (keep.size() != tx_->ids.size())
+      f.push_back({FD_ERR_INVALID_ARGUMENT, "count", "", kNoEffect});
+    for (size_t i = 0; i < keep.size() && i < tx_->counts.size(); ++i)
+      if (keep[i] > tx_->counts[i])
+        f.push_back({FD_ERR_INVALID_ARGUMENT, "keep_counts[" + dec(i) + "]",
+                     "keep_counts[" + dec(i) + "]", kNoEffect});
+    if (tx_->next_layer != cfg_.num_layers) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
+    return f;
+  }
+  /* Row i keeps the new blocks its first keep[i] tokens reach; every other
+   * new block goes back to the front of the free list, all together in
+   * allocation order (the abort rule), counted as rolled back. */
+  VersionChange apply_commit_keep(const std::vector<uint32_t> &keep) {
+    const OpenTx t = *tx_;
+    std::vector<int32_t> dropped;
+    for (size_t i = 0; i < t.ids.size(); ++i) {
+      Request &r = requests_.at(t.ids[i]);
+      const uint64_t len = static_cast<uint64_t>(r.seq_len) + keep[i];
+      const size_t kept = static_cast<size_t>((len + bs() - 1) / bs()) - r.blocks.size();
+      const std::vector<int32_t> &mine = t.row_new_blocks[i];
+      r.blocks.insert(r.blocks.end(), mine.begin(), mine.begin() + static_cast<long>(kept));
+      dropped.insert(dropped.end(), mine.begin() + static_cast<long>(kept), mine.end());
+      r.seq_len = static_cast<int32_t>(len);
+    }
+    free_.insert(free_.begin(), dropped.begin(), dropped.end());
+    c_.rollback_blocks += dropped.size();
+    ++c_.tx_commit;
+    push_history({t.id, t.version, true, FD_TX_COMMITTED});
+    tx_.reset();
+    return VersionChange::kGrows;
+  }
+
+  /* ---------------- truncate (S5.3) ---------------- */
+  std::vector<Fault> faults_truncate(const std::vector<uint64_t> &ids,
+                                     const std::vector<int32_t> &lens) const {
+    std::vector<Fault> f;
+    if (ids.empty()) f.push_back({FD_ERR_INVALID_ARGUMENT, "", "", kNoEffect});
+    std::vector<uint64_t> sorted = ids;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 1; i < sorted.size(); ++i)
+      if (sorted[i] == sorted[i - 1])
+        f.push_back({FD_ERR_INVALID_ARGUMENT, dec(sorted[i]), dec(sorted[i]), kNoEffect});
+    if (tx_) f.push_back({FD_ERR_INVALID_STATE, "", "", kNoEffect});
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Request *r = find(ids[i]);
+      if (r == nullptr) {
+        f.push_back({FD_ERR_NOT_FOUND, dec(ids[i]), dec(ids[i]), kNoEffect});
+      } else if (r->state != FD_REQUEST_ACTIVE) {
+        f.push_back({FD_ERR_INVALID_STATE, dec(ids[i]), dec(ids[i]), kNoEffect});
+      } else if (lens[i] < 0 || lens[i] > r->seq_len) {
+        f.push_back({FD_ERR_INVALID_ARGUMENT, "seq_lens[" + dec(i) + "]",
+                     "seq_lens[" + dec(i) + "]", kNoEffect});
+      } else if (static_cast<uint64_t>(lens[i]) < uint64_t{prefix_blocks_of(*r)} * bs()) {
+        f.push_back({FD_ERR_INVALID_ARGUMENT, "would cut into the attached prefix",
+                     "seq_lens[" + dec(i) + "]", kNoEffect});
+      }
+    }
+    return f;
+  }
+  /* Each request keeps its first ceil(len / block_size) blocks; the rest are
+   * released as finish releases them (reading R1), row by row. */
+  VersionChange apply_truncate(const std::vector<uint64_t> &ids, const std::vector<int32_t> &lens) {
+    bool changed = false;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Request &r = requests_.at(ids[i]);
+      const size_t keep = (static_cast<size_t>(lens[i]) + bs() - 1) / bs();
+      release(std::vector<int32_t>(r.blocks.begin() + static_cast<long>(keep), r.blocks.end()));
+      r.blocks.resize(keep);
+      changed = changed || r.seq_len != lens[i];
+      r.seq_len = lens[i];
+    }
+    return changed ? VersionChange::kGrows : VersionChange::kSame;
   }
   std::vector<Fault> faults_abort(fd_tx h) const { return handle_faults(h, false, kNoEffect); }
   VersionChange apply_abort() {
@@ -682,8 +800,8 @@ class CacheModel {
     const OpenTx t = *tx_;
     for (size_t i = 0; i < t.ids.size(); ++i) {
       Request &r = requests_.at(t.ids[i]);
-      if (t.row_new_block[i]) r.blocks.push_back(t.block_ids[i]);
-      ++r.seq_len;
+      r.blocks.insert(r.blocks.end(), t.row_new_blocks[i].begin(), t.row_new_blocks[i].end());
+      r.seq_len += static_cast<int32_t>(t.counts[i]);
     }
     ++c_.tx_commit;
     if (record) push_history({t.id, t.version, version_known, state});
