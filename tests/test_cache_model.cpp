@@ -1,8 +1,9 @@
 /* Model-based random test of the paged KV cache (docs/semantics.md S4-S7).
  *
  * A seeded generator issues a long random mix of valid and invalid calls
- * (requests, transactions, layer writes with and without RoPE, legacy append,
- * shared prefixes, queries) against fd_cache and, in lockstep, against the
+ * (requests, one- and multi-token transactions, layer writes with and without
+ * RoPE, commits keeping all or part of the new tokens, truncation, legacy
+ * append, shared prefixes, queries) against fd_cache and, in lockstep, against the
  * independent model in tests/model/cache_model.hpp. After every operation the
  * test checks that:
  *   - the status agrees with the model (any of the faults that apply, with

@@ -182,4 +182,33 @@ static inline float cs_read_kv(fd_cache *c, int which, uint32_t layer, int32_t b
   return fd_test_load(which == 0 ? k : v, i, cfg.dtype);
 }
 
+/* Everything an open transaction's views show: info, per-row view, per-token
+ * view and block tables (at the smallest stride). */
+struct CsTxView {
+  fd_tx_info info;
+  std::vector<int32_t> rows, tokens, tables;
+};
+
+static inline CsTxView cs_tx_view(fd_cache *c, fd_tx tx) {
+  CsTxView v;
+  v.info.struct_size = sizeof v.info;
+  FD_ASSERT_OK(fd_tx_get_info(c, tx, &v.info));
+  const uint32_t n = v.info.batch, t = v.info.token_count;
+  v.rows.assign(4 * n, 0);
+  FD_ASSERT_OK(
+      fd_tx_get_rows(c, tx, n, NULL, &v.rows[0], &v.rows[n], &v.rows[2 * n], &v.rows[3 * n]));
+  v.tokens.assign(3 * t, 0);
+  FD_ASSERT_OK(fd_tx_get_tokens(c, tx, t, &v.tokens[0], &v.tokens[t], &v.tokens[2 * t]));
+  v.tables.assign(n * v.info.max_blocks_per_seq, 0);
+  FD_ASSERT_OK(fd_tx_block_tables(c, tx, v.info.max_blocks_per_seq, v.tables.data()));
+  return v;
+}
+
+static inline void cs_assert_same_view(const CsTxView &a, const CsTxView &b) {
+  assert_memory_equal(&a.info, &b.info, sizeof a.info);
+  assert_true(a.rows == b.rows);
+  assert_true(a.tokens == b.tokens);
+  assert_true(a.tables == b.tables);
+}
+
 #endif /* FD_TEST_CACHE_SUPPORT_H */

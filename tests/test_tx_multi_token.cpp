@@ -616,34 +616,6 @@ void begin_multi_errors(void **) {
   fd_cache_destroy(c);
 }
 
-/* Snapshot of an open transaction's whole view. */
-struct TxView {
-  fd_tx_info info;
-  std::vector<int32_t> rows, tokens, tables;
-};
-
-TxView tx_view(fd_cache *c, fd_tx tx) {
-  TxView v;
-  v.info.struct_size = sizeof v.info;
-  FD_ASSERT_OK(fd_tx_get_info(c, tx, &v.info));
-  const uint32_t n = v.info.batch, t = v.info.token_count;
-  v.rows.assign(4 * n, 0);
-  FD_ASSERT_OK(
-      fd_tx_get_rows(c, tx, n, NULL, &v.rows[0], &v.rows[n], &v.rows[2 * n], &v.rows[3 * n]));
-  v.tokens.assign(3 * t, 0);
-  FD_ASSERT_OK(fd_tx_get_tokens(c, tx, t, &v.tokens[0], &v.tokens[t], &v.tokens[2 * t]));
-  v.tables.assign(n * v.info.max_blocks_per_seq, 0);
-  FD_ASSERT_OK(fd_tx_block_tables(c, tx, v.info.max_blocks_per_seq, v.tables.data()));
-  return v;
-}
-
-void assert_same_view(const TxView &a, const TxView &b) {
-  assert_memory_equal(&a.info, &b.info, sizeof a.info);
-  assert_true(a.rows == b.rows);
-  assert_true(a.tokens == b.tokens);
-  assert_true(a.tables == b.tables);
-}
-
 /* commit_keep's refusals leave the transaction open and unchanged. */
 void commit_keep_errors(void **) {
   fd_cache *c = cs_make_cache(2, 1, 2, 2, 12);
@@ -655,14 +627,14 @@ void commit_keep_errors(void **) {
   FD_ASSERT_OK(fd_tx_begin_multi(c, ids, counts, 2, &tx));
   std::vector<float> kv(5 * 2, 1.f);
   FD_ASSERT_OK(fd_tx_write_layer(c, tx, 0, kv.data(), kv.data(), NULL));
-  const TxView view = tx_view(c, tx);
+  const CsTxView view = cs_tx_view(c, tx);
   CsFrozen f = cs_freeze(c, {1, 2}, false);
   const uint32_t keep_ok[2] = {3, 1}, over[2] = {3, 3}, over0[2] = {4, 0};
   /* Not every layer written (the keeps are valid): invalid state, stays open. */
   FD_ASSERT_FAILS(fd_tx_commit_keep(c, tx, keep_ok, 2), FD_ERR_INVALID_STATE,
                   "written 1 of 2 layers");
   FD_ASSERT_OK(fd_tx_write_layer(c, tx, 1, kv.data(), kv.data(), NULL));
-  const TxView written = tx_view(c, tx);
+  const CsTxView written = cs_tx_view(c, tx);
   f.snap = cs_snapshot(c, f.ids);
   FD_ASSERT_FAILS(fd_tx_commit_keep(NULL, tx, keep_ok, 2), FD_ERR_INVALID_ARGUMENT, "cache");
   FD_ASSERT_FAILS(fd_tx_commit_keep(c, tx, NULL, 2), FD_ERR_INVALID_ARGUMENT, "keep_counts");
@@ -681,7 +653,7 @@ void commit_keep_errors(void **) {
   FD_ASSERT_FAILS(fd_tx_commit_keep(c, fd_tx{tx.id + 5, tx.cache_version}, keep_ok, 2),
                   FD_ERR_NOT_FOUND, "unknown transaction");
   cs_assert_unchanged(c, f, false);
-  assert_same_view(written, tx_view(c, tx));
+  cs_assert_same_view(written, cs_tx_view(c, tx));
   assert_int_equal(view.info.next_layer, 1);
   FD_ASSERT_OK(fd_tx_commit_keep(c, tx, keep_ok, 2));
   assert_int_equal(cs_seq_len(c, 1), 4);
@@ -703,7 +675,7 @@ void get_tokens_errors(void **) {
   const uint32_t counts[2] = {3, 2};
   fd_tx tx;
   FD_ASSERT_OK(fd_tx_begin_multi(c, ids, counts, 2, &tx));
-  const TxView view = tx_view(c, tx);
+  const CsTxView view = cs_tx_view(c, tx);
   CsFrozen f = cs_freeze(c, {1, 2}, false);
   int32_t pos[5] = {-7, -7, -7, -7, -7};
   FD_ASSERT_FAILS(fd_tx_get_tokens(c, tx, 4, pos, NULL, NULL), FD_ERR_INVALID_ARGUMENT,
@@ -719,7 +691,7 @@ void get_tokens_errors(void **) {
   FD_ASSERT_FAILS(fd_tx_get_tokens(c, fd_tx{tx.id, tx.cache_version + 1}, 5, pos, NULL, NULL),
                   FD_ERR_STALE_HANDLE, "stale");
   cs_assert_unchanged(c, f, false);
-  assert_same_view(view, tx_view(c, tx));
+  cs_assert_same_view(view, cs_tx_view(c, tx));
   FD_ASSERT_OK(fd_tx_abort(c, tx));
   FD_ASSERT_FAILS(fd_tx_get_tokens(c, tx, 5, pos, NULL, NULL), FD_ERR_INVALID_STATE,
                   "already aborted");

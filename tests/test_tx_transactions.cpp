@@ -194,32 +194,6 @@ void begin_errors(void **) {
   fd_cache_destroy(c);
 }
 
-/* Snapshot of the open transaction's view. */
-struct TxView {
-  fd_tx_info info;
-  std::vector<int32_t> rows;
-  std::vector<int32_t> tables;
-};
-
-TxView tx_view(fd_cache *c, fd_tx tx) {
-  TxView v;
-  v.info.struct_size = sizeof v.info;
-  FD_ASSERT_OK(fd_tx_get_info(c, tx, &v.info));
-  const uint32_t n = v.info.batch;
-  v.rows.assign(4 * n, 0);
-  FD_ASSERT_OK(
-      fd_tx_get_rows(c, tx, n, NULL, &v.rows[0], &v.rows[n], &v.rows[2 * n], &v.rows[3 * n]));
-  v.tables.assign(n * v.info.max_blocks_per_seq, 0);
-  FD_ASSERT_OK(fd_tx_block_tables(c, tx, v.info.max_blocks_per_seq, v.tables.data()));
-  return v;
-}
-
-void assert_same_view(const TxView &a, const TxView &b) {
-  assert_memory_equal(&a.info, &b.info, sizeof a.info);
-  assert_true(a.rows == b.rows);
-  assert_true(a.tables == b.tables);
-}
-
 /* Error rules of write_layer / write_layer_rope / commit on an open
  * transaction: it stays open and unchanged; failed writes count in
  * transaction_failure_count (and nothing else moves). */
@@ -233,7 +207,7 @@ void write_and_commit_errors(void **) {
   std::vector<float> kv(2 * 2 * 4, 1.f), q(2 * 4 * 4, 1.f), qo(2 * 4 * 4, 9.f);
   FD_ASSERT_OK(fd_tx_write_layer(c, tx, 0, kv.data(), kv.data(), NULL));
   FD_ASSERT_OK(fd_tx_write_layer(c, tx, 1, kv.data(), kv.data(), NULL));
-  const TxView view = tx_view(c, tx);
+  const CsTxView view = cs_tx_view(c, tx);
   CsFrozen f = cs_freeze(c, {1, 2}, false);
   const void *K = kv.data();
 
@@ -298,7 +272,7 @@ void write_and_commit_errors(void **) {
   assert_memory_equal(&m, &f.snap.metrics, sizeof m);
   f.snap.metrics = cs_metrics(c);
   cs_assert_unchanged(c, f, false);
-  assert_same_view(view, tx_view(c, tx));
+  cs_assert_same_view(view, cs_tx_view(c, tx));
 
   FD_ASSERT_OK(fd_tx_write_layer(c, tx, 2, K, K, NULL));
   /* Every layer written: a further write names that. */
@@ -317,7 +291,7 @@ void view_errors(void **) {
   uint64_t ids[2] = {1, 2};
   fd_tx tx;
   FD_ASSERT_OK(fd_tx_begin(c, ids, 2, &tx));
-  const TxView view = tx_view(c, tx);
+  const CsTxView view = cs_tx_view(c, tx);
   assert_int_equal(view.info.max_blocks_per_seq, 2);
   CsFrozen f = cs_freeze(c, {1, 2}, false);
 
@@ -348,7 +322,7 @@ void view_errors(void **) {
   FD_ASSERT_FAILS(fd_tx_block_tables(c, tx, 2, NULL), FD_ERR_INVALID_ARGUMENT, "block_tables");
   FD_ASSERT_FAILS(fd_tx_block_tables(NULL, tx, 2, tables), FD_ERR_INVALID_ARGUMENT, "cache");
   cs_assert_unchanged(c, f, false);
-  assert_same_view(view, tx_view(c, tx));
+  cs_assert_same_view(view, cs_tx_view(c, tx));
   FD_ASSERT_OK(fd_tx_abort(c, tx));
 
   /* Views work only while the transaction is open. */
