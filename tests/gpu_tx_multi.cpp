@@ -126,8 +126,8 @@ void assert_same_views(Side &g, fd_tx tg, Side &c, fd_tx tc) {
   FD_ASSERT_OK(fd_tx_block_tables_async(c.cache, tc, w, tab_c.data(), len_c.data(), NULL));
   assert_true(tab_g == tab_c);
   int32_t *dtab = nullptr, *dlen = nullptr;
-  CUDA_OK(cudaMalloc(&dtab, tab_d.size() * 4));
-  CUDA_OK(cudaMalloc(&dlen, n * 4));
+  CUDA_OK(cudaMalloc((void **)&dtab, tab_d.size() * 4));
+  CUDA_OK(cudaMalloc((void **)&dlen, n * 4));
   FD_ASSERT_OK(fd_tx_block_tables_async(g.cache, tg, w, dtab, dlen, (fd_stream)g.stream));
   CUDA_OK(fd_gpu_download(g.stream, tab_d.data(), dtab, tab_d.size() * 4));
   CUDA_OK(fd_gpu_download(g.stream, len_d.data(), dlen, n * 4));
