@@ -11,9 +11,8 @@ cudaError_t launch_decode_typed<__half, __half>(const DecodeLaunch &launch) {
 }
 
 template <>
-cudaError_t prepare_decode_typed<__half, __half>(int32_t head_dim, bool dim_major, bool multi,
-                                                 bool wide) {
-  return prepare_decode_dispatch<__half, __half>(head_dim, dim_major, multi, wide);
+cudaError_t prepare_decode_typed<__half, __half>(int32_t head_dim, bool dim_major, bool multi) {
+  return prepare_decode_dispatch<__half, __half>(head_dim, dim_major, multi);
 }
 
 }  // namespace cuda

@@ -45,13 +45,7 @@ constexpr int kStepsPerTile = kTile / kStepTokens;
 constexpr int kKvElemBytes = 2;
 constexpr int kChunkElems = 16 / kKvElemBytes;
 
-// kWide: the compute-bound variant for query tiles of more than 32 rows
-// (prompt chunks, long verify rows): every warp walks all 16-token steps of
-// a K/V tile for its 16 rows and updates the softmax once per 64-token tile,
-// so its four QK^T chains are independent (the one-step loop waits on each
-// chain's mma latency). It holds 4 x 8 more scores per thread, so it runs
-// fewer CTAs per SM with one more stage for D = 128.
-template <int D, bool kWide = false>
+template <int D>
 struct Config {
   static constexpr int kTileElems = kTile * D;  // of K (or V) per stage
   // Fewer stages, more CTAs per SM: a CTA's start (seq_len, table, first
@@ -59,10 +53,10 @@ struct Config {
   // bf16: D = 128 with 2 stages x 3 CTAs/SM instead of 3 x 2: A ragged 0.94 ->
   // 0.98, C ragged 0.76 -> 0.86 of copy; D = 64 with 3 x 4 instead of 4 x 3:
   // D 128x2048 0.79 -> 0.95, D ragged 0.76 -> 0.80 (docs/kernel-design.md).
-  static constexpr int kStages = D == 128 && !kWide ? 2 : 3;
+  static constexpr int kStages = D == 128 ? 2 : 3;
   static constexpr int kChunksPerThread = kTileElems / kChunkElems / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kKvElemBytes;
-  static constexpr int kCtasPerSm = kWide ? (D == 128 ? 2 : 3) : (D == 128 ? 3 : 4);
+  static constexpr int kCtasPerSm = D == 128 ? 3 : 4;
 };
 
 // Row stride (floats) of the warp-merge buffer; see decode_kernel.
@@ -292,16 +286,13 @@ struct Params {
 
 // TQ: element type of q and out; TKV: of K and V (the host serves TQ == TKV).
 // kMulti: several query tokens per row (q_indptr, work.max_q_len > 1); the
-// one-token instantiation keeps plain decode's code unchanged. kWide (with
-// kMulti, p.m_tiles == 4): see Config.
-template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kWide = false>
-__global__ void __launch_bounds__(kThreads, (Config<D, kWide>::kCtasPerSm))
-    decode_kernel(const Params p) {
+// one-token instantiation keeps plain decode's code unchanged.
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
+__global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
   static_assert(sizeof(TKV) == kKvElemBytes && sizeof(TQ) == 2,
                 "the tensor-core path reads 16-bit q and K/V elements");
   static_assert(std::is_same<TQ, TKV>::value, "one mma type for q and K/V");
-  static_assert(kMulti || !kWide, "the wide variant serves query tiles");
-  using Cfg = Config<D, kWide>;
+  using Cfg = Config<D>;
   using M = Mma<TKV>;
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
   constexpr int kNch = Cfg::kChunksPerThread;
@@ -510,65 +501,73 @@ __global__ void __launch_bounds__(kThreads, (Config<D, kWide>::kCtasPerSm))
     const uint32_t sk_u = smem_u32(sk);
     const uint32_t sv_u = smem_u32(sv);
 
-    if constexpr (kWide) {
-      // All four 16-token steps of the tile for this warp's 16 rows (m_tiles
-      // == 4): QK^T for every step first (four independent mma chains), one
-      // softmax update for the tile, then P V. Steps past the warp's last
-      // row's causal limit are skipped (warp-uniform) and their scores are
-      // masked.
-      float s[kStepsPerTile][2][4];
+    for (int step = slice0; step < kStepsPerTile; step += slice_step) {
+      const int t0 = step * kStepTokens;
+      if (tok0 + t0 >= warp_end) break;  // warp-uniform
+
+      // Dim-major: the offsets of dims r + 16 ks (K) and r + 8 n (V, n
+      // even) are the ks = 0 / n = 0 offsets plus a multiple of the dim
+      // stride (the swizzle term repeats every 16 / cpb dims).
+      const int kd_base =
+          kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
+      const int vd_base =
+          kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
+
+      // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-      for (int st = 0; st < kStepsPerTile; ++st) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) s[st][n][0] = s[st][n][1] = s[st][n][2] = s[st][n][3] = 0.f;
-        const int t0 = st * kStepTokens;
-        if (tok0 + t0 >= warp_end) continue;  // warp-uniform
-        const int kd_base =
-            kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t b[4];
-          if (kDimMajor) {
-            ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
-          } else {
-            const int r = t0 + (mi >> 1) * 8 + rr;
-            const int c = ks * 2 + (mi & 1);
-            ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
-          }
-          M::run(s[st][0], qa[ks], b[0], b[1]);
-          M::run(s[st][1], qa[ks], b[2], b[3]);
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t b[4];
+        if (kDimMajor) {
+          ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
+        } else {
+          const int r = t0 + (mi >> 1) * 8 + rr;
+          const int c = ks * 2 + (mi & 1);
+          ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
         }
+        M::run(s[0], qa[ks], b[0], b[1]);
+        M::run(s[1], qa[ks], b[2], b[3]);
       }
-      const bool tail = tok0 + kTile > warp_mask_from;
-      float mx0 = neg_inf(), mx1 = neg_inf();
+
+      // Online softmax in base 2 (the variant's logits include log2(e)).
+      const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
 #pragma unroll
-      for (int st = 0; st < kStepsPerTile; ++st)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float &x = s[st][n][e];
-            x = variant.logit_log2(x);
-            if (tail &&
-                tok0 + st * kStepTokens + n * 8 + 2 * tig + (e & 1) >= ((e & 2) ? lim1 : lim0))
-              x = neg_inf();
-            if (e & 2)
-              mx1 = fmaxf(mx1, x);
-            else
-              mx0 = fmaxf(mx0, x);
-          }
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = variant.logit_log2(s[n][e]);
+          if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= ((e & 2) ? lim1 : lim0))
+            s[n][e] = neg_inf();
+        }
+      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
       const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+      // With every score so far masked the max is -inf: use 0 so that
+      // exp2(-inf - 0) = 0 instead of NaN.
       const float use0 = new0 == neg_inf() ? 0.f : new0;
       const float use1 = new1 == neg_inf() ? 0.f : new1;
       const float corr0 = exp2f(m0 - use0), corr1 = exp2f(m1 - use1);
       m0 = new0;
       m1 = new1;
-      l0 *= corr0;
-      l1 *= corr1;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][0] = exp2f(s[n][0] - use0);
+        s[n][1] = exp2f(s[n][1] - use0);
+        s[n][2] = exp2f(s[n][2] - use1);
+        s[n][3] = exp2f(s[n][3] - use1);
+      }
+      // P as the A fragment of the PV mma (k = the 16 tokens).
+      uint32_t pa[4];
+      pa[0] = M::pack(s[0][0], s[0][1]);
+      pa[1] = M::pack(s[0][2], s[0][3]);
+      pa[2] = M::pack(s[1][0], s[1][1]);
+      pa[3] = M::pack(s[1][2], s[1][3]);
+      l0 = l0 * corr0 + ((s[0][0] + s[0][1]) + (s[1][0] + s[1][1]));
+      l1 = l1 * corr1 + ((s[0][2] + s[0][3]) + (s[1][2] + s[1][3]));
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         o[n][0] *= corr0;
@@ -576,130 +575,20 @@ __global__ void __launch_bounds__(kThreads, (Config<D, kWide>::kCtasPerSm))
         o[n][2] *= corr1;
         o[n][3] *= corr1;
       }
-#pragma unroll
-      for (int st = 0; st < kStepsPerTile; ++st) {
-        const int t0 = st * kStepTokens;
-        if (tok0 + t0 >= warp_end) continue;  // warp-uniform: every score masked
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          s[st][n][0] = exp2f(s[st][n][0] - use0);
-          s[st][n][1] = exp2f(s[st][n][1] - use0);
-          s[st][n][2] = exp2f(s[st][n][2] - use1);
-          s[st][n][3] = exp2f(s[st][n][3] - use1);
-        }
-        uint32_t pa[4];
-        pa[0] = M::pack(s[st][0][0], s[st][0][1]);
-        pa[1] = M::pack(s[st][0][2], s[st][0][3]);
-        pa[2] = M::pack(s[st][1][0], s[st][1][1]);
-        pa[3] = M::pack(s[st][1][2], s[st][1][3]);
-        l0 += (s[st][0][0] + s[st][0][1]) + (s[st][1][0] + s[st][1][1]);
-        l1 += (s[st][0][2] + s[st][0][3]) + (s[st][1][2] + s[st][1][3]);
-        const int vd_base =
-            kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          uint32_t b[4];
-          if (kDimMajor) {
-            ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
-          } else {
-            const int r = t0 + (mi & 1) * 8 + rr;
-            const int c = n + (mi >> 1);
-            ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
-          }
-          M::run(o[n], pa, b[0], b[1]);
-          M::run(o[n + 1], pa, b[2], b[3]);
-        }
-      }
-    } else {
-      for (int step = slice0; step < kStepsPerTile; step += slice_step) {
-        const int t0 = step * kStepTokens;
-        if (tok0 + t0 >= warp_end) break;  // warp-uniform
 
-        // Dim-major: the offsets of dims r + 16 ks (K) and r + 8 n (V, n
-        // even) are the ks = 0 / n = 0 offsets plus a multiple of the dim
-        // stride (the swizzle term repeats every 16 / cpb dims).
-        const int kd_base =
-            kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
-        const int vd_base =
-            kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
-
-        // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      // O += P V: two 8-dim n-tiles per ldmatrix.x4.
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t b[4];
-          if (kDimMajor) {
-            ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
-          } else {
-            const int r = t0 + (mi >> 1) * 8 + rr;
-            const int c = ks * 2 + (mi & 1);
-            ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
-          }
-          M::run(s[0], qa[ks], b[0], b[1]);
-          M::run(s[1], qa[ks], b[2], b[3]);
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t b[4];
+        if (kDimMajor) {
+          ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
+        } else {
+          const int r = t0 + (mi & 1) * 8 + rr;
+          const int c = n + (mi >> 1);
+          ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
         }
-
-        // Online softmax in base 2 (the variant's logits include log2(e)).
-        const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[n][e] = variant.logit_log2(s[n][e]);
-            if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= ((e & 2) ? lim1 : lim0))
-              s[n][e] = neg_inf();
-          }
-        float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-        // With every score so far masked the max is -inf: use 0 so that
-        // exp2(-inf - 0) = 0 instead of NaN.
-        const float use0 = new0 == neg_inf() ? 0.f : new0;
-        const float use1 = new1 == neg_inf() ? 0.f : new1;
-        const float corr0 = exp2f(m0 - use0), corr1 = exp2f(m1 - use1);
-        m0 = new0;
-        m1 = new1;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          s[n][0] = exp2f(s[n][0] - use0);
-          s[n][1] = exp2f(s[n][1] - use0);
-          s[n][2] = exp2f(s[n][2] - use1);
-          s[n][3] = exp2f(s[n][3] - use1);
-        }
-        // P as the A fragment of the PV mma (k = the 16 tokens).
-        uint32_t pa[4];
-        pa[0] = M::pack(s[0][0], s[0][1]);
-        pa[1] = M::pack(s[0][2], s[0][3]);
-        pa[2] = M::pack(s[1][0], s[1][1]);
-        pa[3] = M::pack(s[1][2], s[1][3]);
-        l0 = l0 * corr0 + ((s[0][0] + s[0][1]) + (s[1][0] + s[1][1]));
-        l1 = l1 * corr1 + ((s[0][2] + s[0][3]) + (s[1][2] + s[1][3]));
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[n][0] *= corr0;
-          o[n][1] *= corr0;
-          o[n][2] *= corr1;
-          o[n][3] *= corr1;
-        }
-
-        // O += P V: two 8-dim n-tiles per ldmatrix.x4.
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          uint32_t b[4];
-          if (kDimMajor) {
-            ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
-          } else {
-            const int r = t0 + (mi & 1) * 8 + rr;
-            const int c = n + (mi >> 1);
-            ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
-          }
-          M::run(o[n], pa, b[0], b[1]);
-          M::run(o[n + 1], pa, b[2], b[3]);
-        }
+        M::run(o[n], pa, b[0], b[1]);
+        M::run(o[n + 1], pa, b[2], b[3]);
       }
     }
   }
@@ -989,39 +878,38 @@ cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 
 // Raises the attention kernel's dynamic shared memory limit on the current
 // device (a per-device, per-function setting that launches then rely on).
-template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false, bool kWide = false>
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t prepare_decode_variant() {
-  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, kWide>,
+  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              detail::Config<D, kWide>::kSmemBytes);
+                              detail::Config<D>::kSmemBytes);
 }
 
 // Prepares the variant of one element-type pair for `head_dim` and layout
 // (defined per pair in decode_<dtype>.cu, beside launch_decode_typed).
 template <class TQ, class TKV>
-cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi, bool wide);
+cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi);
 
-template <class TQ, class TKV, bool kMulti, bool kWide>
+template <class TQ, class TKV, bool kMulti>
 cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major) {
   if (head_dim == 128)
-    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti, kWide>()
-                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti, kWide>();
-  return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti, kWide>()
-                   : prepare_decode_variant<TQ, TKV, 64, false, kMulti, kWide>();
+    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>()
+                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti>();
+  return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>()
+                   : prepare_decode_variant<TQ, TKV, 64, false, kMulti>();
 }
 
 template <class TQ, class TKV>
-cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi, bool wide) {
-  if (!multi) return prepare_decode_layouts<TQ, TKV, false, false>(head_dim, dim_major);
-  return wide ? prepare_decode_layouts<TQ, TKV, true, true>(head_dim, dim_major)
-              : prepare_decode_layouts<TQ, TKV, true, false>(head_dim, dim_major);
+cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi) {
+  return multi ? prepare_decode_layouts<TQ, TKV, true>(head_dim, dim_major)
+               : prepare_decode_layouts<TQ, TKV, false>(head_dim, dim_major);
 }
 
 // Launches one variant; prepare_decode_variant must have run on this device.
-template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false, bool kWide = false>
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
-  using Cfg = detail::Config<D, kWide>;
-  auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, kWide>;
+  using Cfg = detail::Config<D>;
+  auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>;
   cudaError_t err = cudaSuccess;
   detail::Params p;
   p.q = l.q;
@@ -1057,23 +945,21 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
       l.out, l.work, l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
 }
 
-template <class TQ, class TKV, bool kMulti, bool kWide>
+template <class TQ, class TKV, bool kMulti>
 cudaError_t launch_decode_layouts(const DecodeLaunch &l) {
   if (l.head_dim == 128)
-    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true, kMulti, kWide>(l)
-                       : launch_decode_variant<TQ, TKV, 128, false, kMulti, kWide>(l);
-  return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti, kWide>(l)
-                     : launch_decode_variant<TQ, TKV, 64, false, kMulti, kWide>(l);
+    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true, kMulti>(l)
+                       : launch_decode_variant<TQ, TKV, 128, false, kMulti>(l);
+  return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti>(l)
+                     : launch_decode_variant<TQ, TKV, 64, false, kMulti>(l);
 }
 
 // Several query tokens per row (the plan's max_q_len > 1) take their own
-// instantiation, so plain decode runs the one-token code unchanged; query
-// tiles of more than 32 rows take the wide one (decode_wide_tiles).
+// instantiation, so plain decode runs the one-token code unchanged.
 template <class TQ, class TKV>
 cudaError_t launch_decode_dispatch(const DecodeLaunch &l) {
-  if (l.work.max_q_len <= 1) return launch_decode_layouts<TQ, TKV, false, false>(l);
-  return decode_wide_tiles(l.work) ? launch_decode_layouts<TQ, TKV, true, true>(l)
-                                   : launch_decode_layouts<TQ, TKV, true, false>(l);
+  return l.work.max_q_len > 1 ? launch_decode_layouts<TQ, TKV, true>(l)
+                              : launch_decode_layouts<TQ, TKV, false>(l);
 }
 
 }  // namespace cuda

@@ -19,19 +19,14 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
 cudaError_t prepare_decode(const DecodeLaunch &launch) {
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major,
-                                                launch.work.max_q_len > 1,
-                                                decode_wide_tiles(launch.work));
+                                                launch.work.max_q_len > 1);
   if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
     return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(launch.head_dim, launch.dim_major,
-                                                              launch.work.max_q_len > 1,
-                                                              decode_wide_tiles(launch.work));
+                                                              launch.work.max_q_len > 1);
   return cudaErrorInvalidValue;
 }
 
-int decode_ctas_per_sm(int32_t head_dim, bool wide) {
-  if (wide)
-    return head_dim == 128 ? detail::Config<128, true>::kCtasPerSm
-                           : detail::Config<64, true>::kCtasPerSm;
+int decode_ctas_per_sm(int32_t head_dim) {
   return head_dim == 128 ? detail::Config<128>::kCtasPerSm : detail::Config<64>::kCtasPerSm;
 }
 

@@ -67,17 +67,9 @@ cudaError_t prepare_decode(const DecodeLaunch &launch);
 // configuration).
 cudaError_t launch_decode(const DecodeLaunch &launch);
 
-// Whether a work list runs the wide (compute-bound) attention kernel: query
-// tiles of more than 32 query rows (prompt chunks, long verify rows), where
-// every warp holds 16 rows and walks every step of a K/V tile.
-inline bool decode_wide_tiles(const DecodeWorkList &work) {
-  return work.max_q_len > 1 && work.q_tile_tokens * work.group_size > 32;
-}
-
 // CTAs of the attention kernel that fit on one multiprocessor (by its shared
-// memory use and registers); the host uses it to size split-KV so the grid
-// fills the GPU.
-int decode_ctas_per_sm(int32_t head_dim, bool wide = false);
+// memory use); the host uses it to size split-KV so the grid fills the GPU.
+int decode_ctas_per_sm(int32_t head_dim);
 
 }  // namespace cuda
 }  // namespace fd

@@ -187,10 +187,8 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   // that leaves a nearly empty last wave loses to one that fills it.
   const int64_t q_tiles = query_tiles(pb);
   const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads * q_tiles;
-  const bool wide =
-      pb.max_q_len > 1 && static_cast<int64_t>(query_tile_tokens(pb)) * pb.group_size > 32;
   const int64_t slots = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
-                        cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim), wide);
+                        cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim));
   // Query tiles that fill the GPU by themselves are not split: the work is
   // compute-bound, every tile sees a different number of keys, and partials
   // of every query row would cost workspace and a merge pass.
@@ -265,16 +263,9 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
                                 bool limit_by_workspace) {
   require_cuda_device(problem.device_ordinal);
   check_supported(problem);
-  int max_len = problem.max_seq_len;
-  if (host_seq_lens != nullptr) {
-    max_len = 0;
-    for (uint32_t r = 0; r < problem.batch; ++r) max_len = std::max(max_len, host_seq_lens[r]);
-  }
-  const DecodeWorkList work = choose_splits(problem, max_len, limit_by_workspace);
   // Once per plan, not per run: the kernel's shared memory limit is a
   // per-device setting, and runs on this plan use the same device, element
-  // types, head_dim, layout and query tiles (attention/decode_plan.cpp
-  // checks it).
+  // types, head_dim and layout (attention/decode_plan.cpp checks it).
   {
     CudaDeviceScope scope(problem.device_ordinal);
     cuda::DecodeLaunch kernel;
@@ -282,10 +273,15 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     kernel.kv_dtype = problem.kv.dtype;
     kernel.head_dim = static_cast<int32_t>(problem.head_dim);
     kernel.dim_major = problem.kv.dim_major();
-    kernel.work = work;
+    kernel.work.max_q_len = problem.max_q_len;
     cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
-  return work;
+  int max_len = problem.max_seq_len;
+  if (host_seq_lens != nullptr) {
+    max_len = 0;
+    for (uint32_t r = 0; r < problem.batch; ++r) max_len = std::max(max_len, host_seq_lens[r]);
+  }
+  return choose_splits(problem, max_len, limit_by_workspace);
 }
 
 size_t cuda_decode_workspace_bytes(const DecodeProblem &problem, const DecodeWorkList &work) {
