@@ -1070,8 +1070,8 @@ typedef struct fd_decode_params {
                                 q_indptr[r] .. q_indptr[r+1]-1 (q_indptr[0] = 0, each row
                                 1..seq_lens[r] tokens): the row's last q_len positions,
                                 attended causally (S2.2). Memory of @p device. CUDA needs
-                                max_q_len_hint > 0 with it and serves up to 64 query rows
-                                (max_q_len_hint x GQA group) per KV head. */
+                                max_q_len_hint > 0 with it and serves any number of
+                                query tokens per row. */
   void *out;               /**< [query tokens, num_q_heads, head_dim]; must not alias inputs. */
   /* Attention variant (docs/semantics.md S2). */
   float sm_scale; /**< Softmax scale; 0 means 1/sqrt(head_dim). */
@@ -1082,7 +1082,7 @@ typedef struct fd_decode_params {
   int32_t max_q_len_hint;   /**< Host-known upper bound of query tokens per row (0: none
                                  given); a longer row is refused where indices are checked.
                                  With q_indptr on CUDA it is required and sizes the plan
-                                 (x GQA group <= 64, else ::FD_ERR_UNSUPPORTED). */
+                                 (query tiles, grid and workspace). */
   int32_t num_splits;       /**< Split-KV partitions per row: 0 automatic, 1 none, n > 1 fixed. */
   uint32_t cpu_threads;     /**< CPU backend threads, the caller's included; 0 = the
                                  FLASHDEC_THREADS environment variable if set to a positive
