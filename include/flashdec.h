@@ -920,6 +920,24 @@ FD_API fd_status fd_tx_get_tokens(const fd_cache *cache, fd_tx tx, uint32_t capa
 FD_API fd_status fd_tx_commit_keep(fd_cache *cache, fd_tx tx, const uint32_t *keep_counts,
                                    uint32_t count);
 
+/**
+ * @brief Device copy of an open transaction's query-token offsets (appended
+ * in 0.2): `[batch + 1]` int32, entry i = the tokens of rows 0..i-1, so row
+ * i's new tokens are entries indptr[i] .. indptr[i+1]-1 of the packed layer
+ * inputs; ready as ::fd_decode_params.q_indptr for attention over the
+ * transaction's tokens. Copied on @p stream with no host synchronisation,
+ * under the staging rules of ::fd_tx_block_tables_async. On a CPU cache
+ * @p token_indptr is host memory written before return.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param tx Handle from ::fd_tx_begin or ::fd_tx_begin_multi on this cache.
+ * @param[out] token_indptr Device memory (CUDA cache), [batch + 1] int32;
+ *   not NULL.
+ * @param stream CUDA stream the copy is enqueued on (NULL: default stream).
+ * @return As ::fd_tx_block_tables_async.
+ */
+FD_API fd_status fd_tx_token_indptr_async(const fd_cache *cache, fd_tx tx, int32_t *token_indptr,
+                                          fd_stream stream);
+
 /** @} */
 
 /* ------------------------------------------------------------------------ */
@@ -1369,6 +1387,57 @@ FD_API fd_status fd_kv_append(const fd_kv_append_params *params);
  * @return As ::fd_kv_append.
  */
 FD_API fd_status fd_rope_kv_append(const fd_kv_append_params *params);
+
+/**
+ * @brief Parameters of ::fd_reference_attention (appended in 0.2): the dense
+ * reference with the query tokens (S2.2) and variants (S2.3) of
+ * ::fd_decode_params. Initialise with ::fd_reference_params_init.
+ *
+ * K/V of each row are contiguous, [batch, num_kv_heads, max_seq_len,
+ * head_dim]; every pointer is host memory, borrowed for the call.
+ */
+typedef struct fd_reference_params {
+  uint32_t struct_size;    /**< sizeof(fd_reference_params) as compiled by the caller. */
+  int32_t dtype;           /**< ::fd_dtype of q, k, v and out. */
+  uint32_t batch;          /**< Rows, >= 1. */
+  uint32_t num_q_heads;    /**< A positive multiple of num_kv_heads. */
+  uint32_t num_kv_heads;   /**< KV heads, >= 1. */
+  uint32_t head_dim;       /**< Elements per head, >= 1. */
+  uint32_t max_seq_len;    /**< Tokens per row in k and v, >= 1. */
+  int32_t sliding_window;  /**< As ::fd_decode_params (0: none). */
+  const void *q;           /**< [query tokens, num_q_heads, head_dim]; not NULL. */
+  const int32_t *q_indptr; /**< [batch + 1] query-token offsets as in
+                                ::fd_decode_params; NULL: one token per row. */
+  const void *k;           /**< [batch, num_kv_heads, max_seq_len, head_dim]; not NULL. */
+  const void *v;           /**< As k; not NULL. */
+  const int32_t *seq_lens; /**< [batch], each in [0, max_seq_len]; not NULL. */
+  const float *sinks;      /**< [num_q_heads] sink logits, or NULL (none). */
+  void *out;               /**< [query tokens, num_q_heads, head_dim]; not NULL. */
+  float sm_scale;          /**< 0 means 1/sqrt(head_dim). */
+  float logit_softcap;     /**< As ::fd_decode_params (0: none). */
+} fd_reference_params;
+
+/** @brief Fills @p params with defaults (everything 0 or NULL, dtype
+ *  ::FD_DTYPE_F32) and sets struct_size. NULL is ignored.
+ *  @param[out] params Borrowed for the call; may be NULL. */
+FD_API void fd_reference_params_init(fd_reference_params *params);
+
+/**
+ * @brief Dense reference attention on the CPU (S2, implementation 1) with
+ * several query tokens per row and the attention variants (appended in
+ * 0.2); ::fd_reference_attention_dense is this call with one token per row
+ * and no variant.
+ *
+ * FP32 math, output in dtype; single-threaded; meant for tests and for
+ * checking other backends. Same rules as ::fd_decode for q_indptr (q_indptr[0]
+ * = 0, each row 1 .. seq_lens[r] tokens, causal), logit_softcap,
+ * sliding_window and sinks.
+ * @param[in] params Borrowed for the call; not NULL; struct_size at least
+ *   through out.
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT naming the field (nothing
+ *   written).
+ */
+FD_API fd_status fd_reference_attention(const fd_reference_params *params);
 
 /** @} */
 
@@ -2123,6 +2192,88 @@ FD_API fd_status fd_engine_metrics_get(const fd_engine *engine, fd_engine_metric
  *   ::FD_ERR_INVALID_ARGUMENT for NULL.
  */
 FD_API fd_status fd_engine_validate(const fd_engine *engine);
+
+/**
+ * @brief Opens a step that appends token_counts[i] >= 1 tokens to request i
+ * (appended in 0.2): speculative verification (the last accepted token and
+ * the draft tokens) or a prompt chunk whose attention output is needed.
+ *
+ * As ::fd_engine_begin_step (which is this call with every count 1), with
+ * these differences. The step's layers take the rows' tokens packed in row
+ * order: ::fd_engine_step_layer's q, k, v and out_attention are
+ * [token_count, heads, head_dim] with token_count = sum token_counts[i];
+ * token j of row i sits at position seq_len_i + j and is rotated there, and
+ * its attention is causal: it sees positions <= its own (docs/semantics.md
+ * S2.2). needed_blocks counts the blocks all of a row's tokens need. In
+ * scheduler-managed mode a row may not grow past initial_context_tokens +
+ * max_new_tokens. Close the step with ::fd_engine_commit_step (keep every
+ * token), ::fd_engine_commit_step_keep (keep the first keep_counts[i]) or
+ * ::fd_engine_abort_step.
+ *
+ * CUDA cache: layer 0 also copies the step's query-token offsets into the
+ * engine's device scratch (::fd_tx_token_indptr_async); the step stays
+ * capturable under the rules of ::fd_engine_step_layer. A step with more
+ * tokens than any before grows the rotated-Q scratch here.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, [count], borrowed for the call; copied.
+ * @param[in] token_counts Host memory, [count], borrowed for the call;
+ *   copied; each >= 1.
+ * @param count Rows, >= 1.
+ * @param[in,out] step As ::fd_engine_begin_step.
+ * @return As ::fd_engine_begin_step; ::FD_ERR_INVALID_ARGUMENT also for NULL
+ *   token_counts, a count of 0 (naming the entry), a sum above INT32_MAX, or
+ *   a scheduled row that would pass its commitment. Nothing changes on
+ *   failure.
+ */
+FD_API fd_status fd_engine_begin_step_multi(fd_engine *engine, const uint64_t *request_ids,
+                                            const uint32_t *token_counts, uint32_t count,
+                                            fd_engine_step *step);
+
+/**
+ * @brief Publishes the step keeping the first keep_counts[i] of row i's new
+ * tokens and dropping the rest (appended in 0.2): the accept step of
+ * speculative decoding, through ::fd_tx_commit_keep.
+ *
+ * As ::fd_engine_commit_step otherwise: every row's seq_len grows by
+ * keep_counts[i] (0 keeps none); blocks that hold only dropped tokens return
+ * to the cache's free list. In scheduler-managed mode a request that reaches
+ * initial_context_tokens + max_new_tokens is finished.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param tx The handle from ::fd_engine_begin_step or
+ *   ::fd_engine_begin_step_multi.
+ * @param[in] keep_counts Host memory, [count], borrowed for the call; each
+ *   at most the row's token count.
+ * @param count The step's rows.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL keep_counts, count not the
+ *   step's rows, a keep count above the row's tokens: the step stays open and
+ *   nothing changes); otherwise as ::fd_engine_commit_step.
+ */
+FD_API fd_status fd_engine_commit_step_keep(fd_engine *engine, fd_tx tx,
+                                            const uint32_t *keep_counts, uint32_t count);
+
+/**
+ * @brief Appends @p num_tokens prompt tokens to an active request, all
+ * layers, through one cache transaction (appended in 0.2): the bulk form of
+ * ::fd_engine_prefill_request_layers (which is this call with one token).
+ *
+ * Token j is rotated at position seq_len + j. All tokens are published at
+ * once, or none (on failure the request's seq_len and blocks are unchanged).
+ * In scheduler-managed mode the request may not grow past its
+ * initial_context_tokens. Same memory and stream rules as
+ * ::fd_engine_prefill_request_layers: off the step path, synchronising on a
+ * CUDA cache.
+ * @param[in,out] engine Borrowed for the call; not NULL.
+ * @param request_id An active request.
+ * @param num_tokens Tokens, >= 1.
+ * @param[in] k,v [num_layers, num_tokens, num_kv_heads, head_dim], cache
+ *   dtype, borrowed for the call: host memory for a CPU cache, device memory
+ *   for a CUDA cache.
+ * @return As ::fd_engine_prefill_request_layers; ::FD_ERR_INVALID_ARGUMENT
+ *   also for num_tokens 0 or a scheduled request that would pass its context.
+ */
+FD_API fd_status fd_engine_prefill_request_tokens(fd_engine *engine, uint64_t request_id,
+                                                  uint32_t num_tokens, const void *k,
+                                                  const void *v);
 
 /** @} */
 

@@ -69,6 +69,10 @@ if(TARGET decode_demo)
   add_test(NAME example_decode_demo COMMAND decode_demo --steps 24 --batch 4 --seed 7)
   set_tests_properties(example_decode_demo PROPERTIES LABELS example TIMEOUT 300)
 endif()
+if(TARGET speculative_demo)
+  add_test(NAME example_speculative_demo COMMAND speculative_demo --draft 3 --seed 5)
+  set_tests_properties(example_speculative_demo PROPERTIES LABELS example TIMEOUT 120)
+endif()
 
 # The multi-thread suites also carry the label "threads" (the ThreadSanitizer
 # CI step runs -L threads).

@@ -137,7 +137,7 @@ fd_decode_params params_for(Problem &p) {
 
 /* Worst ||out - ref|| / ||ref|| over (query token, head) against causal
  * attention in double precision; every output finite. */
-double worst_rel_error(const Problem &p) {
+double worst_rel_error(const Problem &p, const uint8_t *out) {
   const Case &c = p.c;
   const uint32_t group = c.hq / c.hkv;
   const double scale = 1.0 / std::sqrt((double)c.dim);
@@ -176,7 +176,7 @@ double worst_rel_error(const Problem &p) {
           for (int32_t t = first; t <= position; ++t)
             want += w[(size_t)t] * v[(size_t)t * c.dim + d];
           want /= sum;
-          const double got = fd_test_load(p.out.data(), qi + d, c.dtype);
+          const double got = fd_test_load(out, qi + d, c.dtype);
           if (!std::isfinite(got)) return INFINITY;
           num += (got - want) * (got - want);
           den += want * want;
@@ -193,15 +193,56 @@ double tolerance(int32_t dtype) {
   return dtype == FD_DTYPE_F32 ? 1e-5 : dtype == FD_DTYPE_F16 ? 1e-3 : 5e-3;
 }
 
+/* fd_reference_attention over the dense copies (stored in the case's
+ * dtype): the public dense reference, with the same query tokens and
+ * variants. Returns its output (NaN-poisoned before the call). */
+std::vector<uint8_t> dense_reference(const Problem &p) {
+  const Case &c = p.c;
+  const size_t n = p.k_dense.size();
+  std::vector<uint8_t> k(n * p.es), v(n * p.es);
+  for (size_t i = 0; i < n; ++i) {
+    fd_test_store(k.data(), i, c.dtype, p.k_dense[i]);
+    fd_test_store(v.data(), i, c.dtype, p.v_dense[i]);
+  }
+  std::vector<uint8_t> out(p.out.size(), 0xFF);
+  fd_reference_params rp;
+  fd_reference_params_init(&rp);
+  rp.dtype = c.dtype;
+  rp.batch = p.batch;
+  rp.num_q_heads = c.hq;
+  rp.num_kv_heads = c.hkv;
+  rp.head_dim = c.dim;
+  rp.max_seq_len = p.mbps * c.bs;
+  rp.q = p.q.data();
+  rp.q_indptr = p.indptr.data();
+  rp.k = k.data();
+  rp.v = v.data();
+  rp.seq_lens = p.lens.data();
+  rp.out = out.data();
+  rp.logit_softcap = c.softcap;
+  rp.sliding_window = c.window;
+  rp.sinks = c.sinks.empty() ? NULL : c.sinks.data();
+  FD_ASSERT_OK(fd_reference_attention(&rp));
+  return out;
+}
+
+void check_error(const Problem &p, const uint8_t *out, const char *what) {
+  const double err = worst_rel_error(p, out);
+  if (!(err <= tolerance(p.c.dtype))) {
+    print_error("%s: dtype %d layout %d hq %u hkv %u dim %u bs %u: rel error %.3g > %.3g\n", what,
+                p.c.dtype, p.c.layout, p.c.hq, p.c.hkv, p.c.dim, p.c.bs, err, tolerance(p.c.dtype));
+    fail();
+  }
+}
+
+/* The paged CPU backend and the public dense reference, each against the
+ * double-precision reference above. */
 void run_and_check(Problem &p) {
   fd_decode_params prm = params_for(p);
   FD_ASSERT_OK(fd_decode(&prm));
-  const double err = worst_rel_error(p);
-  if (!(err <= tolerance(p.c.dtype))) {
-    print_error("dtype %d layout %d hq %u hkv %u dim %u bs %u: rel error %.3g > %.3g\n", p.c.dtype,
-                p.c.layout, p.c.hq, p.c.hkv, p.c.dim, p.c.bs, err, tolerance(p.c.dtype));
-    fail();
-  }
+  check_error(p, p.out.data(), "fd_decode");
+  const std::vector<uint8_t> dense = dense_reference(p);
+  check_error(p, dense.data(), "fd_reference_attention");
 }
 
 /* Random cases: q_len from 1 to the whole row (a prompt chunk with no cache

@@ -8,6 +8,7 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -198,6 +199,109 @@ void test_errors(void **state) {
 #undef EXPECT_REF_FAILS
 }
 
+/* fd_reference_attention: with one token per row and no variant it gives
+ * the bits of fd_reference_attention_dense; a q_indptr of one token per row
+ * too; each variant changes the result; every bad field is refused naming
+ * it, with the output untouched. (Multi-token and variant values are checked
+ * against a double-precision reference in test_decode_multi_token.) */
+fd_reference_params params_of(Dense &d) {
+  fd_reference_params p;
+  fd_reference_params_init(&p);
+  p.dtype = d.dtype;
+  p.batch = d.batch;
+  p.num_q_heads = d.hq;
+  p.num_kv_heads = d.hkv;
+  p.head_dim = d.dim;
+  p.max_seq_len = d.max_len;
+  p.q = d.q.data();
+  p.k = d.k.data();
+  p.v = d.v.data();
+  p.seq_lens = d.lens.data();
+  p.out = d.out.data();
+  return p;
+}
+
+void test_params_form(void **state) {
+  (void)state;
+  Dense a = make_dense(11, FD_DTYPE_BF16, 4, 8, 2, 32, 20);
+  for (int32_t &len : a.lens) len = len == 0 ? 1 : len; /* q_indptr needs >= 1 token */
+  Dense b = a;
+  FD_ASSERT_OK(run_reference(a, 0.0f));
+  fd_reference_params p = params_of(b);
+  FD_ASSERT_OK(fd_reference_attention(&p));
+  assert_memory_equal(a.out.data(), b.out.data(), a.out.size());
+  std::vector<int32_t> indptr(b.batch + 1);
+  for (uint32_t r = 0; r <= b.batch; ++r) indptr[r] = (int32_t)r;
+  b.out.assign(b.out.size(), 0xFF);
+  p.q_indptr = indptr.data();
+  FD_ASSERT_OK(fd_reference_attention(&p));
+  assert_memory_equal(a.out.data(), b.out.data(), a.out.size());
+  /* Each variant is used: a tight cap, a one-token window, a large sink. */
+  std::vector<float> sinks(b.hq, 30.f);
+  for (int variant = 0; variant < 3; ++variant) {
+    fd_reference_params w = p;
+    if (variant == 0) w.logit_softcap = 0.5f;
+    if (variant == 1) w.sliding_window = 1;
+    if (variant == 2) w.sinks = sinks.data();
+    b.out.assign(b.out.size(), 0xFF);
+    FD_ASSERT_OK(fd_reference_attention(&w));
+    assert_true(std::memcmp(a.out.data(), b.out.data(), a.out.size()) != 0);
+  }
+  /* A sink of -inf and a window longer than every row change nothing. */
+  std::fill(sinks.begin(), sinks.end(), -INFINITY);
+  fd_reference_params w = p;
+  w.sinks = sinks.data();
+  w.sliding_window = (int32_t)b.max_len;
+  b.out.assign(b.out.size(), 0xFF);
+  FD_ASSERT_OK(fd_reference_attention(&w));
+  assert_memory_equal(a.out.data(), b.out.data(), a.out.size());
+}
+
+void test_params_errors(void **state) {
+  (void)state;
+  Dense base = make_dense(5, FD_DTYPE_F32, 2, 4, 2, 8, 6);
+  base.lens = {3, 6};
+  /* Five query tokens (2 + 3) in q and out. */
+  const size_t token_bytes = (size_t)base.hq * base.dim * fd_test_dtype_size(base.dtype);
+  base.q.resize(5 * token_bytes, 0);
+  base.out.assign(5 * token_bytes, 0xA5);
+  const std::vector<uint8_t> poison = base.out;
+  std::vector<int32_t> indptr = {0, 2, 5};
+  std::vector<float> sinks(base.hq, 0.f);
+  FD_ASSERT_FAILS(fd_reference_attention(NULL), FD_ERR_INVALID_ARGUMENT, "params");
+#define EXPECT_PARAMS_FAIL(mutate, substring)                                        \
+  do {                                                                               \
+    Dense d = base;                                                                  \
+    std::vector<int32_t> ip = indptr;                                                \
+    std::vector<float> sk = sinks;                                                   \
+    fd_reference_params p = params_of(d);                                            \
+    p.q_indptr = ip.data();                                                          \
+    mutate;                                                                          \
+    FD_ASSERT_FAILS(fd_reference_attention(&p), FD_ERR_INVALID_ARGUMENT, substring); \
+    assert_memory_equal(d.out.data(), poison.data(), poison.size());                 \
+  } while (0)
+  EXPECT_PARAMS_FAIL(p.struct_size = 8, "struct_size");
+  EXPECT_PARAMS_FAIL(p.struct_size = sizeof p + 8, "struct_size");
+  EXPECT_PARAMS_FAIL(ip[0] = 1, "q_indptr[0] must be 0");
+  EXPECT_PARAMS_FAIL(ip[1] = 0, "q_indptr[1]");
+  EXPECT_PARAMS_FAIL(ip[1] = 4, "q_indptr[1] = 4");
+  EXPECT_PARAMS_FAIL(ip[2] = 1, "q_indptr[2]");
+  EXPECT_PARAMS_FAIL(p.logit_softcap = -1.f, "logit_softcap");
+  EXPECT_PARAMS_FAIL(p.logit_softcap = NAN, "logit_softcap");
+  EXPECT_PARAMS_FAIL(p.logit_softcap = INFINITY, "logit_softcap");
+  EXPECT_PARAMS_FAIL(p.sliding_window = -1, "sliding_window");
+  EXPECT_PARAMS_FAIL((sk[3] = NAN, p.sinks = sk.data()), "sinks[3] is NaN");
+  EXPECT_PARAMS_FAIL(p.q = NULL, "q must not be NULL");
+  EXPECT_PARAMS_FAIL(p.batch = 0, "batch");
+#undef EXPECT_PARAMS_FAIL
+  /* The well-formed call succeeds (so each failure above is its field's). */
+  Dense d = base;
+  fd_reference_params p = params_of(d);
+  p.q_indptr = indptr.data();
+  p.sinks = sinks.data();
+  FD_ASSERT_OK(fd_reference_attention(&p));
+}
+
 }  // namespace
 
 int main(void) {
@@ -206,6 +310,8 @@ int main(void) {
       cmocka_unit_test(test_empty_rows_are_zero),
       cmocka_unit_test(test_default_scale_is_inverse_sqrt_dim),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_params_form),
+      cmocka_unit_test(test_params_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,6 +116,14 @@ void assert_view(fd_cache *c, fd_tx tx, const std::vector<uint64_t> &ids, const 
     assert_int_equal(lens[r], e.eff[r]);
   }
   assert_true(async_tables == tables);
+  /* The packed tokens' offsets per row (fd_decode's q_indptr). */
+  std::vector<int32_t> indptr(n + 2, -7), want_indptr(1, 0);
+  for (uint32_t r = 0; r < n; ++r)
+    want_indptr.push_back(want_indptr.back() + (e.eff[r] - e.first_pos[r]));
+  FD_ASSERT_OK(fd_tx_token_indptr_async(c, tx, indptr.data(), NULL));
+  assert_int_equal(indptr[n + 1], -7); /* nothing past batch + 1 entries */
+  indptr.resize(n + 1);
+  assert_true(indptr == want_indptr);
   /* The smallest valid stride is max_blocks_per_seq. */
   if (e.max_width > 0)
     FD_ASSERT_FAILS(fd_tx_block_tables(c, tx, e.max_width - 1, tables.data()),
@@ -692,9 +700,25 @@ void get_tokens_errors(void **) {
                   FD_ERR_STALE_HANDLE, "stale");
   cs_assert_unchanged(c, f, false);
   cs_assert_same_view(view, cs_tx_view(c, tx));
+  /* fd_tx_token_indptr_async: the same handle checks, and a NULL or
+   * misaligned destination; nothing written. */
+  int32_t indptr[3] = {-7, -7, -7};
+  FD_ASSERT_FAILS(fd_tx_token_indptr_async(c, tx, NULL, NULL), FD_ERR_INVALID_ARGUMENT,
+                  "token_indptr must not be NULL");
+  FD_ASSERT_FAILS(fd_tx_token_indptr_async(c, tx, (int32_t *)(raw + 1), NULL),
+                  FD_ERR_INVALID_ARGUMENT, "token_indptr");
+  FD_ASSERT_FAILS(fd_tx_token_indptr_async(NULL, tx, indptr, NULL), FD_ERR_INVALID_ARGUMENT,
+                  "cache");
+  FD_ASSERT_FAILS(fd_tx_token_indptr_async(c, fd_tx{tx.id, tx.cache_version + 1}, indptr, NULL),
+                  FD_ERR_STALE_HANDLE, "stale");
+  for (int32_t p : indptr) assert_int_equal(p, -7);
+  cs_assert_unchanged(c, f, false);
   FD_ASSERT_OK(fd_tx_abort(c, tx));
   FD_ASSERT_FAILS(fd_tx_get_tokens(c, tx, 5, pos, NULL, NULL), FD_ERR_INVALID_STATE,
                   "already aborted");
+  FD_ASSERT_FAILS(fd_tx_token_indptr_async(c, tx, indptr, NULL), FD_ERR_INVALID_STATE,
+                  "already aborted");
+  for (int32_t p : indptr) assert_int_equal(p, -7);
   fd_cache_destroy(c);
 }
 

@@ -55,6 +55,26 @@ FD_API fd_status fd_tx_block_tables_async(const fd_cache *cache, fd_tx tx, uint3
   });
 }
 
+FD_API fd_status fd_tx_token_indptr_async(const fd_cache *cache, fd_tx tx, int32_t *token_indptr,
+                                          fd_stream stream) {
+  return fd::guard([&] {
+    fd::require_non_null(cache, "cache");
+    const fd::PagedCache &c = cache->cache;
+    const fd::OpenTransaction &t = c.open_transaction(tx);
+    fd::require_non_null(token_indptr, "token_indptr");
+    fd::require_aligned(token_indptr, alignof(int32_t), "token_indptr");
+    const size_t rows = t.rows.size();
+    // One int32 array: the export's "lengths" part carries it.
+    c.storage().export_tables(
+        0, rows + 1, nullptr, token_indptr, stream, [&](int32_t *, int32_t *indptr) {
+          indptr[0] = 0;
+          for (size_t i = 0; i < rows; ++i)
+            indptr[i + 1] = indptr[i] + static_cast<int32_t>(t.rows[i].token_count);
+        });
+    return FD_OK;
+  });
+}
+
 FD_API fd_status fd_cache_async_error(const fd_cache *cache) {
   return fd::guard([&] {
     fd::require_non_null(cache, "cache");

@@ -69,6 +69,8 @@ template <>
 inline constexpr size_t kReleasedAlignment<fd_cache_metrics> = 8;
 template <>
 inline constexpr size_t kReleasedAlignment<fd_tx_info> = 4;
+template <>
+inline constexpr size_t kReleasedAlignment<fd_reference_params> = 8;
 
 // End offsets of every field after struct_size, in order, the last being
 // sizeof(T): listed for the structs whose whole fields cannot be found by

@@ -94,6 +94,7 @@ void Engine::create_device_scratch() {
   sizes.prefill_q_bytes =
       size_t{cache_config_.num_kv_heads} * cache_config_.head_dim * element_size();
   sizes.max_rows = max_blocks;
+  sizes.max_tokens = uint64_t{max_blocks} * cache_config_.block_size;
   sizes.max_table_entries = uint64_t{max_blocks} * max_blocks;
   sizes.initial_rows = std::min(max_blocks, kInitialRows);
   sizes.initial_table_entries = std::min(sizes.max_table_entries, kInitialTableEntries);
@@ -147,7 +148,8 @@ fd_decode_params Engine::decode_params(uint32_t batch) const {
 // form of fd_decode_plan_create, into a value: no allocation); every layer's
 // step_layer then only runs it (the internal form of fd_decode_run).
 void Engine::plan_step() {
-  const fd_decode_params p = decode_params(static_cast<uint32_t>(step_ids_.size()));
+  fd_decode_params p = decode_params(static_cast<uint32_t>(step_ids_.size()));
+  if (step_multi_) p.max_q_len_hint = max_q_len_;
   const DecodeProblem problem = resolve_decode_params(&p, DecodeUse::plan);
   step_plan_ = plan_decode(problem, step_effective_lens_.data(), on_cuda());
 }
@@ -310,7 +312,53 @@ void Engine::finish(uint64_t id, bool cancelled) {
 // ---------------------------------------------------------------------------
 // Steps
 
-fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
+uint64_t Engine::check_token_counts(const uint64_t *ids, const uint32_t *token_counts,
+                                    uint32_t count) {
+  step_counts_.assign(count, 1);
+  if (token_counts == nullptr) return count;
+  require_aligned(token_counts, alignof(uint32_t), "token_counts");
+  uint64_t tokens = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t k = token_counts[i];
+    if (k == 0) {
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "token_counts[%u] is 0: each row of a step appends at least one token", i);
+    }
+    if (scheduler_managed_) {
+      // A scheduled request never grows past its commitment.
+      const EngineRequest &r = requests_.at(ids[i]);
+      const uint64_t total = uint64_t{r.spec.initial_context_tokens} + r.spec.max_new_tokens;
+      if (static_cast<uint64_t>(r.seq_len) + k > total) {
+        fail(FD_ERR_INVALID_ARGUMENT,
+             "token_counts[%u] = %u would take request %llu from %d to more than its %llu "
+             "tokens (initial_context_tokens + max_new_tokens)",
+             i, k, ull(ids[i]), r.seq_len, ull(total));
+      }
+    }
+    step_counts_[i] = k;
+    tokens += k;
+  }
+  if (tokens > static_cast<uint64_t>(INT32_MAX)) {
+    fail(FD_ERR_INVALID_ARGUMENT, "token_counts add up to %llu tokens, more than %d", ull(tokens),
+         INT32_MAX);
+  }
+  return tokens;
+}
+
+uint32_t Engine::blocks_needed(const uint64_t *ids, const uint32_t *token_counts,
+                               uint32_t count) const {
+  // A row's tokens fill its last block, then new ones (fd_tx_begin_multi).
+  const uint64_t bs = cache_config_.block_size;
+  uint64_t needed = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint64_t len = static_cast<uint64_t>(seq_len_of(ids[i]));
+    needed += (len + token_counts[i] + bs - 1) / bs - (len + bs - 1) / bs;
+  }
+  return static_cast<uint32_t>(std::min<uint64_t>(needed, UINT32_MAX));
+}
+
+fd_engine_step Engine::begin_step(const uint64_t *ids, const uint32_t *token_counts,
+                                  uint32_t count) {
   require_no_step("begin_step");
   require_non_null(ids, "request_ids");
   require_aligned(ids, alignof(uint64_t), "request_ids");
@@ -360,8 +408,11 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
       }
     }
   }
+  const uint64_t tokens = check_token_counts(ids, token_counts, count);
   uint32_t needed = 0, free_blocks = 0;
   check(fd_cache_blocks_needed(cache_, ids, count, &needed, &free_blocks), "begin_step: ");
+  if (token_counts != nullptr) needed = blocks_needed(ids, token_counts, count);
+  const uint32_t max_count = *std::max_element(step_counts_.begin(), step_counts_.end());
   fd_engine_step out;
   std::memset(&out, 0, sizeof out);
   out.struct_size = sizeof out;
@@ -382,22 +433,30 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
   // Scratch is sized before the transaction opens, so nothing can fail
   // between begin and the bookkeeping below (a failing call changes nothing,
   // not even the cache's begin/abort counters). A row's table grows by at
-  // most the one block its new token may need.
+  // most the blocks its new tokens may need.
+  const uint64_t growth =
+      (uint64_t{max_count} + cache_config_.block_size - 1) / cache_config_.block_size + 1;
+  uint32_t longest = 0;
+  check(fd_cache_max_blocks_per_seq(cache_, ids, count, &longest), "begin_step: ");
   if (on_cuda()) {
-    uint32_t longest = 0;
-    check(fd_cache_max_blocks_per_seq(cache_, ids, count, &longest), "begin_step: ");
-    device_->reserve(count, uint64_t{count} * (uint64_t{longest} + 1));
+    device_->reserve(count, tokens, uint64_t{count} * (uint64_t{longest} + growth));
   } else {
-    const size_t q_bytes = size_t{count} * num_q_heads_ * cache_config_.head_dim * element_size();
-    q_rotated_.resize(q_bytes);
-    uint32_t longest = 0;
-    check(fd_cache_max_blocks_per_seq(cache_, ids, count, &longest), "begin_step: ");
-    step_tables_.reserve(size_t{count} * (size_t{longest} + 1));
+    q_rotated_.resize(static_cast<size_t>(tokens) * num_q_heads_ * cache_config_.head_dim *
+                      element_size());
+    step_tables_.reserve(size_t{count} * static_cast<size_t>(longest + growth));
   }
   step_ids_.assign(ids, ids + count);
   step_effective_lens_.resize(count);
+  step_indptr_.resize(size_t{count} + 1);
+  step_indptr_[0] = 0;
+  for (uint32_t i = 0; i < count; ++i) step_indptr_[i + 1] = step_indptr_[i] + step_counts_[i];
+  step_multi_ = max_count > 1;
+  step_tokens_ = tokens;
+  max_q_len_ = static_cast<int32_t>(max_count);
   fd_tx tx{0, 0};
-  check(fd_tx_begin(cache_, ids, count, &tx), "begin_step: ");
+  check(step_multi_ ? fd_tx_begin_multi(cache_, ids, step_counts_.data(), count, &tx)
+                    : fd_tx_begin(cache_, ids, count, &tx),
+        "begin_step: ");
   try {
     fd_tx_info info;
     std::memset(&info, 0, sizeof info);
@@ -407,7 +466,7 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, uint32_t count) {
     if (on_cuda()) {
       // The tables go to the device in the first step_layer, on its stream
       // (reserved above; this cannot allocate).
-      device_->reserve(count, uint64_t{count} * table_stride_);
+      device_->reserve(count, tokens, uint64_t{count} * table_stride_);
     } else {
       step_tables_.resize(size_t{count} * table_stride_);
       check(fd_tx_block_tables(cache_, tx, table_stride_, step_tables_.data()));
@@ -482,6 +541,7 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     void *q_rot = q_rotated_.data();
     const int32_t *tables = step_tables_.data();
     const int32_t *lens = step_effective_lens_.data();
+    const int32_t *indptr = step_indptr_.data();
     if (on_cuda()) {
       require_device(q, "q");
       require_device(k, "k");
@@ -490,10 +550,12 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
       if (layer == 0) {
         check(fd_tx_block_tables_async(cache_, tx, table_stride_, device_->tables(),
                                        device_->lens(), stream));
+        if (step_multi_) check(fd_tx_token_indptr_async(cache_, tx, device_->indptr(), stream));
       }
       q_rot = device_->q_rotated();
       tables = device_->tables();
       lens = device_->lens();
+      indptr = device_->indptr();
     }
     check(fd_tx_write_layer_rope(cache_, tx, layer, q, num_q_heads_, k, v, rotary_dim_, rope_base_,
                                  q_rot, stream));
@@ -505,6 +567,10 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     p.seq_lens = lens;
     p.out = out;
     p.stream = stream;
+    if (step_multi_) {
+      p.q_indptr = indptr;
+      p.max_q_len_hint = max_q_len_;
+    }
     run_decode(step_plan_, resolve_decode_params(&p));
   } catch (...) {
     abort_and_rethrow(format("step_layer(layer %u)", layer).c_str());
@@ -514,22 +580,32 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
   sync_cache_version();
 }
 
-void Engine::commit_step(fd_tx tx) {
+void Engine::commit_step(fd_tx tx, const uint32_t *keep_counts, uint32_t count) {
   require_open_step(tx, "commit_step");
   if (next_layer_ != cache_config_.num_layers) {
     fail(FD_ERR_INVALID_STATE, "commit_step: the step has run %u of %u layers", next_layer_,
          cache_config_.num_layers);
   }
-  check(fd_tx_commit(cache_, tx), "commit_step: ");
+  if (keep_counts != nullptr && count != step_ids_.size()) {
+    fail(FD_ERR_INVALID_ARGUMENT, "commit_step: count %u must equal the step's %zu rows", count,
+         step_ids_.size());
+  }
+  // The cache checks keep_counts[i] <= token_counts[i] and changes nothing
+  // when it refuses; the step then stays open.
+  check(keep_counts == nullptr ? fd_tx_commit(cache_, tx)
+                               : fd_tx_commit_keep(cache_, tx, keep_counts, count),
+        "commit_step: ");
   completed_steps_ += 1;
-  appended_tokens_ += step_ids_.size();
+  for (size_t i = 0; i < step_ids_.size(); ++i)
+    appended_tokens_ += keep_counts == nullptr ? step_counts_[i] : keep_counts[i];
   close_step();
   if (!scheduler_managed_) return;
   // A scheduled request that generated its last token is done: its
   // commitment ends here.
-  for (uint64_t id : step_ids_) {
+  for (size_t i = 0; i < step_ids_.size(); ++i) {
+    const uint64_t id = step_ids_[i];
     EngineRequest &r = requests_.at(id);
-    r.seq_len += 1;
+    r.seq_len += static_cast<int32_t>(keep_counts == nullptr ? step_counts_[i] : keep_counts[i]);
     const uint64_t total = uint64_t{r.spec.initial_context_tokens} + r.spec.max_new_tokens;
     if (static_cast<uint64_t>(r.seq_len) >= total) {
       check(fd_cache_finish_request(cache_, id), "commit_step: finishing a complete request: ");
@@ -546,46 +622,62 @@ void Engine::abort_step(fd_tx tx) {
   close_step();
 }
 
-void Engine::prefill(uint64_t id, const void *k, const void *v) {
-  require_no_step("prefill_request_layers");
+void Engine::prefill(uint64_t id, uint32_t num_tokens, const void *k, const void *v,
+                     const char *what) {
+  require_no_step(what);
   require_non_null(k, "k");
   require_non_null(v, "v");
   require_aligned(k, element_size(), "k");
   require_aligned(v, element_size(), "v");
+  if (num_tokens == 0) fail(FD_ERR_INVALID_ARGUMENT, "num_tokens must be > 0");
   check_cache_version();
-  EngineRequest &r = find(id, "prefill_request_layers");
+  EngineRequest &r = find(id, what);
   if (r.state != FD_ENGINE_REQUEST_ACTIVE) {
-    fail(FD_ERR_INVALID_STATE, "prefill_request_layers: request %llu is %s, not active", ull(id),
+    fail(FD_ERR_INVALID_STATE, "%s: request %llu is %s, not active", what, ull(id),
          state_name(r.state));
   }
-  if (r.scheduled && static_cast<uint32_t>(r.seq_len) >= r.spec.initial_context_tokens) {
-    fail(FD_ERR_INVALID_STATE,
-         "prefill_request_layers: request %llu already holds its %u context tokens", ull(id),
-         r.spec.initial_context_tokens);
+  if (r.scheduled &&
+      static_cast<uint64_t>(r.seq_len) + num_tokens > r.spec.initial_context_tokens) {
+    if (static_cast<uint32_t>(r.seq_len) >= r.spec.initial_context_tokens) {
+      fail(FD_ERR_INVALID_STATE, "%s: request %llu already holds its %u context tokens", what,
+           ull(id), r.spec.initial_context_tokens);
+    }
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "%s: num_tokens %u would take request %llu from %d past its %u context tokens", what,
+         num_tokens, ull(id), r.seq_len, r.spec.initial_context_tokens);
   }
+  const std::string prefix = std::string(what) + ": ";
   const uint32_t L = cache_config_.num_layers, kv = cache_config_.num_kv_heads;
   const uint32_t d = cache_config_.head_dim;
-  const size_t layer_bytes = size_t{kv} * d * element_size();
-  // K is rotated at the token's position, as in step_layer: on the host for
+  // K and V are [num_layers, num_tokens, num_kv_heads, head_dim].
+  const size_t layer_bytes = size_t{num_tokens} * kv * d * element_size();
+  // K is rotated at each token's position, as in step_layer: on the host for
   // CPU caches, by the cache's RoPE append for CUDA caches.
   std::vector<unsigned char> k_rot;
   if (on_cuda()) {
     require_device(k, "k");
     require_device(v, "v");
   } else {
-    const int32_t position = r.scheduled ? r.seq_len : seq_len_of(id);
+    const int32_t first = r.scheduled ? r.seq_len : seq_len_of(id);
+    if (static_cast<int64_t>(first) + num_tokens > INT32_MAX) {
+      fail(FD_ERR_INVALID_ARGUMENT, "%s: request %llu cannot grow by %u tokens past %d", what,
+           ull(id), num_tokens, first);
+    }
     k_rot.assign(static_cast<const unsigned char *>(k),
                  static_cast<const unsigned char *>(k) + L * layer_bytes);
-    std::vector<int32_t> positions(L, position);
-    check(fd_rope_apply(cache_config_.dtype, k_rot.data(), L, kv, d, positions.data(), rotary_dim_,
-                        rope_base_),
-          "prefill_request_layers: ");
+    std::vector<int32_t> positions(size_t{L} * num_tokens);
+    for (size_t i = 0; i < positions.size(); ++i)
+      positions[i] = first + static_cast<int32_t>(i % num_tokens);
+    check(fd_rope_apply(cache_config_.dtype, k_rot.data(), L * num_tokens, kv, d, positions.data(),
+                        rotary_dim_, rope_base_),
+          prefix.c_str());
   }
+  // One transaction for the whole chunk: all of it is published, or none.
   fd_tx tx{0, 0};
-  check(fd_tx_begin(cache_, &id, 1, &tx), "prefill_request_layers: ");
+  check(fd_tx_begin_multi(cache_, &id, &num_tokens, 1, &tx), prefix.c_str());
   try {
     if (on_cuda()) {
-      prefill_cuda(tx, k, v);
+      prefill_cuda(tx, num_tokens, k, v);
     } else {
       for (uint32_t l = 0; l < L; ++l) {
         check(fd_tx_write_layer(cache_, tx, l, k_rot.data() + l * layer_bytes,
@@ -598,25 +690,27 @@ void Engine::prefill(uint64_t id, const void *k, const void *v) {
     sync_cache_version();
     throw;
   }
-  if (r.scheduled) r.seq_len += 1;
-  prefill_tokens_ += 1;
+  if (r.scheduled) r.seq_len += static_cast<int32_t>(num_tokens);
+  prefill_tokens_ += num_tokens;
   sync_cache_version();
   bump();
 }
 
-void Engine::prefill_cuda(fd_tx tx, const void *k, const void *v) {
-  // The RoPE append rotates K at the row's position; the Q it also rotates
-  // is the engine's dummy (num_kv_heads heads, rotated in place, unused).
+void Engine::prefill_cuda(fd_tx tx, uint32_t num_tokens, const void *k, const void *v) {
+  // The RoPE append rotates K at each token's position; the Q it also
+  // rotates is the engine's dummy (num_kv_heads heads per token, rotated in
+  // place, unused).
   const size_t layer_bytes =
-      size_t{cache_config_.num_kv_heads} * cache_config_.head_dim * element_size();
+      size_t{num_tokens} * cache_config_.num_kv_heads * cache_config_.head_dim * element_size();
+  void *dummy_q = device_->prefill_q(num_tokens);
   for (uint32_t l = 0; l < cache_config_.num_layers; ++l) {
-    check(fd_tx_write_layer_rope(cache_, tx, l, device_->prefill_q(), cache_config_.num_kv_heads,
+    check(fd_tx_write_layer_rope(cache_, tx, l, dummy_q, cache_config_.num_kv_heads,
                                  static_cast<const unsigned char *>(k) + l * layer_bytes,
                                  static_cast<const unsigned char *>(v) + l * layer_bytes,
-                                 rotary_dim_, rope_base_, device_->prefill_q(), nullptr));
+                                 rotary_dim_, rope_base_, dummy_q, nullptr));
   }
   // Prefill is off the step path: finishing here lets later steps on any
-  // stream read the token and the caller reuse k and v at once.
+  // stream read the tokens and the caller reuse k and v at once.
   DeviceScratch::synchronize_default_stream(cache_config_.device.ordinal);
 }
 

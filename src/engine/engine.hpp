@@ -52,13 +52,15 @@ class Engine {
   void finish(uint64_t id, bool cancelled);
   int32_t request_state(uint64_t id) const;
 
-  // Steps.
-  fd_engine_step begin_step(const uint64_t *ids, uint32_t count);
+  // Steps. token_counts / keep_counts null: one token per row / keep all.
+  fd_engine_step begin_step(const uint64_t *ids, const uint32_t *token_counts, uint32_t count);
   void step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, const void *v, void *out,
                   fd_stream stream);
-  void commit_step(fd_tx tx);
+  void commit_step(fd_tx tx, const uint32_t *keep_counts, uint32_t count);
   void abort_step(fd_tx tx);
-  void prefill(uint64_t id, const void *k, const void *v);
+  // Appends num_tokens prompt tokens to `id` through one transaction;
+  // messages start with `what` (the public call's name).
+  void prefill(uint64_t id, uint32_t num_tokens, const void *k, const void *v, const char *what);
 
   // Scheduler-managed mode.
   void submit(const fd_request_spec *spec);
@@ -93,6 +95,11 @@ class Engine {
   const EngineRequest *lookup(uint64_t id) const;
   void set_state(EngineRequest &r, uint64_t id, int32_t state);
   void require_open_step(fd_tx tx, const char *what) const;
+  // Checks a step's token counts; returns the step's tokens and sets
+  // step_counts_ (scratch: nothing else changes).
+  uint64_t check_token_counts(const uint64_t *ids, const uint32_t *token_counts, uint32_t count);
+  // New blocks a multi-token step needs (the rule of fd_tx_begin_multi).
+  uint32_t blocks_needed(const uint64_t *ids, const uint32_t *token_counts, uint32_t count) const;
   [[noreturn]] void abort_and_rethrow(const char *during);
   void close_step();
   void prune_evicted_prefixes();
@@ -106,7 +113,7 @@ class Engine {
   bool on_cuda() const { return device_ != nullptr; }
   void create_device_scratch();
   void require_device(const void *p, const char *what) const;
-  void prefill_cuda(fd_tx tx, const void *k, const void *v);
+  void prefill_cuda(fd_tx tx, uint32_t num_tokens, const void *k, const void *v);
 
   fd_cache *cache_;
   fd_cache_config cache_config_{};
@@ -132,6 +139,14 @@ class Engine {
   uint32_t next_layer_ = 0;
   uint32_t table_stride_ = 0;
   int32_t max_effective_len_ = 0;
+  // Several tokens for some row (a step from fd_engine_begin_step_multi with
+  // a count above 1): the rows' query tokens are packed and decode gets
+  // q_indptr. Otherwise one token per row and today's decode path.
+  bool step_multi_ = false;
+  uint64_t step_tokens_ = 0;
+  int32_t max_q_len_ = 1;
+  std::vector<uint32_t> step_counts_;
+  std::vector<int32_t> step_indptr_;  // [rows + 1] (CPU caches; CUDA: device twin)
   std::vector<uint64_t> step_ids_;
   std::vector<int32_t> step_tables_, step_effective_lens_;
   std::vector<unsigned char> q_rotated_;

@@ -97,7 +97,21 @@ FD_API fd_status fd_engine_begin_step(fd_engine *engine, const uint64_t *request
     // step opens, or an opened step would be lost.
     constexpr size_t kMinStepSize = sizeof(fd_engine_step);
     fd::require_versioned<kMinStepSize>(step, "step");
-    const fd_engine_step result = e.begin_step(request_ids, count);
+    const fd_engine_step result = e.begin_step(request_ids, nullptr, count);
+    fd::write_versioned<kMinStepSize>(step, result, "step");
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_engine_begin_step_multi(fd_engine *engine, const uint64_t *request_ids,
+                                            const uint32_t *token_counts, uint32_t count,
+                                            fd_engine_step *step) {
+  return guard([&] {
+    fd::Engine &e = impl(engine);
+    fd::require_non_null(token_counts, "token_counts");
+    constexpr size_t kMinStepSize = sizeof(fd_engine_step);
+    fd::require_versioned<kMinStepSize>(step, "step");
+    const fd_engine_step result = e.begin_step(request_ids, token_counts, count);
     fd::write_versioned<kMinStepSize>(step, result, "step");
     return FD_OK;
   });
@@ -114,7 +128,17 @@ FD_API fd_status fd_engine_step_layer(fd_engine *engine, fd_tx tx, uint32_t laye
 
 FD_API fd_status fd_engine_commit_step(fd_engine *engine, fd_tx tx) {
   return guard([&] {
-    impl(engine).commit_step(tx);
+    impl(engine).commit_step(tx, nullptr, 0);
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_engine_commit_step_keep(fd_engine *engine, fd_tx tx,
+                                            const uint32_t *keep_counts, uint32_t count) {
+  return guard([&] {
+    fd::Engine &e = impl(engine);
+    fd::require_non_null(keep_counts, "keep_counts");
+    e.commit_step(tx, keep_counts, count);
     return FD_OK;
   });
 }
@@ -129,7 +153,16 @@ FD_API fd_status fd_engine_abort_step(fd_engine *engine, fd_tx tx) {
 FD_API fd_status fd_engine_prefill_request_layers(fd_engine *engine, uint64_t request_id,
                                                   const void *k, const void *v) {
   return guard([&] {
-    impl(engine).prefill(request_id, k, v);
+    impl(engine).prefill(request_id, 1, k, v, "prefill_request_layers");
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_engine_prefill_request_tokens(fd_engine *engine, uint64_t request_id,
+                                                  uint32_t num_tokens, const void *k,
+                                                  const void *v) {
+  return guard([&] {
+    impl(engine).prefill(request_id, num_tokens, k, v, "prefill_request_tokens");
     return FD_OK;
   });
 }

@@ -14,13 +14,8 @@ namespace fd {
 
 DeviceScratch::DeviceScratch(const DeviceScratchSizes &sizes) : sizes_(sizes) {
   try {
-    prefill_q_ = allocate(sizes_.prefill_q_bytes, "cudaMalloc (engine prefill scratch)");
-    // RoPE runs over it: keep it finite. Cleared and finished here, like the
-    // cache's storage, rather than left queued on the legacy default stream
-    // (docs/cuda-streams.md).
-    backend::cuda_zero_fill_sync(sizes_.ordinal, prefill_q_, sizes_.prefill_q_bytes,
-                                 "clearing the engine's prefill scratch");
-    reserve(sizes_.initial_rows, sizes_.initial_table_entries);
+    prefill_q(1);
+    reserve(sizes_.initial_rows, sizes_.initial_rows, sizes_.initial_table_entries);
   } catch (...) {
     for (void *p : owned_) backend::cuda_free(sizes_.ordinal, p);
     throw;
@@ -38,16 +33,37 @@ void *DeviceScratch::allocate(size_t bytes, const char *what) {
   return p;
 }
 
-void DeviceScratch::reserve(uint32_t rows, uint64_t table_entries) {
-  if (rows <= rows_ && table_entries <= table_entries_) return;
+void *DeviceScratch::prefill_q(uint32_t tokens) {
+  if (tokens <= prefill_tokens_) return prefill_q_;
+  const size_t bytes = size_t{tokens} * sizes_.prefill_q_bytes;
+  void *q = allocate(bytes, "cudaMalloc (engine prefill scratch)");
+  // RoPE runs over it: keep it finite. Cleared and finished here, like the
+  // cache's storage, rather than left queued on the legacy default stream
+  // (docs/cuda-streams.md).
+  backend::cuda_zero_fill_sync(sizes_.ordinal, q, bytes, "clearing the engine's prefill scratch");
+  prefill_q_ = q;
+  prefill_tokens_ = tokens;
+  return q;
+}
+
+void DeviceScratch::reserve(uint32_t rows, uint64_t tokens, uint64_t table_entries) {
+  if (rows <= rows_ && tokens <= tokens_ && table_entries <= table_entries_) return;
   if (rows > rows_) {
     const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(
         std::max<uint64_t>(rows, uint64_t{rows_} * 2), std::max(sizes_.max_rows, rows)));
-    void *q = allocate(size_t{want} * sizes_.q_row_bytes, "cudaMalloc (engine rotated-q scratch)");
     void *lens = allocate(size_t{want} * sizeof(int32_t), "cudaMalloc (engine seq_lens scratch)");
-    q_rotated_ = q;
+    void *indptr =
+        allocate((size_t{want} + 1) * sizeof(int32_t), "cudaMalloc (engine q_indptr scratch)");
     lens_ = static_cast<int32_t *>(lens);
+    indptr_ = static_cast<int32_t *>(indptr);
     rows_ = want;
+  }
+  if (tokens > tokens_) {
+    const uint64_t want =
+        std::min(std::max(tokens, tokens_ * 2), std::max(sizes_.max_tokens, tokens));
+    q_rotated_ = allocate(static_cast<size_t>(want) * sizes_.q_row_bytes,
+                          "cudaMalloc (engine rotated-q scratch)");
+    tokens_ = want;
   }
   if (table_entries > table_entries_) {
     const uint64_t want = std::min(std::max(table_entries, table_entries_ * 2),

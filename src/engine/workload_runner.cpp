@@ -265,12 +265,26 @@ class Runner {
 
   void prefill_context(Tracked &t) {
     if (t.use_prefix) return;  // the context is the shared prefix
-    const size_t n = size_t{c_.layers} * c_.kv_heads * c_.head_dim;
-    for (uint32_t i = 0; i < t.plan->context; ++i) {
-      std::vector<unsigned char> k = random_tensor(n), v = random_tensor(n);
-      check(fd_engine_prefill_request_layers(engine_.get(), t.plan->id, k.data(), v.data()),
-            "prefilling a context token");
+    // The whole context in one transaction (fd_engine_prefill_request_tokens:
+    // [layers, tokens, kv_heads, head_dim]), drawn token by token as before.
+    const uint32_t tokens = t.plan->context;
+    if (tokens == 0) return;
+    const size_t token_bytes = size_t{c_.kv_heads} * c_.head_dim * esize_;
+    const size_t layer_bytes = token_bytes * tokens;
+    std::vector<unsigned char> k_all(layer_bytes * c_.layers), v_all(k_all.size());
+    for (uint32_t i = 0; i < tokens; ++i) {
+      const std::vector<unsigned char> k =
+          random_tensor(size_t{c_.layers} * c_.kv_heads * c_.head_dim);
+      const std::vector<unsigned char> v =
+          random_tensor(size_t{c_.layers} * c_.kv_heads * c_.head_dim);
+      for (uint32_t l = 0; l < c_.layers; ++l) {
+        std::memcpy(&k_all[l * layer_bytes + i * token_bytes], &k[l * token_bytes], token_bytes);
+        std::memcpy(&v_all[l * layer_bytes + i * token_bytes], &v[l * token_bytes], token_bytes);
+      }
     }
+    check(fd_engine_prefill_request_tokens(engine_.get(), t.plan->id, tokens, k_all.data(),
+                                           v_all.data()),
+          "prefilling a context");
   }
 
   // Runs one step over `rows`; returns kRan, kStalled (backpressure) or

@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/arg_checks.hpp"
+#include "core/versioned.hpp"
 
 namespace fd {
 namespace {
@@ -162,6 +164,50 @@ extern "C" FD_API fd_status fd_reference_attention_dense(
     args.seq_lens = seq_lens;
     args.sm_scale = sm_scale;
     args.out = out;
+    const float scale = fd::check_dense_attention_args(args);
+    fd::reference_attention_dense(args, scale);
+    return FD_OK;
+  });
+}
+
+namespace {
+
+fd_reference_params default_reference_params() {
+  fd_reference_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.dtype = FD_DTYPE_F32;
+  return p;
+}
+
+}  // namespace
+
+extern "C" FD_API void fd_reference_params_init(fd_reference_params *params) {
+  if (params != nullptr) *params = default_reference_params();
+}
+
+extern "C" FD_API fd_status fd_reference_attention(const fd_reference_params *params) {
+  return fd::guard([&] {
+    constexpr size_t kMinSize = offsetof(fd_reference_params, out) + sizeof(void *);
+    const fd_reference_params p =
+        fd::read_versioned<kMinSize>(params, default_reference_params(), "params");
+    fd::DenseAttentionArgs args;
+    args.dtype = p.dtype;
+    args.batch = p.batch;
+    args.num_q_heads = p.num_q_heads;
+    args.num_kv_heads = p.num_kv_heads;
+    args.head_dim = p.head_dim;
+    args.max_seq_len = p.max_seq_len;
+    args.q = p.q;
+    args.k = p.k;
+    args.v = p.v;
+    args.seq_lens = p.seq_lens;
+    args.sm_scale = p.sm_scale;
+    args.out = p.out;
+    args.q_indptr = p.q_indptr;
+    args.logit_softcap = p.logit_softcap;
+    args.sliding_window = p.sliding_window;
+    args.sinks = p.sinks;
     const float scale = fd::check_dense_attention_args(args);
     fd::reference_attention_dense(args, scale);
     return FD_OK;

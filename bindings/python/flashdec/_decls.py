@@ -419,6 +419,28 @@ class fd_kv_append_params(Structure):
     ]
 
 
+class fd_reference_params(Structure):
+    _fields_ = [
+        ('struct_size', c_uint32),  # uint32_t
+        ('dtype', c_int32),  # int32_t
+        ('batch', c_uint32),  # uint32_t
+        ('num_q_heads', c_uint32),  # uint32_t
+        ('num_kv_heads', c_uint32),  # uint32_t
+        ('head_dim', c_uint32),  # uint32_t
+        ('max_seq_len', c_uint32),  # uint32_t
+        ('sliding_window', c_int32),  # int32_t
+        ('q', c_void_p),  # void *
+        ('q_indptr', c_void_p),  # int32_t *
+        ('k', c_void_p),  # void *
+        ('v', c_void_p),  # void *
+        ('seq_lens', c_void_p),  # int32_t *
+        ('sinks', c_void_p),  # float *
+        ('out', c_void_p),  # void *
+        ('sm_scale', c_float),  # float
+        ('logit_softcap', c_float),  # float
+    ]
+
+
 class fd_scheduler_config(Structure):
     _fields_ = [
         ('struct_size', c_uint32),  # uint32_t
@@ -600,6 +622,7 @@ STRUCTS: Dict[str, type] = {
     'fd_prefix_info': fd_prefix_info,
     'fd_decode_params': fd_decode_params,
     'fd_kv_append_params': fd_kv_append_params,
+    'fd_reference_params': fd_reference_params,
     'fd_scheduler_config': fd_scheduler_config,
     'fd_request_spec': fd_request_spec,
     'fd_snapshot_info': fd_snapshot_info,
@@ -651,6 +674,7 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_tx_begin_multi': (fd_status, [c_void_p, _ptr(c_uint64), _ptr(c_uint32), c_uint32, POINTER(fd_tx)]),
     'fd_tx_get_tokens': (fd_status, [c_void_p, fd_tx, c_uint32, _ptr(c_int32), _ptr(c_int32), _ptr(c_int32)]),
     'fd_tx_commit_keep': (fd_status, [c_void_p, fd_tx, _ptr(c_uint32), c_uint32]),
+    'fd_tx_token_indptr_async': (fd_status, [c_void_p, fd_tx, _ptr(c_int32), c_void_p]),
     'fd_prefix_register': (fd_status, [c_void_p, c_char_p, c_void_p, c_void_p, c_uint32, c_void_p]),
     'fd_prefix_attach': (fd_status, [c_void_p, c_uint64, c_char_p]),
     'fd_prefix_evict': (fd_status, [c_void_p, c_char_p]),
@@ -667,6 +691,8 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_kv_append_params_init': (None, [POINTER(fd_kv_append_params)]),
     'fd_kv_append': (fd_status, [POINTER(fd_kv_append_params)]),
     'fd_rope_kv_append': (fd_status, [POINTER(fd_kv_append_params)]),
+    'fd_reference_params_init': (None, [POINTER(fd_reference_params)]),
+    'fd_reference_attention': (fd_status, [POINTER(fd_reference_params)]),
     'fd_scheduler_config_init': (None, [POINTER(fd_scheduler_config)]),
     'fd_scheduler_create': (fd_status, [POINTER(fd_scheduler_config), POINTER(c_void_p)]),
     'fd_scheduler_destroy': (None, [c_void_p]),
@@ -705,6 +731,9 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_engine_apply_decision': (fd_status, [c_void_p, c_void_p, c_void_p]),
     'fd_engine_metrics_get': (fd_status, [c_void_p, POINTER(fd_engine_metrics)]),
     'fd_engine_validate': (fd_status, [c_void_p]),
+    'fd_engine_begin_step_multi': (fd_status, [c_void_p, _ptr(c_uint64), _ptr(c_uint32), c_uint32, POINTER(fd_engine_step)]),
+    'fd_engine_commit_step_keep': (fd_status, [c_void_p, fd_tx, _ptr(c_uint32), c_uint32]),
+    'fd_engine_prefill_request_tokens': (fd_status, [c_void_p, c_uint64, c_uint32, c_void_p, c_void_p]),
     'fd_workload_options_init': (None, [POINTER(fd_workload_options)]),
     'fd_workload_case_name': (fd_status, [c_int32, c_uint32, POINTER(c_char_p)]),
     'fd_workload_run': (fd_status, [POINTER(fd_workload_options), POINTER(c_void_p)]),
@@ -752,6 +781,7 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_tx_begin_multi': ('cache', 'request_ids', 'token_counts', 'count', 'tx'),
     'fd_tx_get_tokens': ('cache', 'tx', 'capacity', 'positions', 'block_ids', 'offsets'),
     'fd_tx_commit_keep': ('cache', 'tx', 'keep_counts', 'count'),
+    'fd_tx_token_indptr_async': ('cache', 'tx', 'token_indptr', 'stream'),
     'fd_prefix_register': ('cache', 'prefix_id', 'k_blocks', 'v_blocks', 'num_blocks', 'stream'),
     'fd_prefix_attach': ('cache', 'request_id', 'prefix_id'),
     'fd_prefix_evict': ('cache', 'prefix_id'),
@@ -768,6 +798,8 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_kv_append_params_init': ('params',),
     'fd_kv_append': ('params',),
     'fd_rope_kv_append': ('params',),
+    'fd_reference_params_init': ('params',),
+    'fd_reference_attention': ('params',),
     'fd_scheduler_config_init': ('config',),
     'fd_scheduler_create': ('config', 'out'),
     'fd_scheduler_destroy': ('scheduler',),
@@ -806,6 +838,9 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_engine_apply_decision': ('engine', 'scheduler', 'decision'),
     'fd_engine_metrics_get': ('engine', 'metrics'),
     'fd_engine_validate': ('engine',),
+    'fd_engine_begin_step_multi': ('engine', 'request_ids', 'token_counts', 'count', 'step'),
+    'fd_engine_commit_step_keep': ('engine', 'tx', 'keep_counts', 'count'),
+    'fd_engine_prefill_request_tokens': ('engine', 'request_id', 'num_tokens', 'k', 'v'),
     'fd_workload_options_init': ('options',),
     'fd_workload_case_name': ('kind', 'index', 'name'),
     'fd_workload_run': ('options', 'out'),

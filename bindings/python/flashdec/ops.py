@@ -232,8 +232,8 @@ def decode(
             check_indices (on ``stream``): otherwise q.shape[0] must be it.
         max_q_len_hint: upper bound of query tokens per row (0: none given);
             longer rows are INVALID_ARGUMENT where indices are checked. With
-            q_indptr on CUDA it is required and sizes the launch (times the
-            GQA group at most 64 query rows per KV head, else UNSUPPORTED).
+            q_indptr on CUDA it is required and sizes the launch (rows of
+            more query tokens than one tile holds run as several tiles).
         stream: CUDA stream (an int handle, 0 for the legacy default stream,
             or a torch.cuda.Stream); default torch's current stream of q.
             Everything is read and written on it with no host wait (unless

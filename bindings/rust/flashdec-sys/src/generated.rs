@@ -1754,6 +1754,14 @@ extern "C" {
     ) -> fd_status;
 }
 extern "C" {
+    pub fn fd_tx_token_indptr_async(
+        cache: *const fd_cache,
+        tx: fd_tx,
+        token_indptr: *mut i32,
+        stream: fd_stream,
+    ) -> fd_status;
+}
+extern "C" {
     pub fn fd_prefix_register(
         cache: *mut fd_cache,
         prefix_id: *const ::std::os::raw::c_char,
@@ -3167,6 +3175,335 @@ extern "C" {
 }
 extern "C" {
     pub fn fd_rope_kv_append(params: *const fd_kv_append_params) -> fd_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct fd_reference_params {
+    pub struct_size: u32,
+    pub dtype: i32,
+    pub batch: u32,
+    pub num_q_heads: u32,
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub max_seq_len: u32,
+    pub sliding_window: i32,
+    pub q: *const ::std::os::raw::c_void,
+    pub q_indptr: *const i32,
+    pub k: *const ::std::os::raw::c_void,
+    pub v: *const ::std::os::raw::c_void,
+    pub seq_lens: *const i32,
+    pub sinks: *const f32,
+    pub out: *mut ::std::os::raw::c_void,
+    pub sm_scale: f32,
+    pub logit_softcap: f32,
+}
+#[test]
+fn bindgen_test_layout_fd_reference_params() {
+    assert_eq!(
+        ::std::mem::size_of::<fd_reference_params>(),
+        96usize,
+        concat!("Size of: ", stringify!(fd_reference_params))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<fd_reference_params>(),
+        8usize,
+        concat!("Alignment of ", stringify!(fd_reference_params))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dtype) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(dtype)
+            )
+        );
+    }
+    test_field_dtype();
+    fn test_field_batch() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).batch) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(batch)
+            )
+        );
+    }
+    test_field_batch();
+    fn test_field_num_q_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_q_heads) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(num_q_heads)
+            )
+        );
+    }
+    test_field_num_q_heads();
+    fn test_field_num_kv_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_kv_heads) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(num_kv_heads)
+            )
+        );
+    }
+    test_field_num_kv_heads();
+    fn test_field_head_dim() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).head_dim) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(head_dim)
+            )
+        );
+    }
+    test_field_head_dim();
+    fn test_field_max_seq_len() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_seq_len) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(max_seq_len)
+            )
+        );
+    }
+    test_field_max_seq_len();
+    fn test_field_sliding_window() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sliding_window) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(sliding_window)
+            )
+        );
+    }
+    test_field_sliding_window();
+    fn test_field_q() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).q) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(q)
+            )
+        );
+    }
+    test_field_q();
+    fn test_field_q_indptr() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).q_indptr) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(q_indptr)
+            )
+        );
+    }
+    test_field_q_indptr();
+    fn test_field_k() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(k)
+            )
+        );
+    }
+    test_field_k();
+    fn test_field_v() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(v)
+            )
+        );
+    }
+    test_field_v();
+    fn test_field_seq_lens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_lens) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(seq_lens)
+            )
+        );
+    }
+    test_field_seq_lens();
+    fn test_field_sinks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sinks) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(sinks)
+            )
+        );
+    }
+    test_field_sinks();
+    fn test_field_out() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(out)
+            )
+        );
+    }
+    test_field_out();
+    fn test_field_sm_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sm_scale) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(sm_scale)
+            )
+        );
+    }
+    test_field_sm_scale();
+    fn test_field_logit_softcap() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_reference_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).logit_softcap) as usize - ptr as usize
+            },
+            92usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_reference_params),
+                "::",
+                stringify!(logit_softcap)
+            )
+        );
+    }
+    test_field_logit_softcap();
+}
+extern "C" {
+    pub fn fd_reference_params_init(params: *mut fd_reference_params);
+}
+extern "C" {
+    pub fn fd_reference_attention(params: *const fd_reference_params) -> fd_status;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -4810,6 +5147,32 @@ extern "C" {
 }
 extern "C" {
     pub fn fd_engine_validate(engine: *const fd_engine) -> fd_status;
+}
+extern "C" {
+    pub fn fd_engine_begin_step_multi(
+        engine: *mut fd_engine,
+        request_ids: *const u64,
+        token_counts: *const u32,
+        count: u32,
+        step: *mut fd_engine_step,
+    ) -> fd_status;
+}
+extern "C" {
+    pub fn fd_engine_commit_step_keep(
+        engine: *mut fd_engine,
+        tx: fd_tx,
+        keep_counts: *const u32,
+        count: u32,
+    ) -> fd_status;
+}
+extern "C" {
+    pub fn fd_engine_prefill_request_tokens(
+        engine: *mut fd_engine,
+        request_id: u64,
+        num_tokens: u32,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+    ) -> fd_status;
 }
 pub const FD_WORKLOAD_SYNTHETIC: fd_workload_kind = 0;
 pub const FD_WORKLOAD_SCHEDULER: fd_workload_kind = 1;

@@ -176,7 +176,8 @@ pub struct DecodeOptions {
     /// Upper bound of query tokens per row (0: none given); a longer row of
     /// [`decode_multi`] is `Status::InvalidArgument`. With `q_indptr` on
     /// CUDA (raw parameters, device memory) it is required and sizes the
-    /// launch (times the GQA group at most 64 query rows per KV head).
+    /// launch (a row of more query tokens than one tile holds runs as
+    /// several query tiles).
     pub max_q_len_hint: i32,
 }
 

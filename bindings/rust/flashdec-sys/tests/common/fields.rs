@@ -10,6 +10,7 @@ macro_rules! for_each_struct_field {
         $check!(fd_prefix_info; struct_size, num_blocks, ref_count, reserved0, last_use, first_block, reserved1);
         $check!(fd_decode_params; struct_size, batch, num_q_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, out_dtype, layout, block_size, num_blocks, max_blocks_per_seq, k_cache, v_cache, stride_block, stride_head, stride_token, stride_dim, block_tables, seq_lens, q, q_indptr, out, sm_scale, flags, max_seq_len_hint, max_q_len_hint, num_splits, cpu_threads, workspace, workspace_size, device, stream, logit_softcap, sliding_window, sinks);
         $check!(fd_kv_append_params; struct_size, dtype, layout, num_tokens, num_q_heads, num_kv_heads, head_dim, block_size, num_blocks, rotary_dim, rope_base, reserved0, q, q_out, k, v, k_cache, v_cache, stride_block, stride_head, stride_token, stride_dim, block_ids, offsets, positions, device, stream);
+        $check!(fd_reference_params; struct_size, dtype, batch, num_q_heads, num_kv_heads, head_dim, max_seq_len, sliding_window, q, q_indptr, k, v, seq_lens, sinks, out, sm_scale, logit_softcap);
         $check!(fd_scheduler_config; struct_size, max_active_requests, max_batch_requests, reserve_blocks, aging_threshold_steps);
         $check!(fd_request_spec; struct_size, initial_context_tokens, id, submission_order, max_new_tokens, prefix_blocks, prefix_id);
         $check!(fd_snapshot_info; struct_size, block_size, max_blocks, free_blocks, resident_prefix_blocks, reserved0, step, version);
