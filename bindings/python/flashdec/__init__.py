@@ -52,11 +52,19 @@ from __future__ import annotations
 
 from . import _lib
 from .append import kv_append, rope_kv_append
-from .cache import Cache, LayerStorage, Metrics, PrefixInfo, Transaction, TxInfo, TxRows
+from .cache import Cache, LayerStorage, Metrics, PrefixInfo, Transaction, TxInfo, TxRows, TxTokens
 from . import engine as _engine
 from .engine import *  # noqa: F401,F403  (names listed in engine.__all__)
 from .errors import FlashDecError, Status, check, status_string
-from .ops import DecodePlan, cuda_device_count, decode, decode_workspace_size, reference_attention_dense, rope_apply
+from .ops import (
+    DecodePlan,
+    cuda_device_count,
+    decode,
+    decode_workspace_size,
+    reference_attention,
+    reference_attention_dense,
+    rope_apply,
+)
 from .types import CacheConfig, Device, DeviceType, DType, Layout, RequestState, TxState
 
 HEADER_VERSION = f"{_lib.HEADER_VERSION_MAJOR}.{_lib.HEADER_VERSION_MINOR}.{_lib.HEADER_VERSION_PATCH}"
@@ -105,6 +113,7 @@ __all__ = list(_engine.__all__) + [
     "Transaction",
     "TxInfo",
     "TxRows",
+    "TxTokens",
     "TxState",
     "check",
     "cuda_device_count",
@@ -113,6 +122,7 @@ __all__ = list(_engine.__all__) + [
     "is_compatible",
     "kv_append",
     "library_path",
+    "reference_attention",
     "reference_attention_dense",
     "rope_apply",
     "rope_kv_append",

@@ -55,6 +55,7 @@ class TxInfo:
     state: TxState
     max_blocks_per_seq: int
     new_block_count: int
+    token_count: int  # new tokens, the sum of the rows' token counts (= batch for one each)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,16 @@ class TxRows:
     block_ids: np.ndarray  # int32
     offsets: np.ndarray  # int32
     effective_seq_lens: np.ndarray  # int32
+
+
+@dataclass(frozen=True)
+class TxTokens:
+    """Per-token view of an open transaction, in packed order (row 0's new
+    tokens by position, then row 1's, ...): the order of the layer writes."""
+
+    positions: np.ndarray  # int32
+    block_ids: np.ndarray  # int32
+    offsets: np.ndarray  # int32
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,14 @@ def _rid(request_id: int) -> int:
 
 def _ids_ptr(arr: np.ndarray) -> Any:
     return arr.ctypes.data_as(_U64P)
+
+
+def _row_counts(values: Iterable[int], name: str, rows: int) -> np.ndarray:
+    """One uint32 count per row (token_counts, keep_counts), host memory."""
+    arr = host_index_array(values, name, np.uint32)
+    if arr.shape[0] != rows:
+        raise argument_error(f"{name}: expected {rows} entries (one per row), got {arr.shape[0]}")
+    return arr
 
 
 class Cache:
@@ -375,12 +394,31 @@ class Cache:
             stream_for([b for b in (bt, sl) if b is not None], stream),
         )  # fmt: skip
 
+    def truncate(self, request_ids: Sequence[int], seq_lens: Sequence[int]) -> None:
+        """Shortens committed requests to ``seq_lens`` (fd_cache_truncate,
+        S5.3): each at most the request's seq_len and not into an attached
+        prefix. Blocks past the new lengths go back to the free list; all or
+        nothing for the batch."""
+        ids = _ids(request_ids)
+        lens = host_index_array(seq_lens, "seq_lens", np.int32)
+        if lens.shape[0] != len(ids):
+            raise argument_error(f"seq_lens: expected {len(ids)} entries (one per request), got {lens.shape[0]}")
+        self._call(_lib.fd_cache_truncate, _ids_ptr(ids), lens.ctypes.data, len(ids))
+
     # -- transactions ----------------------------------------------------
-    def begin(self, request_ids: Sequence[int]) -> "Transaction":
-        """Opens a transaction for one new token of each listed request."""
+    def begin(self, request_ids: Sequence[int], *, token_counts: Optional[Sequence[int]] = None) -> "Transaction":
+        """Opens a transaction for one new token of each listed request
+        (fd_tx_begin), or for ``token_counts[i] >= 1`` tokens of request i
+        (fd_tx_begin_multi, S5: a prompt chunk or speculative draft tokens).
+        The layer writes then take the transaction's ``info().token_count``
+        tokens packed in row order."""
         ids = _ids(request_ids)
         tx = _lib.fd_tx()
-        self._call(_lib.fd_tx_begin, _ids_ptr(ids), len(ids), ctypes.byref(tx))
+        if token_counts is None:
+            self._call(_lib.fd_tx_begin, _ids_ptr(ids), len(ids), ctypes.byref(tx))
+        else:
+            counts = _row_counts(token_counts, "token_counts", len(ids))
+            self._call(_lib.fd_tx_begin_multi, _ids_ptr(ids), counts.ctypes.data, len(ids), ctypes.byref(tx))
         return Transaction(self, tx)
 
     # -- prefixes --------------------------------------------------------
@@ -533,7 +571,8 @@ def _prefix_id(prefix_id: str) -> bytes:
 
 
 class Transaction:
-    """One token for a batch of requests, written layer by layer (fd_tx).
+    """New tokens for a batch of requests (one each, or ``token_counts`` from
+    :meth:`Cache.begin`), written layer by layer (fd_tx).
 
     A value handle: misuse after commit/abort is reported by the library
     (INVALID_STATE "already committed", STALE_HANDLE, NOT_FOUND). As a context
@@ -556,8 +595,13 @@ class Transaction:
     def _rows(self) -> int:
         return self.info().batch
 
+    def _tokens(self) -> int:
+        return self.info().token_count
+
     def write_layer(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
-        """Writes ``layer``'s K and V ([batch, num_kv_heads, head_dim] each).
+        """Writes ``layer``'s K and V ([token_count, num_kv_heads, head_dim]
+        each, the new tokens packed in row order; token_count = batch for one
+        token per row).
 
         CUDA: k and v are read on ``stream`` (default: torch's current stream
         of k; an int handle or a torch.cuda.Stream) and the call returns after
@@ -567,7 +611,7 @@ class Transaction:
         last write; later readers (decode, views) run on it or after it."""
         c = self.cache
         with c._lock:
-            n = self._rows()
+            n = self._tokens()
             kb = c._token_buffer(k, "k", n)
             vb = c._token_buffer(v, "v", n)
             c._call(_lib.fd_tx_write_layer, self._tx, int(layer), kb.ptr, vb.ptr, stream_for([kb, vb], stream))
@@ -583,14 +627,14 @@ class Transaction:
         q_out: Any = None,
         stream: Any = None,
     ) -> Any:
-        """Rotates q and k at each row's position, writes rotated K and raw V,
+        """Rotates q and k at each token's position, writes rotated K and raw V,
         and returns the rotated Q (into ``q_out``, which may be ``q``; when
         None it is allocated, on ``stream`` for CUDA). Streams as
         :meth:`write_layer`; q_out is ready when ``stream`` gets there."""
         c = self.cache
         cfg = c._config
         with c._lock:
-            n = self._rows()
+            n = self._tokens()
             qb = tensor(q, "q", dtype=cfg.dtype, shape=(n, None, cfg.head_dim), device=cfg.device)
             kb = c._token_buffer(k, "k", n)
             vb = c._token_buffer(v, "v", n)
@@ -605,8 +649,18 @@ class Transaction:
             )  # fmt: skip
         return q_out
 
-    def commit(self) -> None:
-        self.cache._call(_lib.fd_tx_commit, self._tx)
+    def commit(self, keep_counts: Optional[Sequence[int]] = None) -> None:
+        """Publishes the new tokens (fd_tx_commit), or with ``keep_counts``
+        only the first ``keep_counts[i]`` of row i (fd_tx_commit_keep, S5.2:
+        speculative verify; the other tokens are dropped and blocks holding
+        only dropped tokens go back to the free list). On failure the
+        transaction stays open."""
+        if keep_counts is None:
+            self.cache._call(_lib.fd_tx_commit, self._tx)
+        else:
+            with self.cache._lock:
+                keep = _row_counts(keep_counts, "keep_counts", self._rows())
+                self.cache._call(_lib.fd_tx_commit_keep, self._tx, keep.ctypes.data, len(keep))
         self._finished = True
 
     def abort(self) -> None:
@@ -617,7 +671,7 @@ class Transaction:
         i = _lib.fd_tx_info()
         i.struct_size = ctypes.sizeof(i)
         self.cache._call(_lib.fd_tx_get_info, self._tx, ctypes.byref(i))
-        return TxInfo(i.batch, i.next_layer, TxState(i.state), i.max_blocks_per_seq, i.new_block_count)
+        return TxInfo(i.batch, i.next_layer, TxState(i.state), i.max_blocks_per_seq, i.new_block_count, i.token_count)
 
     def rows(self) -> TxRows:
         with self.cache._lock:
@@ -629,6 +683,14 @@ class Transaction:
                 *(c.ctypes.data_as(_I32P) for c in cols),
             )  # fmt: skip
         return TxRows(ids, *cols)
+
+    def tokens(self) -> TxTokens:
+        """Every new token's position, block and offset (fd_tx_get_tokens)."""
+        with self.cache._lock:
+            n = self._tokens()
+            cols = [np.empty(n, dtype=np.int32) for _ in range(3)]
+            self.cache._call(_lib.fd_tx_get_tokens, self._tx, n, *(c.ctypes.data_as(_I32P) for c in cols))
+        return TxTokens(*cols)
 
     def block_tables(self, table_stride: Optional[int] = None) -> np.ndarray:
         """int32 [batch, table_stride] tables including the new blocks."""
@@ -656,6 +718,20 @@ class Transaction:
                 _lib.fd_tx_block_tables_async, self._tx, stride, bt.ptr if bt is not None else None,
                 sl.ptr if sl is not None else None, stream_for([b for b in (bt, sl) if b is not None], stream),
             )  # fmt: skip
+
+    def token_indptr_async(self, token_indptr: Any, *, stream: Any = None) -> Any:
+        """The rows' query-token offsets (fd_tx_token_indptr_async): int32
+        [batch + 1], entry i = the new tokens of rows 0..i-1, ready as
+        ``q_indptr`` of :func:`flashdec.decode` over the transaction's
+        tokens. Written into ``token_indptr`` on the cache's device with the
+        rules of :meth:`Cache.export_async` (None is the library's
+        INVALID_ARGUMENT). Returns ``token_indptr``."""
+        c = self.cache
+        with c._lock:
+            ti = c._async_dest(token_indptr, "token_indptr", (self._rows() + 1,))
+            bufs = [] if ti is None else [ti]
+            c._call(_lib.fd_tx_token_indptr_async, self._tx, None if ti is None else ti.ptr, stream_for(bufs, stream))
+        return token_indptr
 
     def __enter__(self) -> "Transaction":
         return self

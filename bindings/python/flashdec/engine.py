@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import empty_like_dtype, host_index_array, stream_for, tensor
-from .cache import Cache, _ids, _ids_ptr, _prefix_id, _rid
+from .cache import Cache, _ids, _ids_ptr, _prefix_id, _rid, _row_counts
 from .errors import FlashDecError, Status, argument_error, check
 from .types import CEnum, Layout
 
@@ -362,12 +362,15 @@ class Fairness:
 
 class Step:
     """An engine step (fd_engine_step). ``opened`` is False on backpressure.
+    ``token_count`` is the step's new tokens (``batch``, or the sum of
+    ``token_counts`` of :meth:`Engine.begin_step`).
     As a context manager, an opened step still open at exit is aborted."""
 
-    def __init__(self, engine: "Engine", raw: Any) -> None:
+    def __init__(self, engine: "Engine", raw: Any, token_count: Optional[int] = None) -> None:
         self.engine = engine
         self.outcome = StepOutcome(raw.outcome)
         self.batch = int(raw.batch)
+        self.token_count = self.batch if token_count is None else int(token_count)
         self.needed_blocks = int(raw.needed_blocks)
         self.free_blocks = int(raw.free_blocks)
         self._tx = _lib.fd_tx(raw.tx.id, raw.tx.cache_version)
@@ -382,9 +385,12 @@ class Step:
         return int(self._tx.id)
 
     def layer(self, layer: int, q: Any, k: Any, v: Any, out: Any = None, stream: Any = None) -> Any:
-        """Runs ``layer``: RoPE on q/k, append, paged decode. Returns the
-        attention output [batch, num_q_heads, head_dim]. A failure aborts the
-        whole step (library contract) and raises.
+        """Runs ``layer``: RoPE on q/k, append, paged decode. q, k, v and the
+        returned attention output hold the step's ``token_count`` tokens
+        packed in row order ([token_count, heads, head_dim]; token_count =
+        batch for one token per row; several tokens of a row attend
+        causally). A failure aborts the whole step (library contract) and
+        raises.
 
         CUDA cache: q, k, v and out are CUDA tensors, read and written on
         ``stream`` (default: torch's current stream of q; an int handle or a
@@ -394,9 +400,10 @@ class Step:
         or one ordered after it (the engine reuses its device scratch)."""
         e = self.engine
         cfg = e.cache._config
-        qb = tensor(q, "q", dtype=cfg.dtype, shape=(self.batch, None, cfg.head_dim), device=cfg.device)
-        kb = e.cache._token_buffer(k, "k", self.batch)
-        vb = e.cache._token_buffer(v, "v", self.batch)
+        n = self.token_count
+        qb = tensor(q, "q", dtype=cfg.dtype, shape=(n, None, cfg.head_dim), device=cfg.device)
+        kb = e.cache._token_buffer(k, "k", n)
+        vb = e.cache._token_buffer(v, "v", n)
         if out is None:
             out = empty_like_dtype(qb.shape, cfg.dtype, like=q, stream=stream)
         ob = tensor(out, "out", dtype=cfg.dtype, shape=qb.shape, writable=True, device=cfg.device)
@@ -408,8 +415,16 @@ class Step:
             raise
         return out
 
-    def commit(self) -> None:
-        self.engine._call(_lib.fd_engine_commit_step, self._tx)
+    def commit(self, keep_counts: Optional[Sequence[int]] = None) -> None:
+        """Publishes the step (fd_engine_commit_step), or with ``keep_counts``
+        only the first ``keep_counts[i]`` new tokens of row i
+        (fd_engine_commit_step_keep: the accept step of speculative decoding;
+        a bad count raises and leaves the step open)."""
+        if keep_counts is None:
+            self.engine._call(_lib.fd_engine_commit_step, self._tx)
+        else:
+            keep = _row_counts(keep_counts, "keep_counts", self.batch)
+            self.engine._call(_lib.fd_engine_commit_step_keep, self._tx, keep.ctypes.data, len(keep))
         self._finished = True
 
     def abort(self) -> None:
@@ -479,14 +494,21 @@ class Engine(_Handle):
         return EngineRequestState(s.value)
 
     # steps
-    def begin_step(self, request_ids: Sequence[int]) -> Step:
-        """Opens a step for one token of each request. Check ``.opened``: on
-        backpressure nothing changed and no layer may run."""
+    def begin_step(self, request_ids: Sequence[int], *, token_counts: Optional[Sequence[int]] = None) -> Step:
+        """Opens a step for one token of each request (fd_engine_begin_step),
+        or for ``token_counts[i] >= 1`` tokens of request i
+        (fd_engine_begin_step_multi: speculative verify, a prompt chunk whose
+        attention is needed). Check ``.opened``: on backpressure nothing
+        changed and no layer may run."""
         ids = _ids(request_ids)
         raw = _lib.fd_engine_step()
         raw.struct_size = ctypes.sizeof(raw)
-        self._call(_lib.fd_engine_begin_step, _ids_ptr(ids), len(ids), ctypes.byref(raw))
-        return Step(self, raw)
+        if token_counts is None:
+            self._call(_lib.fd_engine_begin_step, _ids_ptr(ids), len(ids), ctypes.byref(raw))
+            return Step(self, raw)
+        counts = _row_counts(token_counts, "token_counts", len(ids))
+        self._call(_lib.fd_engine_begin_step_multi, _ids_ptr(ids), counts.ctypes.data, len(ids), ctypes.byref(raw))
+        return Step(self, raw, int(counts.sum()))
 
     def prefill(self, request_id: int, k: Any, v: Any, stream: Any = None) -> None:
         """One prompt token, all layers: k, v [num_layers, num_kv_heads, head_dim].
@@ -500,14 +522,29 @@ class Engine(_Handle):
         in place for any stream and k, v may be reused. The call also waits
         for unrelated work queued on the legacy stream (slow, not wrong)."""
         cfg = self.cache._config
-        shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        kb, vb = self._prefill_buffers(k, v, (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), stream)
+        self._call(_lib.fd_engine_prefill_request_layers, _rid(request_id), kb.ptr, vb.ptr)
+
+    def prefill_tokens(self, request_id: int, k: Any, v: Any, stream: Any = None) -> None:
+        """Prompt tokens, all layers, in one cache transaction
+        (fd_engine_prefill_request_tokens): k, v [num_layers, n, num_kv_heads,
+        head_dim], token j rotated at position seq_len + j; all n published
+        at once or none. Streams as :meth:`prefill`."""
+        cfg = self.cache._config
+        kb, vb = self._prefill_buffers(k, v, (cfg.num_layers, None, cfg.num_kv_heads, cfg.head_dim), stream)
+        self._call(_lib.fd_engine_prefill_request_tokens, _rid(request_id), kb.shape[1], kb.ptr, vb.ptr)
+
+    def _prefill_buffers(self, k: Any, v: Any, shape: Tuple[Optional[int], ...], stream: Any) -> Tuple[Any, Any]:
+        """Checked prefill inputs (v shaped as k); a CUDA k's producer stream
+        is ordered before the legacy stream the C call reads them on."""
+        cfg = self.cache._config
         kb = tensor(k, "k", dtype=cfg.dtype, shape=shape, device=cfg.device)
-        vb = tensor(v, "v", dtype=cfg.dtype, shape=shape, device=cfg.device)
+        vb = tensor(v, "v", dtype=cfg.dtype, shape=kb.shape, device=cfg.device)
         if kb.torch_stream is not None:  # a CUDA tensor: order its producer first
             from ._cuda import order_legacy_stream_after
 
             order_legacy_stream_after(stream, k.device)
-        self._call(_lib.fd_engine_prefill_request_layers, _rid(request_id), kb.ptr, vb.ptr)
+        return kb, vb
 
     # scheduler-managed mode
     def submit(self, spec: RequestSpec) -> None:

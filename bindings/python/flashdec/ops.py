@@ -505,6 +505,72 @@ def reference_attention_dense(
     return out
 
 
+def reference_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    seq_lens: Sequence[int],
+    out: Any = None,
+    *,
+    q_indptr: Any = None,
+    sm_scale: float = 0.0,
+    logit_softcap: float = 0.0,
+    sliding_window: int = 0,
+    sinks: Any = None,
+) -> Any:
+    """Dense CPU reference attention with query tokens and variants
+    (fd_reference_attention, S2, S2.2, S2.3); host memory only, runs before
+    return. Returns ``out`` (allocated when None).
+
+    q: [batch, num_q_heads, head_dim], or [q_indptr[-1], ...] with
+    ``q_indptr`` (int32 [batch + 1] offsets as in :func:`decode`: causal,
+    a row's queries are its last tokens); k, v: [batch, num_kv_heads,
+    max_seq_len, head_dim], batch = len(seq_lens); all host, contiguous,
+    one type. ``logit_softcap``, ``sliding_window`` and ``sinks`` (float32
+    [num_q_heads] logits) as in fd_decode_params; 0 / None: off. The
+    library checks the values (INVALID_ARGUMENT naming the field).
+    """
+    cpu = Device.cpu()
+    qb = tensor(q, "q", device=cpu)
+    if len(qb.shape) != 3:
+        raise argument_error(f"q: expected shape [query tokens, num_q_heads, head_dim], got {list(qb.shape)}")
+    tokens, hq, d = qb.shape
+    sl = host_index_array(seq_lens, "seq_lens", np.int32)
+    batch = sl.shape[0]
+    kb = tensor(k, "k", dtype=qb.dtype, shape=(batch, None, None, d), device=cpu)
+    vb = tensor(v, "v", dtype=qb.dtype, shape=kb.shape, device=cpu)
+    p = _lib.fd_reference_params()
+    _lib.fd_reference_params_init(ctypes.byref(p))
+    keep: list = [qb, kb, vb, sl]
+    if q_indptr is not None:
+        qi = _query_offsets(q_indptr, batch, cpu)
+        total = _query_tokens(qi, batch, None, read_device=False)
+        if total != tokens:
+            raise argument_error(
+                f"q: expected shape [{total}, num_q_heads, head_dim] (q_indptr[-1] = {total} query tokens), "
+                f"got {list(qb.shape)}"
+            )
+        p.q_indptr = qi.ptr
+        keep.append(qi)
+    elif tokens != batch:
+        raise argument_error(f"q: expected {batch} rows (one per seq_lens entry), got {tokens}")
+    if sinks is not None:
+        sb = tensor(sinks, "sinks", dtype=DType.F32, shape=(hq,), device=cpu)
+        p.sinks = sb.ptr
+        keep.append(sb)
+    if out is None:
+        out = empty_like_dtype((tokens, hq, d), qb.dtype, like=q)
+    ob = tensor(out, "out", dtype=qb.dtype, shape=(tokens, hq, d), writable=True, device=cpu)
+    p.dtype = int(qb.dtype)
+    p.batch, p.num_q_heads = _u32(batch, "batch"), _u32(hq, "num_q_heads")
+    p.num_kv_heads, p.head_dim = _u32(kb.shape[1], "num_kv_heads"), _u32(d, "head_dim")
+    p.max_seq_len = _u32(kb.shape[2], "max_seq_len")
+    p.q, p.k, p.v, p.seq_lens, p.out = qb.ptr, kb.ptr, vb.ptr, sl.ctypes.data, ob.ptr
+    p.sm_scale, p.logit_softcap, p.sliding_window = float(sm_scale), float(logit_softcap), int(sliding_window)
+    check(_lib.fd_reference_attention(ctypes.byref(p)))
+    return out
+
+
 def cuda_device_count() -> int:
     """Usable CUDA devices (0 without CUDA; never raises for that)."""
     n = ctypes.c_int32(0)
@@ -517,6 +583,7 @@ __all__ = [
     "decode",
     "decode_workspace_size",
     "rope_apply",
+    "reference_attention",
     "reference_attention_dense",
     "cuda_device_count",
     "DeviceType",

@@ -262,3 +262,91 @@ def test_multi_token_on_cuda_equals_cpu(rng, dtype):
             got = plan.run(q, kc, vc, tables, lens, **kw)
             torch.cuda.synchronize()
             np.testing.assert_allclose(got.float().cpu().numpy(), back(want), rtol=2e-2, atol=2e-2)
+
+
+# -- fd_reference_attention: the dense reference with q_indptr and variants
+
+
+def test_reference_attention_matches_paged_decode(rng):
+    q, kc, vc, tables, lens, indptr, dk, dv = multi_token_problem(rng, lens=(9, 3, 6), q_lens=(4, 3, 1))
+    paged = fd.decode(q, kc, vc, tables, lens, q_indptr=indptr)
+    ref = fd.reference_attention(q, dk, dv, lens, q_indptr=indptr)
+    assert ref.shape == q.shape and ref.dtype == np.float32
+    np.testing.assert_allclose(ref, paged, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ref, causal_reference(q, dk, dv, lens, indptr), rtol=1e-5, atol=1e-6)
+    # One token per row, no variant: the bits of fd_reference_attention_dense.
+    q1 = q[:3].copy()
+    dense = fd.reference_attention_dense(q1, dk, dv, lens)
+    np.testing.assert_array_equal(fd.reference_attention(q1, dk, dv, lens), dense)
+    given = np.full_like(q, 7.0)
+    assert fd.reference_attention(q, dk, dv, list(lens), given, q_indptr=list(indptr)) is given
+    np.testing.assert_array_equal(given, ref)
+
+
+def test_reference_attention_variants(rng):
+    q, _, _, _, lens, indptr, dk, dv = multi_token_problem(rng, lens=(9, 5), q_lens=(3, 2))
+    plain = fd.reference_attention(q, dk, dv, lens, q_indptr=indptr)
+    # A window of 1: each query sees only its own position, so out = V there.
+    out = fd.reference_attention(q, dk, dv, lens, q_indptr=indptr, sliding_window=1)
+    positions = [(0, 6), (0, 7), (0, 8), (1, 3), (1, 4)]
+    for t, (r, pos) in enumerate(positions):
+        np.testing.assert_allclose(out[t], dv[r, np.arange(4) // 2, pos], rtol=1e-6, atol=1e-6)
+    # A window covering every row and -inf sinks: the plain bits.
+    np.testing.assert_array_equal(fd.reference_attention(q, dk, dv, lens, q_indptr=indptr, sliding_window=9), plain)
+    no_sink = np.full(4, -np.inf, np.float32)
+    np.testing.assert_array_equal(fd.reference_attention(q, dk, dv, lens, q_indptr=indptr, sinks=no_sink), plain)
+    # Sinks join the denominator only; a soft-cap bounds the scores (float64 here).
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    got = fd.reference_attention(q, dk, dv, lens, q_indptr=indptr, sinks=sinks, logit_softcap=2.0)
+    for t, (r, pos) in enumerate(positions):
+        for h in range(4):
+            k, v = dk[r, h // 2, : pos + 1].astype(np.float64), dv[r, h // 2, : pos + 1].astype(np.float64)
+            s = 2.0 * np.tanh((k @ q[t, h].astype(np.float64)) / np.sqrt(16) / 2.0)
+            e = np.exp(s)
+            np.testing.assert_allclose(got[t, h], (e @ v) / (e.sum() + np.exp(sinks[h])), rtol=1e-5, atol=1e-6)
+
+
+def test_reference_attention_errors(rng):
+    q, _, _, _, lens, indptr, dk, dv = multi_token_problem(rng)
+    cases = [
+        (dict(sinks=np.array([0, np.nan, 0, 0], np.float32)), "sinks"),  # the library's
+        (dict(sliding_window=-1), "sliding_window"),
+        (dict(logit_softcap=-1.0), "logit_softcap"),
+        (dict(q_indptr=[0, 1, 5]), "q_indptr"),  # row 1: 4 queries but 3 tokens
+        (dict(q_indptr=None), "q: expected 2 rows"),  # the binding's: 5 tokens need q_indptr
+        (dict(sinks=np.zeros(3, np.float32)), "sinks: expected shape [4]"),
+    ]
+    for kw, message in cases:
+        args = dict(q_indptr=indptr)
+        args.update(kw)
+        with pytest.raises(fd.FlashDecError) as e:
+            fd.reference_attention(q, dk, dv, lens, **args)
+        assert e.value.status == fd.Status.INVALID_ARGUMENT and message in e.value.message, (kw, e.value.message)
+
+
+def test_multi_token_transaction_decode_matches_reference(rng):
+    """A cache transaction of 3 and 2 new tokens: Cache.decode over it with
+    the transaction's token offsets as q_indptr equals the reference over
+    the same K/V laid out densely."""
+    with fd.Cache(small_config()) as cache:
+        for rid in (1, 2):
+            cache.add_request(rid)
+        for step in range(3):
+            commit_token(cache, [1, 2] if step < 2 else [1], rng)
+        with cache.begin([1, 2], token_counts=[3, 2]) as tx:
+            for layer in range(2):
+                tx.write_layer(layer, *(rng.standard_normal((5, 2, 8)).astype(np.float32) for _ in range(2)))
+            indptr = tx.token_indptr_async(np.empty(3, np.int32))
+            assert indptr.tolist() == [0, 3, 5]
+            q = rng.standard_normal((5, 4, 8)).astype(np.float32)
+            out = cache.decode(1, q, tx=tx, q_indptr=indptr)
+            lens = tx.rows().effective_seq_lens
+            tables = tx.block_tables()
+            dense = [np.zeros((2, 2, 8, 8), np.float32) for _ in range(2)]
+            for arr, dst in zip(cache.layer_arrays(1), dense):
+                for r in range(2):
+                    for t in range(lens[r]):
+                        dst[r, :, t] = arr[tables[r, t // 4], :, t % 4]
+            assert lens.tolist() == [6, 4]
+            ref = fd.reference_attention(q, dense[0], dense[1], lens, q_indptr=indptr)
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

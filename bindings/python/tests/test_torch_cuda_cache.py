@@ -366,3 +366,49 @@ def test_engine_prefill_from_a_side_stream_waits_for_its_inputs(how):
         print(f"engine prefill from a side stream ({how}): {tokens} tokens x {layers} layers stored as produced")
         e.validate()
     torch.cuda.synchronize()
+
+
+def test_multi_token_transaction_on_a_cuda_cache_matches_cpu():
+    """fd_tx_begin_multi on a CUDA cache: token offsets copied into a CUDA
+    tensor on a side stream (fd_tx_token_indptr_async), packed layer writes
+    of CUDA tensors, keep-commit; the stored K/V equal a CPU cache's."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    with fd.Cache(config(CUDA)) as gpu, fd.Cache(config(fd.Device.cpu())) as cpu:
+        cfg = gpu.config
+        kv = [[torch.randn(7, cfg.num_kv_heads, cfg.head_dim, generator=g, device="cuda").to(torch.bfloat16)
+               for _ in range(2)] for _ in range(cfg.num_layers)]  # fmt: skip
+        side = torch.cuda.Stream()
+        for c in (gpu, cpu):
+            for r in (1, 2):
+                c.add_request(r)
+            with c.begin([1, 2], token_counts=[4, 3]) as tx:
+                assert tx.info().token_count == 7
+                if c is gpu:
+                    indptr = torch.full((3,), -1, dtype=torch.int32, device="cuda")
+                    tables = torch.full((2, 1), -1, dtype=torch.int32, device="cuda")
+                    with torch.cuda.stream(side):
+                        tx.token_indptr_async(indptr)  # torch's current stream: side
+                        tx.block_tables_async(tables)
+                    side.synchronize()
+                    assert indptr.cpu().tolist() == [0, 4, 7]
+                    assert tables.cpu().tolist() == tx.block_tables().tolist()
+                    with pytest.raises(fd.FlashDecError) as e:
+                        tx.token_indptr_async(np.zeros(3, np.int32))  # host memory for a CUDA cache
+                    assert e.value.status == fd.Status.INVALID_ARGUMENT and "token_indptr" in e.value.message
+                for layer, (k, v) in enumerate(kv):
+                    if c is gpu:
+                        tx.write_layer(layer, k, v)
+                    else:
+                        tx.write_layer(layer, host_bits(k), host_bits(v))
+                tx.commit(keep_counts=[2, 3])
+        torch.cuda.synchronize()
+        tables, lens = gpu.export([1, 2])
+        assert lens.tolist() == [2, 3] == cpu.export([1, 2])[1].tolist()
+        for layer in range(cfg.num_layers):
+            gk, _ = gpu.layer_arrays(layer)
+            ck, _ = cpu.layer_arrays(layer)
+            for r, (first, n) in enumerate(((0, 2), (4, 3))):
+                for t in range(n):
+                    b = int(tables[r, 0])
+                    assert (raw16(slot(gk, cfg.layout, b, t)) == raw16(slot(ck, cfg.layout, b, t))).all()
+                    assert (raw16(slot(gk, cfg.layout, b, t)) == raw16(kv[layer][0][first + t])).all()
