@@ -34,6 +34,10 @@ int main(void) {
   OFF(fd_cache_config, stride_head);
   OFF(fd_cache_config, stride_token);
   OFF(fd_cache_config, stride_dim);
+  OFF(fd_cache_config, input_dtype);
+  OFF(fd_cache_config, reserved1);
+  OFF(fd_cache_config, k_scales);
+  OFF(fd_cache_config, v_scales);
   SIZE(fd_cache_metrics);
   OFF(fd_cache_metrics, struct_size);
   OFF(fd_cache_metrics, reserved0);
@@ -139,6 +143,8 @@ int main(void) {
   OFF(fd_decode_params, logit_softcap);
   OFF(fd_decode_params, sliding_window);
   OFF(fd_decode_params, sinks);
+  OFF(fd_decode_params, k_scale);
+  OFF(fd_decode_params, v_scale);
   SIZE(fd_kv_append_params);
   OFF(fd_kv_append_params, struct_size);
   OFF(fd_kv_append_params, dtype);
@@ -167,6 +173,10 @@ int main(void) {
   OFF(fd_kv_append_params, positions);
   OFF(fd_kv_append_params, device);
   OFF(fd_kv_append_params, stream);
+  OFF(fd_kv_append_params, cache_dtype);
+  OFF(fd_kv_append_params, k_scale);
+  OFF(fd_kv_append_params, v_scale);
+  OFF(fd_kv_append_params, reserved1);
   SIZE(fd_reference_params);
   OFF(fd_reference_params, struct_size);
   OFF(fd_reference_params, dtype);

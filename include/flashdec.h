@@ -158,9 +158,17 @@ FD_API uint32_t fd_version_number(void);
 
 /** @brief Element type of Q, K, V and output tensors. Values pinned. */
 typedef enum fd_dtype {
-  FD_DTYPE_F32 = 0,                 /**< IEEE binary32 (CPU backend only). */
-  FD_DTYPE_F16 = 1,                 /**< IEEE binary16. */
-  FD_DTYPE_BF16 = 2,                /**< bfloat16 (upper half of binary32). */
+  FD_DTYPE_F32 = 0,  /**< IEEE binary32 (CPU backend only). */
+  FD_DTYPE_F16 = 1,  /**< IEEE binary16. */
+  FD_DTYPE_BF16 = 2, /**< bfloat16 (upper half of binary32). */
+  /** OCP FP8 E4M3 (appended in 0.2; largest finite 448, NaN 0x7f/0xff, no
+   *  infinity): stored K/V only (a cache's dtype, fd_decode_params.kv_dtype,
+   *  fd_kv_append_params.cache_dtype), with a dequantisation scale
+   *  (docs/semantics.md S1.1). */
+  FD_DTYPE_FP8_E4M3 = 3,
+  /** OCP FP8 E5M2 (appended in 0.2; largest finite 57344): stored K/V only,
+   *  as ::FD_DTYPE_FP8_E4M3. */
+  FD_DTYPE_FP8_E5M2 = 4,
   FD_DTYPE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a type. */
 } fd_dtype;
 
@@ -258,6 +266,20 @@ typedef struct fd_cache_config {
   int64_t stride_head;  /**< Elements between KV heads (see stride_block). */
   int64_t stride_token; /**< Elements between tokens of a block (see stride_block). */
   int64_t stride_dim;   /**< Elements between dims (see stride_block). */
+  /* Appended in 0.2: FP8 storage. The cache stores K/V in dtype and takes
+   * them (and Q, for fused RoPE writes) in input_dtype; an FP8 cache
+   * quantises on write, stored = saturate(x / scale) rounded to nearest even
+   * (docs/semantics.md S1.1), with one K and one V scale per layer. */
+  int32_t input_dtype;   /**< ::fd_dtype of K, V and Q given to layer writes and of the
+                              engine's step tensors; -1 (default): dtype. An FP8 cache
+                              needs ::FD_DTYPE_F16 or ::FD_DTYPE_BF16 (or ::FD_DTYPE_F32 on
+                              the CPU); any other cache needs -1 or dtype. */
+  uint32_t reserved1;    /**< Must be 0. */
+  const float *k_scales; /**< [num_layers] K dequantisation scales (value = stored x
+                              scale), each finite and > 0, or NULL (default): all 1.
+                              Host memory, copied at creation; FP8 caches only (others:
+                              NULL). Change later with ::fd_cache_set_kv_scales. */
+  const float *v_scales; /**< [num_layers] V scales, as k_scales. */
 } fd_cache_config;
 
 /**
@@ -611,6 +633,33 @@ FD_API fd_status fd_cache_async_error(const fd_cache *cache);
  */
 FD_API fd_status fd_cache_truncate(fd_cache *cache, const uint64_t *request_ids,
                                    const int32_t *seq_lens, uint32_t count);
+
+/**
+ * @brief Replaces an FP8 cache's per-layer K and V scales (appended in 0.2),
+ * as vLLM's k_scale / v_scale change between steps.
+ *
+ * Tokens already stored keep their bytes: they are read with the new scales
+ * afterwards (the caller re-quantises if it needs otherwise). Later writes
+ * quantise with the new scales. Refused while a transaction is open.
+ * @param[in,out] cache Borrowed for the call; not NULL; dtype FP8.
+ * @param[in] k_scales,v_scales Host memory, [num_layers] each, borrowed for
+ *   the call (copied); each finite and > 0; not NULL.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, a zero, negative or
+ *   non-finite scale, naming the entry: nothing changes);
+ *   ::FD_ERR_INVALID_STATE (not an FP8 cache, a transaction is open).
+ */
+FD_API fd_status fd_cache_set_kv_scales(fd_cache *cache, const float *k_scales,
+                                        const float *v_scales);
+
+/**
+ * @brief Reads a cache's per-layer K and V scales (appended in 0.2); all 1
+ * for a cache that is not FP8.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[out] k_scales,v_scales Host memory, [num_layers] each, borrowed for
+ *   the call; either may be NULL (skipped).
+ * @return ::FD_OK or ::FD_ERR_INVALID_ARGUMENT (NULL cache).
+ */
+FD_API fd_status fd_cache_get_kv_scales(const fd_cache *cache, float *k_scales, float *v_scales);
 
 /** @} */
 
@@ -1125,6 +1174,11 @@ typedef struct fd_decode_params {
                               that join that head's softmax denominator and add no value
                               (GPT-OSS attention sinks); -inf is no sink. Memory of
                               @p device. */
+  /* Appended in 0.2: dequantisation scales of the stored K/V (FP8 caches;
+   * docs/semantics.md S1.1): attention reads K as stored x k_scale and V as
+   * stored x v_scale. Any kv_dtype takes them. */
+  float k_scale; /**< Finite and > 0; 1 (the default from ::fd_decode_params_init). */
+  float v_scale; /**< Finite and > 0; 1 (default). */
 } fd_decode_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16 q, K/V
@@ -1346,6 +1400,13 @@ typedef struct fd_kv_append_params {
   const int32_t *positions; /**< ::fd_rope_kv_append: [num_tokens] RoPE positions, each >= 0. */
   fd_device device;         /**< Where every pointer above lives and where the work runs. */
   fd_stream stream;         /**< CUDA stream the work is enqueued on (ignored on CPU). */
+  /* Appended in 0.2: FP8 caches (docs/semantics.md S1.1). dtype stays the
+   * type of q, k, v and q_out. */
+  int32_t cache_dtype; /**< ::fd_dtype of k_cache / v_cache; -1 (default): dtype. An FP8
+                            cache_dtype needs dtype f16 or bf16 (or f32 on the CPU). */
+  float k_scale;       /**< K is stored as saturate(k / k_scale); finite, > 0; default 1. */
+  float v_scale;       /**< V likewise; finite, > 0; default 1. */
+  uint32_t reserved1;  /**< Must be 0. */
 } fd_kv_append_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16, packed

@@ -33,6 +33,8 @@ fd_decode_params default_params() {
   p.layout = FD_LAYOUT_TOKEN_MAJOR;
   p.device.type = FD_DEVICE_CPU;
   p.device.ordinal = 0;
+  p.k_scale = 1.f;
+  p.v_scale = 1.f;
   return p;
 }
 

@@ -47,6 +47,10 @@ struct DecodeProblem {
   int32_t q_len(uint32_t row) const {
     return q_indptr != nullptr ? q_indptr[row + 1] - q_indptr[row] : 1;
   }
+  // Dequantisation scales of the stored K and V (S1.1): attention reads
+  // K as stored x k_scale and V as stored x v_scale (1 unless FP8).
+  float k_scale = 1.f;
+  float v_scale = 1.f;
   // Variant.
   Variant variant;
   // Execution.

@@ -34,6 +34,24 @@ FD_API void fd_cache_config_init(fd_cache_config *config) {
   if (config != nullptr) *config = fd::default_cache_config();
 }
 
+FD_API fd_status fd_cache_set_kv_scales(fd_cache *cache, const float *k_scales,
+                                        const float *v_scales) {
+  return fd::guard([&] {
+    cache_of(cache).set_kv_scales(k_scales, v_scales);
+    return FD_OK;
+  });
+}
+
+FD_API fd_status fd_cache_get_kv_scales(const fd_cache *cache, float *k_scales, float *v_scales) {
+  return fd::guard([&] {
+    const fd::PagedCache &c = cache_of(cache);
+    fd::require_aligned(k_scales, alignof(float), "k_scales");
+    fd::require_aligned(v_scales, alignof(float), "v_scales");
+    c.kv_scales(k_scales, v_scales);
+    return FD_OK;
+  });
+}
+
 FD_API fd_status fd_cache_create(const fd_cache_config *config, fd_cache **out) {
   return fd::guard([&] {
     require_non_null(out, "out");

@@ -30,6 +30,7 @@ fd_cache_config default_cache_config() {
   c.layout = FD_LAYOUT_TOKEN_MAJOR;
   c.device.type = FD_DEVICE_CPU;
   c.device.ordinal = 0;
+  c.input_dtype = -1;
   return c;
 }
 

@@ -1,6 +1,7 @@
 #include "cache/kv_storage.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -59,6 +60,20 @@ void KvStorage::export_tables(size_t table_ints, size_t len_ints, int32_t *table
   fill(t, l);
   if (tables != nullptr) std::copy(t, t + table_ints, tables);
   if (lens != nullptr) std::copy(l, l + len_ints, lens);
+}
+
+void check_kv_scales(const float *scales, uint32_t n, const char *name) {
+  require_aligned(scales, alignof(float), name);
+  for (uint32_t i = 0; i < n; ++i)
+    if (!std::isfinite(scales[i]) || scales[i] <= 0.f)
+      fail(FD_ERR_INVALID_ARGUMENT, "%s[%u] = %g: a scale must be finite and > 0", name, i,
+           static_cast<double>(scales[i]));
+}
+
+void KvStorage::set_scales(const float *k_scales, const float *v_scales, uint32_t num_layers) {
+  std::vector<float> k(k_scales, k_scales + num_layers), v(v_scales, v_scales + num_layers);
+  k_scales_.swap(k);
+  v_scales_.swap(v);
 }
 
 KvGeometry resolve_kv_geometry(const fd_cache_config &c) {

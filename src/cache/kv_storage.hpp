@@ -25,6 +25,10 @@ namespace fd {
 // same resolve_paged_kv as fd_decode's and fd_kv_append's.
 struct KvGeometry : PagedKv {
   uint32_t num_layers = 0;
+  // Element type of the K, V (and Q) that layer writes take: dtype, or
+  // f16/bf16/f32 over an FP8 storage, which quantises with the layer's
+  // scales (KvStorage::k_scale / v_scale).
+  int32_t input_dtype = FD_DTYPE_BF16;
   int64_t stride_layer = 0;  // elements between layers (resolved)
   // External storage: null k means owned.
   void *ext_k = nullptr;
@@ -51,6 +55,10 @@ struct KvGeometry : PagedKv {
 // Throws FD_ERR_INVALID_ARGUMENT naming the field ("config.stride_dim must
 // be 1 ...").
 KvGeometry resolve_kv_geometry(const fd_cache_config &c);
+
+// Throws FD_ERR_INVALID_ARGUMENT naming `name[i]` unless every one of the
+// `n` scales is finite and > 0 (S1.1).
+void check_kv_scales(const float *scales, uint32_t n, const char *name);
 
 // Throws FD_ERR_INVALID_ARGUMENT when the byte size of an owned K (or V)
 // does not fit int64_t.
@@ -139,7 +147,16 @@ class KvStorage {
   // none); never blocks.
   virtual fd_status async_error(std::string * /*message*/) const { return FD_OK; }
 
+  // Per-layer K/V scales of an FP8 storage (1 otherwise): writes quantise
+  // with them. The cache sets them at creation and on fd_cache_set_kv_scales
+  // (between transactions); set_scales may throw std::bad_alloc before
+  // changing anything.
+  void set_scales(const float *k_scales, const float *v_scales, uint32_t num_layers);
+  float k_scale(uint32_t layer) const { return layer < k_scales_.size() ? k_scales_[layer] : 1.f; }
+  float v_scale(uint32_t layer) const { return layer < v_scales_.size() ? v_scales_[layer] : 1.f; }
+
  private:
+  std::vector<float> k_scales_, v_scales_;
   std::vector<int32_t> export_scratch_;  // host export_tables' staging, reused
 };
 

@@ -34,6 +34,26 @@ void PagedCache::require_no_open_transaction(const char *operation) const {
          ull(s_.open_tx->id));
 }
 
+void PagedCache::set_kv_scales(const float *k_scales, const float *v_scales) {
+  require_non_null(k_scales, "k_scales");
+  require_non_null(v_scales, "v_scales");
+  if (!dtype_is_fp8(s_.config.dtype))
+    fail(FD_ERR_INVALID_STATE, "the cache's dtype %s is not FP8: it has no scales to set",
+         dtype_name(s_.config.dtype));
+  require_no_open_transaction("set K/V scales");
+  const uint32_t layers = s_.config.num_layers;
+  check_kv_scales(k_scales, layers, "k_scales");
+  check_kv_scales(v_scales, layers, "v_scales");
+  storage_->set_scales(k_scales, v_scales, layers);
+}
+
+void PagedCache::kv_scales(float *k_scales, float *v_scales) const {
+  for (uint32_t l = 0; l < s_.config.num_layers; ++l) {
+    if (k_scales != nullptr) k_scales[l] = storage_->k_scale(l);
+    if (v_scales != nullptr) v_scales[l] = storage_->v_scale(l);
+  }
+}
+
 const Request &PagedCache::active_request(uint64_t id) const {
   const Request *r = s_.requests.find(id);
   if (r == nullptr) fail(FD_ERR_NOT_FOUND, "unknown request %llu", ull(id));

@@ -80,6 +80,10 @@ class PagedCache {
   bool discard_new_request(uint64_t id) noexcept;
   uint32_t blocks_needed(const uint64_t *ids, uint32_t count) const;
   uint32_t free_blocks() const { return s_.allocator.free_blocks(); }
+
+  // FP8 scales (fd_cache_set_kv_scales / fd_cache_get_kv_scales).
+  void set_kv_scales(const float *k_scales, const float *v_scales);
+  void kv_scales(float *k_scales, float *v_scales) const;
   uint32_t max_blocks_per_seq(const uint64_t *ids, uint32_t count) const;
   void export_tables(const uint64_t *ids, uint32_t count, uint32_t table_stride,
                      int32_t *block_tables, int32_t *seq_lens) const;

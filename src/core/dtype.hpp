@@ -14,11 +14,23 @@ inline bool dtype_valid(int32_t dtype) {
   return dtype == FD_DTYPE_F32 || dtype == FD_DTYPE_F16 || dtype == FD_DTYPE_BF16;
 }
 
+// FP8 types: stored K/V only (S1.1).
+inline bool dtype_is_fp8(int32_t dtype) {
+  return dtype == FD_DTYPE_FP8_E4M3 || dtype == FD_DTYPE_FP8_E5M2;
+}
+
+// A type K/V may be stored in: the compute types and FP8.
+inline bool kv_dtype_valid(int32_t dtype) {
+  return dtype_valid(dtype) || dtype_is_fp8(dtype);
+}
+
 inline const char *dtype_name(int32_t dtype) {
   switch (dtype) {
     case FD_DTYPE_F32: return "f32";
     case FD_DTYPE_F16: return "f16";
     case FD_DTYPE_BF16: return "bf16";
+    case FD_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case FD_DTYPE_FP8_E5M2: return "fp8_e5m2";
     default: return "unknown";
   }
 }
@@ -29,6 +41,8 @@ inline size_t dtype_size(int32_t dtype) {
     case FD_DTYPE_F32: return 4;
     case FD_DTYPE_F16:
     case FD_DTYPE_BF16: return 2;
+    case FD_DTYPE_FP8_E4M3:
+    case FD_DTYPE_FP8_E5M2: return 1;
     default: return 0;
   }
 }

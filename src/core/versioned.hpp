@@ -103,6 +103,10 @@ struct VersionedFieldEnds<fd_cache_config> {
       FD_FIELD_END(fd_cache_config, stride_head),
       FD_FIELD_END(fd_cache_config, stride_token),
       FD_FIELD_END(fd_cache_config, stride_dim),
+      FD_FIELD_END(fd_cache_config, input_dtype),
+      FD_FIELD_END(fd_cache_config, reserved1),
+      FD_FIELD_END(fd_cache_config, k_scales),
+      FD_FIELD_END(fd_cache_config, v_scales),
   };
   static constexpr size_t count = sizeof ends / sizeof ends[0];
 };

@@ -14,8 +14,14 @@
 namespace fd {
 
 struct AppendProblem {
-  // The caches' view (kv.dtype is also the element type of q, k, v and q_out).
+  // The caches' view (kv.dtype is the stored element type).
   PagedKv kv;
+  // Element type of q, k, v and q_out: kv.dtype, or f16/bf16/f32 over an
+  // FP8 cache, which quantises K as saturate(k / k_scale) and V likewise
+  // (S1.1).
+  int32_t src_dtype = FD_DTYPE_BF16;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
   uint32_t num_tokens = 0;
   uint32_t num_q_heads = 0;  // 0 for the plain append
   uint32_t rotary_dim = 0;   // 0: no rotation (plain append)

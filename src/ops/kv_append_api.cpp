@@ -30,6 +30,9 @@ fd_kv_append_params default_params() {
   p.layout = FD_LAYOUT_TOKEN_MAJOR;
   p.rope_base = 10000.f;
   p.device.type = FD_DEVICE_CPU;
+  p.cache_dtype = -1;
+  p.k_scale = 1.f;
+  p.v_scale = 1.f;
   return p;
 }
 

@@ -75,6 +75,8 @@ ENUMS: Dict[str, List[Tuple[str, int]]] = {
         ('FD_DTYPE_F32', 0),
         ('FD_DTYPE_F16', 1),
         ('FD_DTYPE_BF16', 2),
+        ('FD_DTYPE_FP8_E4M3', 3),
+        ('FD_DTYPE_FP8_E5M2', 4),
         ('FD_DTYPE_FORCE_32BIT', 2147483647),
     ],
     'fd_kv_layout': [
@@ -163,6 +165,8 @@ FD_STATUS_FORCE_32BIT = 2147483647
 FD_DTYPE_F32 = 0
 FD_DTYPE_F16 = 1
 FD_DTYPE_BF16 = 2
+FD_DTYPE_FP8_E4M3 = 3
+FD_DTYPE_FP8_E5M2 = 4
 FD_DTYPE_FORCE_32BIT = 2147483647
 FD_LAYOUT_TOKEN_MAJOR = 0
 FD_LAYOUT_DIM_MAJOR = 1
@@ -259,6 +263,10 @@ class fd_cache_config(Structure):
         ('stride_head', c_int64),  # int64_t
         ('stride_token', c_int64),  # int64_t
         ('stride_dim', c_int64),  # int64_t
+        ('input_dtype', c_int32),  # int32_t
+        ('reserved1', c_uint32),  # uint32_t
+        ('k_scales', c_void_p),  # float *
+        ('v_scales', c_void_p),  # float *
     ]
 
 
@@ -384,6 +392,8 @@ class fd_decode_params(Structure):
         ('logit_softcap', c_float),  # float
         ('sliding_window', c_int32),  # int32_t
         ('sinks', c_void_p),  # float *
+        ('k_scale', c_float),  # float
+        ('v_scale', c_float),  # float
     ]
 
 
@@ -416,6 +426,10 @@ class fd_kv_append_params(Structure):
         ('positions', c_void_p),  # int32_t *
         ('device', fd_device),  # fd_device
         ('stream', c_void_p),  # fd_stream
+        ('cache_dtype', c_int32),  # int32_t
+        ('k_scale', c_float),  # float
+        ('v_scale', c_float),  # float
+        ('reserved1', c_uint32),  # uint32_t
     ]
 
 
@@ -662,6 +676,8 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_cache_export_async': (fd_status, [c_void_p, _ptr(c_uint64), c_uint32, c_uint32, _ptr(c_int32), _ptr(c_int32), c_void_p]),
     'fd_cache_async_error': (fd_status, [c_void_p]),
     'fd_cache_truncate': (fd_status, [c_void_p, _ptr(c_uint64), _ptr(c_int32), c_uint32]),
+    'fd_cache_set_kv_scales': (fd_status, [c_void_p, _ptr(c_float), _ptr(c_float)]),
+    'fd_cache_get_kv_scales': (fd_status, [c_void_p, _ptr(c_float), _ptr(c_float)]),
     'fd_tx_begin': (fd_status, [c_void_p, _ptr(c_uint64), c_uint32, POINTER(fd_tx)]),
     'fd_tx_write_layer': (fd_status, [c_void_p, fd_tx, c_uint32, c_void_p, c_void_p, c_void_p]),
     'fd_tx_write_layer_rope': (fd_status, [c_void_p, fd_tx, c_uint32, c_void_p, c_uint32, c_void_p, c_void_p, c_uint32, c_float, c_void_p, c_void_p]),
@@ -769,6 +785,8 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_cache_export_async': ('cache', 'request_ids', 'count', 'table_stride', 'block_tables', 'seq_lens', 'stream'),
     'fd_cache_async_error': ('cache',),
     'fd_cache_truncate': ('cache', 'request_ids', 'seq_lens', 'count'),
+    'fd_cache_set_kv_scales': ('cache', 'k_scales', 'v_scales'),
+    'fd_cache_get_kv_scales': ('cache', 'k_scales', 'v_scales'),
     'fd_tx_begin': ('cache', 'request_ids', 'count', 'tx'),
     'fd_tx_write_layer': ('cache', 'tx', 'layer', 'k', 'v', 'stream'),
     'fd_tx_write_layer_rope': ('cache', 'tx', 'layer', 'q', 'num_q_heads', 'k', 'v', 'rotary_dim', 'rope_base', 'q_out', 'stream'),

@@ -41,6 +41,8 @@ extern "C" {
 pub const FD_DTYPE_F32: fd_dtype = 0;
 pub const FD_DTYPE_F16: fd_dtype = 1;
 pub const FD_DTYPE_BF16: fd_dtype = 2;
+pub const FD_DTYPE_FP8_E4M3: fd_dtype = 3;
+pub const FD_DTYPE_FP8_E5M2: fd_dtype = 4;
 pub const FD_DTYPE_FORCE_32BIT: fd_dtype = 2147483647;
 pub type fd_dtype = ::std::os::raw::c_int;
 pub const FD_LAYOUT_TOKEN_MAJOR: fd_kv_layout = 0;
@@ -139,12 +141,16 @@ pub struct fd_cache_config {
     pub stride_head: i64,
     pub stride_token: i64,
     pub stride_dim: i64,
+    pub input_dtype: i32,
+    pub reserved1: u32,
+    pub k_scales: *const f32,
+    pub v_scales: *const f32,
 }
 #[test]
 fn bindgen_test_layout_fd_cache_config() {
     assert_eq!(
         ::std::mem::size_of::<fd_cache_config>(),
-        104usize,
+        128usize,
         concat!("Size of: ", stringify!(fd_cache_config))
     );
     assert_eq!(
@@ -458,6 +464,74 @@ fn bindgen_test_layout_fd_cache_config() {
         );
     }
     test_field_stride_dim();
+    fn test_field_input_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_cache_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).input_dtype) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_cache_config),
+                "::",
+                stringify!(input_dtype)
+            )
+        );
+    }
+    test_field_input_dtype();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_cache_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            108usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_cache_config),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
+    fn test_field_k_scales() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_cache_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k_scales) as usize - ptr as usize
+            },
+            112usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_cache_config),
+                "::",
+                stringify!(k_scales)
+            )
+        );
+    }
+    test_field_k_scales();
+    fn test_field_v_scales() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_cache_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v_scales) as usize - ptr as usize
+            },
+            120usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_cache_config),
+                "::",
+                stringify!(v_scales)
+            )
+        );
+    }
+    test_field_v_scales();
 }
 extern "C" {
     pub fn fd_cache_config_init(config: *mut fd_cache_config);
@@ -1458,6 +1532,20 @@ extern "C" {
         count: u32,
     ) -> fd_status;
 }
+extern "C" {
+    pub fn fd_cache_set_kv_scales(
+        cache: *mut fd_cache,
+        k_scales: *const f32,
+        v_scales: *const f32,
+    ) -> fd_status;
+}
+extern "C" {
+    pub fn fd_cache_get_kv_scales(
+        cache: *const fd_cache,
+        k_scales: *mut f32,
+        v_scales: *mut f32,
+    ) -> fd_status;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct fd_tx {
@@ -1973,12 +2061,14 @@ pub struct fd_decode_params {
     pub logit_softcap: f32,
     pub sliding_window: i32,
     pub sinks: *const f32,
+    pub k_scale: f32,
+    pub v_scale: f32,
 }
 #[test]
 fn bindgen_test_layout_fd_decode_params() {
     assert_eq!(
         ::std::mem::size_of::<fd_decode_params>(),
-        208usize,
+        216usize,
         concat!("Size of: ", stringify!(fd_decode_params))
     );
     assert_eq!(
@@ -2598,6 +2688,40 @@ fn bindgen_test_layout_fd_decode_params() {
         );
     }
     test_field_sinks();
+    fn test_field_k_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k_scale) as usize - ptr as usize
+            },
+            208usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_decode_params),
+                "::",
+                stringify!(k_scale)
+            )
+        );
+    }
+    test_field_k_scale();
+    fn test_field_v_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v_scale) as usize - ptr as usize
+            },
+            212usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_decode_params),
+                "::",
+                stringify!(v_scale)
+            )
+        );
+    }
+    test_field_v_scale();
 }
 extern "C" {
     pub fn fd_decode_params_init(params: *mut fd_decode_params);
@@ -2694,12 +2818,16 @@ pub struct fd_kv_append_params {
     pub positions: *const i32,
     pub device: fd_device,
     pub stream: fd_stream,
+    pub cache_dtype: i32,
+    pub k_scale: f32,
+    pub v_scale: f32,
+    pub reserved1: u32,
 }
 #[test]
 fn bindgen_test_layout_fd_kv_append_params() {
     assert_eq!(
         ::std::mem::size_of::<fd_kv_append_params>(),
-        168usize,
+        184usize,
         concat!("Size of: ", stringify!(fd_kv_append_params))
     );
     assert_eq!(
@@ -3166,6 +3294,74 @@ fn bindgen_test_layout_fd_kv_append_params() {
         );
     }
     test_field_stream();
+    fn test_field_cache_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_kv_append_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).cache_dtype) as usize - ptr as usize
+            },
+            168usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_kv_append_params),
+                "::",
+                stringify!(cache_dtype)
+            )
+        );
+    }
+    test_field_cache_dtype();
+    fn test_field_k_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_kv_append_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k_scale) as usize - ptr as usize
+            },
+            172usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_kv_append_params),
+                "::",
+                stringify!(k_scale)
+            )
+        );
+    }
+    test_field_k_scale();
+    fn test_field_v_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_kv_append_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v_scale) as usize - ptr as usize
+            },
+            176usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_kv_append_params),
+                "::",
+                stringify!(v_scale)
+            )
+        );
+    }
+    test_field_v_scale();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_kv_append_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            180usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_kv_append_params),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 extern "C" {
     pub fn fd_kv_append_params_init(params: *mut fd_kv_append_params);
