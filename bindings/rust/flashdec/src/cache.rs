@@ -98,6 +98,9 @@ pub struct TxInfo {
     pub next_layer: u32,
     pub max_blocks_per_seq: u32,
     pub new_block_count: u32,
+    /// New tokens, the sum of the rows' token counts (= batch for
+    /// [`Cache::begin`]): the first dimension of the layer writes' K, V and Q.
+    pub token_count: u32,
 }
 
 /// Per-row view of an open transaction, in begin's row order.
@@ -108,6 +111,15 @@ pub struct TxRows {
     pub block_ids: Vec<i32>,
     pub offsets: Vec<i32>,
     pub effective_seq_lens: Vec<i32>,
+}
+
+/// Per-token view of an open transaction, in packed order (row 0's new
+/// tokens by position, then row 1's, ...): the order of the layer writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxTokens {
+    pub positions: Vec<i32>,
+    pub block_ids: Vec<i32>,
+    pub offsets: Vec<i32>,
 }
 
 /// Committed block tables (row-major, padded with -1) and seq_lens.
@@ -159,6 +171,15 @@ unsafe impl Send for Cache {}
 
 fn u32_len(n: usize, what: &str) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::invalid(format!("{what}: {n} entries do not fit in uint32")))
+}
+
+/// `counts` as the per-row array of a call on `rows` rows (token_counts,
+/// keep_counts): one entry per row.
+pub(crate) fn row_counts(counts: &[u32], rows: usize, what: &str) -> Result<u32> {
+    if counts.len() != rows {
+        return Err(Error::invalid(format!("{what}: expected {rows} entries (one per row), got {}", counts.len())));
+    }
+    u32_len(rows, what)
 }
 
 fn prefix_cstring(id: &str) -> Result<CString> {
@@ -383,6 +404,28 @@ impl Cache {
         Ok(Transaction { cache: self, tx, finished: false })
     }
 
+    /// Opens a transaction of `token_counts[i] >= 1` new tokens for request
+    /// `ids[i]` (`fd_tx_begin_multi`, S5): a prompt chunk or speculative
+    /// draft tokens. The layer writes then take [`TxInfo::token_count`]
+    /// tokens packed in row order. As [`Cache::begin`] otherwise.
+    pub fn begin_multi(&mut self, ids: &[u64], token_counts: &[u32]) -> Result<Transaction<'_>> {
+        let mut tx = sys::fd_tx { id: 0, cache_version: 0 };
+        let n = row_counts(token_counts, ids.len(), "token_counts")?;
+        check(unsafe { sys::fd_tx_begin_multi(self.raw.as_ptr(), ids.as_ptr(), token_counts.as_ptr(), n, &mut tx) })?;
+        Ok(Transaction { cache: self, tx, finished: false })
+    }
+
+    /// Shortens committed requests to `seq_lens` (`fd_cache_truncate`, S5.3):
+    /// each at most the request's seq_len and not into an attached prefix;
+    /// blocks past the new lengths return to the free list. All or nothing.
+    pub fn truncate(&mut self, ids: &[u64], seq_lens: &[i32]) -> Result<()> {
+        if seq_lens.len() != ids.len() {
+            return Err(Error::invalid(format!("seq_lens: expected {} entries (one per request), got {}", ids.len(), seq_lens.len())));
+        }
+        let n = u32_len(ids.len(), "request_ids")?;
+        check(unsafe { sys::fd_cache_truncate(self.raw.as_ptr(), ids.as_ptr(), seq_lens.as_ptr(), n) })
+    }
+
     fn prefix_shape_elems(&self, k: usize, what: &str) -> Result<u32> {
         let per_block = self.config.num_layers as usize * self.config.token_elems() * self.config.block_size as usize;
         if k == 0 || k % per_block != 0 {
@@ -480,7 +523,8 @@ impl Drop for Cache {
     }
 }
 
-/// One token for a batch, written layer by layer (`fd_tx`). Holds the cache
+/// New tokens for a batch (one per row from [`Cache::begin`], several from
+/// [`Cache::begin_multi`]), written layer by layer (`fd_tx`). Holds the cache
 /// mutably; [`Transaction::commit`] or [`Transaction::abort`] consume it and
 /// dropping it while open aborts it (errors ignored).
 pub struct Transaction<'c> {
@@ -505,7 +549,13 @@ impl<'c> Transaction<'c> {
         let mut i: sys::fd_tx_info = unsafe { MaybeUninit::zeroed().assume_init() };
         i.struct_size = size_of::<sys::fd_tx_info>() as u32;
         check(unsafe { sys::fd_tx_get_info(self.cache.raw.as_ptr(), self.tx, &mut i) })?;
-        Ok(TxInfo { batch: i.batch, next_layer: i.next_layer, max_blocks_per_seq: i.max_blocks_per_seq, new_block_count: i.new_block_count })
+        Ok(TxInfo {
+            batch: i.batch,
+            next_layer: i.next_layer,
+            max_blocks_per_seq: i.max_blocks_per_seq,
+            new_block_count: i.new_block_count,
+            token_count: i.token_count,
+        })
     }
 
     pub fn rows(&self) -> Result<TxRows> {
@@ -530,6 +580,23 @@ impl<'c> Transaction<'c> {
             )
         })?;
         Ok(r)
+    }
+
+    /// Every new token's position, block and offset (`fd_tx_get_tokens`).
+    pub fn tokens(&self) -> Result<TxTokens> {
+        let n = self.info()?.token_count as usize;
+        let mut t = TxTokens { positions: vec![0; n], block_ids: vec![0; n], offsets: vec![0; n] };
+        check(unsafe {
+            sys::fd_tx_get_tokens(
+                self.cache.raw.as_ptr(),
+                self.tx,
+                n as u32,
+                t.positions.as_mut_ptr(),
+                t.block_ids.as_mut_ptr(),
+                t.offsets.as_mut_ptr(),
+            )
+        })?;
+        Ok(t)
     }
 
     /// Block tables including the new blocks; stride None = smallest valid.
@@ -558,9 +625,23 @@ impl<'c> Transaction<'c> {
         check(sys::fd_tx_block_tables_async(self.cache.raw.as_ptr(), self.tx, table_stride, block_tables, effective_seq_lens, stream))
     }
 
-    /// Writes `layer`'s K and V, each [batch, num_kv_heads, head_dim].
+    /// The rows' query-token offsets into caller memory
+    /// (`fd_tx_token_indptr_async`): batch + 1 int32, entry i = the new
+    /// tokens of rows 0..i-1, ready as `q_indptr` of [`crate::decode_multi`]
+    /// over the transaction's tokens; as [`Cache::export_async`] (a CPU
+    /// cache writes host memory before return). Null is `InvalidArgument`.
+    ///
+    /// # Safety
+    /// `token_indptr` must be valid for batch + 1 int32 writes (or be null),
+    /// in the cache's device memory, until `stream` reaches the copy.
+    pub unsafe fn token_indptr_async(&self, token_indptr: *mut i32, stream: sys::fd_stream) -> Result<()> {
+        check(sys::fd_tx_token_indptr_async(self.cache.raw.as_ptr(), self.tx, token_indptr, stream))
+    }
+
+    /// Writes `layer`'s K and V, each [token_count, num_kv_heads, head_dim]:
+    /// the new tokens packed in row order (token_count = batch for [`Cache::begin`]).
     pub fn write_layer<T: Element>(&mut self, layer: u32, k: &[T], v: &[T]) -> Result<()> {
-        let rows = self.info()?.batch as usize;
+        let rows = self.info()?.token_count as usize;
         self.cache.check_tokens(k, rows, "k")?;
         self.cache.check_tokens(v, rows, "v")?;
         check(unsafe {
@@ -568,8 +649,9 @@ impl<'c> Transaction<'c> {
         })
     }
 
-    /// RoPE on q and k at each row's position, writes rotated K and raw V;
-    /// the rotated Q goes to `q_out` (same length as q).
+    /// RoPE on q and k at each token's position, writes rotated K and raw V;
+    /// the rotated Q goes to `q_out` (same length as q, [token_count,
+    /// num_q_heads, head_dim]).
     #[allow(clippy::too_many_arguments)]
     pub fn write_layer_rope<T: Element>(
         &mut self,
@@ -582,7 +664,7 @@ impl<'c> Transaction<'c> {
         rope_base: f32,
         q_out: &mut [T],
     ) -> Result<()> {
-        let rows = self.info()?.batch as usize;
+        let rows = self.info()?.token_count as usize;
         self.cache.check_tokens(k, rows, "k")?;
         self.cache.check_tokens(v, rows, "v")?;
         let want = rows * num_q_heads as usize * self.cache.config.head_dim as usize;
@@ -606,10 +688,27 @@ impl<'c> Transaction<'c> {
         })
     }
 
-    /// Publishes the token. On failure the transaction stays open and is
+    /// Publishes the tokens. On failure the transaction stays open and is
     /// returned with the error, so the caller can finish the layers or abort.
-    pub fn commit(mut self) -> std::result::Result<(), (Error, Transaction<'c>)> {
-        match check(unsafe { sys::fd_tx_commit(self.cache.raw.as_ptr(), self.tx) }) {
+    pub fn commit(self) -> std::result::Result<(), (Error, Transaction<'c>)> {
+        let r = check(unsafe { sys::fd_tx_commit(self.cache.raw.as_ptr(), self.tx) });
+        self.finish_with(r)
+    }
+
+    /// Publishes the first `keep_counts[i]` new tokens of row i and drops the
+    /// rest (`fd_tx_commit_keep`, S5.2: speculative verify); blocks holding
+    /// only dropped tokens return to the free list. Failure as
+    /// [`Transaction::commit`] (a bad count too, or `keep_counts.len()` not
+    /// the batch: the transaction stays open).
+    pub fn commit_keep(self, keep_counts: &[u32]) -> std::result::Result<(), (Error, Transaction<'c>)> {
+        let r = u32_len(keep_counts.len(), "keep_counts").and_then(|n| {
+            check(unsafe { sys::fd_tx_commit_keep(self.cache.raw.as_ptr(), self.tx, keep_counts.as_ptr(), n) })
+        });
+        self.finish_with(r)
+    }
+
+    fn finish_with(mut self, r: Result<()>) -> std::result::Result<(), (Error, Transaction<'c>)> {
+        match r {
             Ok(()) => {
                 self.finished = true;
                 Ok(())

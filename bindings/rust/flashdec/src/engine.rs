@@ -1,5 +1,5 @@
 //! Block-aware scheduler (S9), decode engine (S8) and workload drivers (S10).
-use crate::cache::Cache;
+use crate::cache::{row_counts, Cache};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 use flashdec_sys as sys;
@@ -310,10 +310,28 @@ impl<'c> Engine<'c> {
         s.struct_size = size_of::<sys::fd_engine_step>() as u32;
         let n = u32::try_from(ids.len()).map_err(|_| Error::invalid("request_ids: too many"))?;
         check(unsafe { sys::fd_engine_begin_step(self.raw.as_ptr(), ids.as_ptr(), n, &mut s) })?;
+        Ok(self.step_outcome(s, n))
+    }
+
+    /// Opens a step of `token_counts[i] >= 1` tokens for request `ids[i]`
+    /// (`fd_engine_begin_step_multi`: speculative verify, a prompt chunk whose
+    /// attention is needed). The step's layers take [`Step::token_count`]
+    /// tokens packed in row order, each attending causally.
+    pub fn begin_step_multi<'e>(&'e mut self, ids: &[u64], token_counts: &[u32]) -> Result<StepOutcome<'e, 'c>> {
+        let mut s: sys::fd_engine_step = zeroed();
+        s.struct_size = size_of::<sys::fd_engine_step>() as u32;
+        let n = row_counts(token_counts, ids.len(), "token_counts")?;
+        check(unsafe { sys::fd_engine_begin_step_multi(self.raw.as_ptr(), ids.as_ptr(), token_counts.as_ptr(), n, &mut s) })?;
+        // The library refused a sum above INT32_MAX, so this fits.
+        let tokens = token_counts.iter().map(|&c| c as u64).sum::<u64>() as u32;
+        Ok(self.step_outcome(s, tokens))
+    }
+
+    fn step_outcome<'e>(&'e mut self, s: sys::fd_engine_step, tokens: u32) -> StepOutcome<'e, 'c> {
         if s.outcome == sys::FD_STEP_BACKPRESSURE {
-            return Ok(StepOutcome::Backpressure { needed_blocks: s.needed_blocks, free_blocks: s.free_blocks });
+            return StepOutcome::Backpressure { needed_blocks: s.needed_blocks, free_blocks: s.free_blocks };
         }
-        Ok(StepOutcome::Opened(Step { engine: self, raw: s, finished: false }))
+        StepOutcome::Opened(Step { engine: self, raw: s, tokens, finished: false })
     }
 
     /// One prompt token through every layer: k, v [num_layers, num_kv_heads, head_dim].
@@ -324,6 +342,26 @@ impl<'c> Engine<'c> {
             return Err(Error::invalid(format!("k/v: expected {want} {:?} elements, got {} and {} {:?}", cfg.dtype, k.len(), v.len(), T::DTYPE)));
         }
         check(unsafe { sys::fd_engine_prefill_request_layers(self.raw.as_ptr(), id, k.as_ptr().cast(), v.as_ptr().cast()) })
+    }
+
+    /// Prompt tokens through every layer in one cache transaction
+    /// (`fd_engine_prefill_request_tokens`): k, v [num_layers, n,
+    /// num_kv_heads, head_dim] (n inferred), token j rotated at position
+    /// seq_len + j; all published at once or none.
+    pub fn prefill_tokens<T: Element>(&mut self, id: u64, k: &[T], v: &[T]) -> Result<()> {
+        let cfg = *self.cache.config();
+        let per_token = cfg.num_layers as usize * cfg.token_elems();
+        if T::DTYPE != cfg.dtype || per_token == 0 || k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
+            return Err(Error::invalid(format!(
+                "k/v: need equal positive multiples of num_layers * num_kv_heads * head_dim = {per_token} {:?} elements, got {} and {} {:?}",
+                cfg.dtype,
+                k.len(),
+                v.len(),
+                T::DTYPE
+            )));
+        }
+        let n = u32::try_from(k.len() / per_token).map_err(|_| Error::invalid("k: too many tokens"))?;
+        check(unsafe { sys::fd_engine_prefill_request_tokens(self.raw.as_ptr(), id, n, k.as_ptr().cast(), v.as_ptr().cast()) })
     }
 
     pub fn submit(&mut self, spec: &RequestSpec) -> Result<()> {
@@ -383,6 +421,7 @@ impl Drop for Engine<'_> {
 pub struct Step<'e, 'c> {
     engine: &'e mut Engine<'c>,
     raw: sys::fd_engine_step,
+    tokens: u32,
     finished: bool,
 }
 
@@ -390,16 +429,23 @@ impl Step<'_, '_> {
     pub fn batch(&self) -> u32 {
         self.raw.batch
     }
+    /// The step's new tokens: batch, or the sum of the token counts of
+    /// [`Engine::begin_step_multi`].
+    pub fn token_count(&self) -> u32 {
+        self.tokens
+    }
     pub fn needed_blocks(&self) -> u32 {
         self.raw.needed_blocks
     }
 
     /// Runs `layer` (RoPE, append, decode); `out` receives the attention
-    /// output with q's shape [batch, num_q_heads, head_dim]. A failure aborts
-    /// the whole step (library contract).
+    /// output with q's shape [token_count, num_q_heads, head_dim] (k, v:
+    /// [token_count, num_kv_heads, head_dim]; the tokens packed in row order,
+    /// token_count = batch for [`Engine::begin_step`]). A failure aborts the
+    /// whole step (library contract).
     pub fn layer<T: Element>(&mut self, layer: u32, q: &[T], k: &[T], v: &[T], out: &mut [T]) -> Result<()> {
         let cfg = *self.engine.cache.config();
-        let rows = self.raw.batch as usize;
+        let rows = self.tokens as usize;
         let kv = rows * cfg.token_elems();
         if T::DTYPE != cfg.dtype {
             return Err(Error::invalid(format!("element type {:?} does not match the cache's {:?}", T::DTYPE, cfg.dtype)));
@@ -431,6 +477,17 @@ impl Step<'_, '_> {
 
     pub fn commit(mut self) -> Result<()> {
         let r = check(unsafe { sys::fd_engine_commit_step(self.engine.raw.as_ptr(), self.raw.tx) });
+        self.finished = r.is_ok();
+        r
+    }
+
+    /// Publishes the first `keep_counts[i]` new tokens of row i and drops the
+    /// rest (`fd_engine_commit_step_keep`: the accept step of speculative
+    /// decoding). As [`Step::commit`], an error drops the step, which
+    /// aborts it.
+    pub fn commit_keep(mut self, keep_counts: &[u32]) -> Result<()> {
+        let n = u32::try_from(keep_counts.len()).map_err(|_| Error::invalid("keep_counts: too many"))?;
+        let r = check(unsafe { sys::fd_engine_commit_step_keep(self.engine.raw.as_ptr(), self.raw.tx, keep_counts.as_ptr(), n) });
         self.finished = r.is_ok();
         r
     }

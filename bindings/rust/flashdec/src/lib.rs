@@ -29,7 +29,7 @@ mod sizes;
 mod types;
 
 pub use append::{default_kv_append_params, kv_append, rope_kv_append, run_kv_append, run_rope_kv_append, PagedKvMut};
-pub use cache::{Cache, CacheConfig, CacheMetrics, Export, ExternalStorage, PrefixInfo, RequestState, Transaction, TxInfo, TxRows};
+pub use cache::{Cache, CacheConfig, CacheMetrics, Export, ExternalStorage, PrefixInfo, RequestState, Transaction, TxInfo, TxRows, TxTokens};
 pub use engine::{
     engine_config_default, run_workload, run_workload_with_progress, scheduler_config_default, snapshot_info_default, workload_cases, Decision,
     DecisionList, DecisionSummary, Engine, EngineConfig, EngineMetrics, EngineRequestState, Fairness, RequestSpec,
@@ -37,8 +37,8 @@ pub use engine::{
 };
 pub use error::{status_string, Error, Result, Status};
 pub use ops::{
-    cuda_device_count, decode, decode_multi, default_decode_params, reference_attention_dense, rope_apply, run_decode,
-    DecodeOptions, DecodePlan, PagedKv,
+    cuda_device_count, decode, decode_multi, default_decode_params, default_reference_params, reference_attention,
+    reference_attention_dense, rope_apply, run_decode, DecodeOptions, DecodePlan, PagedKv, ReferenceOptions,
 };
 pub use types::{Bf16, DType, Device, Element, Layout, F16};
 

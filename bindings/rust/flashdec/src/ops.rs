@@ -85,6 +85,27 @@ fn decode_shape_base<Q: Element, O: Element>(
     out_len: usize,
 ) -> Result<sys::fd_decode_params> {
     let batch = seq_lens.len();
+    check_query_tokens(q_len, q_indptr, batch, num_q_heads, head_dim, out_len)?;
+    if block_tables.is_empty() || block_tables.len() % batch != 0 {
+        return Err(Error::invalid(format!("block_tables: {} entries is not a positive multiple of batch {batch}", block_tables.len())));
+    }
+    let mut p = default_decode_params();
+    p.batch = to_u32(batch, "seq_lens: batch")?;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.q_dtype = Q::DTYPE.raw();
+    p.out_dtype = O::DTYPE.raw();
+    p.max_blocks_per_seq = to_u32(block_tables.len() / batch, "block_tables: entries per row")?;
+    if let Some(indptr) = q_indptr {
+        p.q_indptr = indptr.as_ptr();
+    }
+    Ok(p)
+}
+
+/// Checks q's and out's lengths against the query tokens of `batch` rows:
+/// one per row, or `q_indptr[batch]` (`q_indptr` of batch + 1 entries).
+fn check_query_tokens(q_len: usize, q_indptr: Option<&[i32]>, batch: usize, num_q_heads: u32, head_dim: u32, out_len: usize) -> Result<()> {
     if batch == 0 {
         return Err(Error::invalid("seq_lens: batch must be at least 1"));
     }
@@ -108,21 +129,7 @@ fn decode_shape_base<Q: Element, O: Element>(
     if out_len != q_elems {
         return Err(Error::invalid(format!("out: expected {q_elems} elements, got {out_len}")));
     }
-    if block_tables.is_empty() || block_tables.len() % batch != 0 {
-        return Err(Error::invalid(format!("block_tables: {} entries is not a positive multiple of batch {batch}", block_tables.len())));
-    }
-    let mut p = default_decode_params();
-    p.batch = to_u32(batch, "seq_lens: batch")?;
-    p.num_q_heads = num_q_heads;
-    p.num_kv_heads = num_kv_heads;
-    p.head_dim = head_dim;
-    p.q_dtype = Q::DTYPE.raw();
-    p.out_dtype = O::DTYPE.raw();
-    p.max_blocks_per_seq = to_u32(block_tables.len() / batch, "block_tables: entries per row")?;
-    if let Some(indptr) = q_indptr {
-        p.q_indptr = indptr.as_ptr();
-    }
-    Ok(p)
+    Ok(())
 }
 
 /// Paged K/V storage of one layer in host memory, packed in `layout`:
@@ -492,3 +499,77 @@ pub fn reference_attention_dense<T: Element>(
     })
 }
 
+/// `fd_reference_params` with defaults from `fd_reference_params_init`
+/// (everything 0 or null, f32).
+pub fn default_reference_params() -> sys::fd_reference_params {
+    let mut p = MaybeUninit::<sys::fd_reference_params>::zeroed();
+    unsafe { sys::fd_reference_params_init(p.as_mut_ptr()) };
+    unsafe { p.assume_init() }
+}
+
+/// Options of [`reference_attention`]: the scale and the attention variants
+/// (S2.3) of `fd_decode_params`; `Default` = 1/sqrt(head_dim), none.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct ReferenceOptions<'a> {
+    /// 0: 1/sqrt(head_dim).
+    pub sm_scale: f32,
+    /// Scores become cap * tanh(s / cap) (0: none).
+    pub logit_softcap: f32,
+    /// A query at position p sees p - w + 1 ..= p only (0: none).
+    pub sliding_window: i32,
+    /// [num_q_heads] sink logits joining each head's softmax denominator.
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// Dense CPU reference attention with query tokens and variants
+/// (`fd_reference_attention`, S2, S2.2, S2.3): q, out [tokens, num_q_heads,
+/// head_dim] with tokens = batch (`q_indptr` None: one per row) or
+/// `q_indptr[batch]` (batch + 1 offsets, causal, as [`decode_multi`]);
+/// k, v [batch, num_kv_heads, max_seq_len, head_dim] with batch =
+/// seq_lens.len(). Lengths are checked here, values by the library
+/// (`Status::InvalidArgument` naming the field).
+#[allow(clippy::too_many_arguments)]
+pub fn reference_attention<T: Element>(
+    q: &[T],
+    q_indptr: Option<&[i32]>,
+    num_q_heads: u32,
+    k: &[T],
+    v: &[T],
+    num_kv_heads: u32,
+    head_dim: u32,
+    seq_lens: &[i32],
+    options: &ReferenceOptions<'_>,
+    out: &mut [T],
+) -> Result<()> {
+    let batch = seq_lens.len();
+    check_query_tokens(q.len(), q_indptr, batch, num_q_heads, head_dim, out.len())?;
+    let per_row = elem_count(&[batch, num_kv_heads as usize, head_dim as usize], "k/v")?;
+    if per_row == 0 || k.len() % per_row != 0 || v.len() != k.len() {
+        return Err(Error::invalid(format!("k/v: {} and {} elements do not form [batch, num_kv_heads, max_seq_len, head_dim]", k.len(), v.len())));
+    }
+    if let Some(s) = options.sinks {
+        if s.len() != num_q_heads as usize {
+            return Err(Error::invalid(format!("sinks: expected {num_q_heads} entries (num_q_heads), got {}", s.len())));
+        }
+    }
+    let mut p = default_reference_params();
+    p.dtype = T::DTYPE.raw();
+    p.batch = to_u32(batch, "seq_lens: batch")?;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.max_seq_len = to_u32(k.len() / per_row, "k/v: max_seq_len")?;
+    p.q = q.as_ptr().cast();
+    p.q_indptr = q_indptr.map_or(std::ptr::null(), |i| i.as_ptr());
+    p.k = k.as_ptr().cast();
+    p.v = v.as_ptr().cast();
+    p.seq_lens = seq_lens.as_ptr();
+    p.sinks = options.sinks.map_or(std::ptr::null(), |s| s.as_ptr());
+    p.out = out.as_mut_ptr().cast();
+    p.sm_scale = options.sm_scale;
+    p.logit_softcap = options.logit_softcap;
+    p.sliding_window = options.sliding_window;
+    // SAFETY: every slice was checked against the shapes in p (q_indptr
+    // has batch + 1 entries, q/out its last entry's tokens); host memory.
+    check(unsafe { sys::fd_reference_attention(&p) })
+}
