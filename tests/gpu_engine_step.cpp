@@ -22,6 +22,7 @@ extern "C" {
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -260,12 +261,38 @@ struct Pair {
     }
   }
 
-  /* Both engines open the step; returns the common outcome. */
-  int32_t begin(const std::vector<uint64_t> &ids, fd_tx *tg, fd_tx *tc) {
+  /* Bulk prefill of `n` tokens ([layers, n, hkv, dim]) on both sides. */
+  void prefill_tokens(uint64_t id, uint32_t n, uint64_t seed) {
+    const size_t elems = (size_t)g.s.layers * n * g.s.hkv * g.s.dim;
+    const std::vector<uint16_t> k = seeded(seed, elems, 1.f), v = seeded(seed + 7, elems, 1.f);
+    for (Side *s : {&g, &c}) {
+      void *kb = s->alloc(elems), *vb = s->alloc(elems);
+      s->put(kb, k);
+      s->put(vb, v);
+      if (s->cuda) CUDA_OK(cudaStreamSynchronize(s->stream)); /* prefill reads on stream 0 */
+      FD_ASSERT_OK(fd_engine_prefill_request_tokens(s->engine, id, n, kb, vb));
+      if (s->cuda) {
+        CUDA_OK(cudaFree(kb));
+        CUDA_OK(cudaFree(vb));
+      }
+    }
+  }
+
+  /* Both engines open the step (counts empty: one token per row); returns
+   * the common outcome. */
+  int32_t begin(const std::vector<uint64_t> &ids, fd_tx *tg, fd_tx *tc,
+                const std::vector<uint32_t> &counts = {}) {
     fd_engine_step a, b;
     a.struct_size = b.struct_size = sizeof a;
-    FD_ASSERT_OK(fd_engine_begin_step(g.engine, ids.data(), (uint32_t)ids.size(), &a));
-    FD_ASSERT_OK(fd_engine_begin_step(c.engine, ids.data(), (uint32_t)ids.size(), &b));
+    if (counts.empty()) {
+      FD_ASSERT_OK(fd_engine_begin_step(g.engine, ids.data(), (uint32_t)ids.size(), &a));
+      FD_ASSERT_OK(fd_engine_begin_step(c.engine, ids.data(), (uint32_t)ids.size(), &b));
+    } else {
+      FD_ASSERT_OK(fd_engine_begin_step_multi(g.engine, ids.data(), counts.data(),
+                                              (uint32_t)ids.size(), &a));
+      FD_ASSERT_OK(fd_engine_begin_step_multi(c.engine, ids.data(), counts.data(),
+                                              (uint32_t)ids.size(), &b));
+    }
     assert_int_equal(a.outcome, b.outcome);
     assert_int_equal(a.needed_blocks, b.needed_blocks);
     assert_int_equal(a.free_blocks, b.free_blocks);
@@ -287,21 +314,34 @@ struct Pair {
 
   /* A full step on both engines; on the GPU eagerly or, with `capture`,
    * begin + layers + commit inside a global-mode stream capture (which any
-   * host synchronisation or allocation would invalidate), then replayed. */
-  void step(uint32_t step_no, const std::vector<uint64_t> &ids, bool capture = false) {
-    const uint32_t rows = (uint32_t)ids.size();
+   * host synchronisation or allocation would invalidate), then replayed.
+   * `counts` (several tokens per row, fd_engine_begin_step_multi) and `keep`
+   * (fd_engine_commit_step_keep) may be empty. */
+  void step(uint32_t step_no, const std::vector<uint64_t> &ids, bool capture = false,
+            const std::vector<uint32_t> &counts = {}, const std::vector<uint32_t> &keep = {}) {
+    uint32_t rows = (uint32_t)ids.size();
+    if (!counts.empty()) rows = std::accumulate(counts.begin(), counts.end(), 0u);
+    const uint32_t n_ids = (uint32_t)ids.size();
+    auto begin_on = [&](fd_engine *e, fd_engine_step *st) {
+      return counts.empty() ? fd_engine_begin_step(e, ids.data(), n_ids, st)
+                            : fd_engine_begin_step_multi(e, ids.data(), counts.data(), n_ids, st);
+    };
+    auto commit_on = [&](fd_engine *e, fd_tx tx) {
+      return keep.empty() ? fd_engine_commit_step(e, tx)
+                          : fd_engine_commit_step_keep(e, tx, keep.data(), n_ids);
+    };
     load_step(step_no, rows);
     fd_tx tg, tc;
     if (!capture) {
-      assert_int_equal(begin(ids, &tg, &tc), FD_STEP_OPENED);
+      assert_int_equal(begin(ids, &tg, &tc, counts), FD_STEP_OPENED);
       for (uint32_t l = 0; l < g.s.layers; ++l) {
         FD_ASSERT_OK(fd_engine_step_layer(g.engine, tg, l, g.q[l], g.k[l], g.v[l], g.out[l],
                                           (fd_stream)g.stream));
         FD_ASSERT_OK(
             fd_engine_step_layer(c.engine, tc, l, c.q[l], c.k[l], c.v[l], c.out[l], nullptr));
       }
-      FD_ASSERT_OK(fd_engine_commit_step(g.engine, tg));
-      FD_ASSERT_OK(fd_engine_commit_step(c.engine, tc));
+      FD_ASSERT_OK(commit_on(g.engine, tg));
+      FD_ASSERT_OK(commit_on(c.engine, tc));
     } else {
       CUDA_OK(cudaStreamSynchronize(g.stream));
       cudaGraph_t graph = nullptr;
@@ -315,11 +355,11 @@ struct Pair {
       };
       fd_engine_step a;
       a.struct_size = sizeof a;
-      note(fd_engine_begin_step(g.engine, ids.data(), rows, &a));
+      note(begin_on(g.engine, &a));
       for (uint32_t l = 0; l < g.s.layers && st.back() == FD_OK; ++l)
         note(fd_engine_step_layer(g.engine, a.tx, l, g.q[l], g.k[l], g.v[l], g.out[l],
                                   (fd_stream)g.stream));
-      if (st.back() == FD_OK) note(fd_engine_commit_step(g.engine, a.tx));
+      if (st.back() == FD_OK) note(commit_on(g.engine, a.tx));
       const cudaError_t end = cudaStreamEndCapture(g.stream, &graph);
       for (size_t i = 0; i < st.size(); ++i)
         if (st[i] != FD_OK) {
@@ -346,11 +386,11 @@ struct Pair {
           step_no, g.s.layers);
       fd_engine_step b;
       b.struct_size = sizeof b;
-      FD_ASSERT_OK(fd_engine_begin_step(c.engine, ids.data(), rows, &b));
+      FD_ASSERT_OK(begin_on(c.engine, &b));
       for (uint32_t l = 0; l < c.s.layers; ++l)
         FD_ASSERT_OK(
             fd_engine_step_layer(c.engine, b.tx, l, c.q[l], c.k[l], c.v[l], c.out[l], nullptr));
-      FD_ASSERT_OK(fd_engine_commit_step(c.engine, b.tx));
+      FD_ASSERT_OK(commit_on(c.engine, b.tx));
     }
     compare_outputs(step_no, rows);
     expect_same_state("after a step");
@@ -459,6 +499,32 @@ void test_workload_matches_cpu(void **state) {
       "same metrics on both engines: ok\n",
       (unsigned long long)m.completed_step_count, (unsigned long long)m.prefill_token_count,
       (unsigned long long)m.transaction_abort_count, (unsigned long long)m.backpressure_count);
+}
+
+/* Several tokens per row (docs/semantics.md S8): bulk prefill, verify steps
+ * of 1 + drafts per row with a keep, a prompt chunk longer than one query
+ * tile (40 tokens x GQA 4 = 160 query rows per KV head), and a multi-token
+ * step captured in a CUDA graph; every output and all state against the
+ * CPU engine. */
+void test_multi_token_steps_match_cpu(void **state) {
+  (void)state;
+  Pair p;
+  Shape s;
+  s.max_rows = 48;
+  p.setup(s);
+  for (uint64_t id = 1; id <= 3; ++id) p.admit(id);
+  const uint32_t prompt[3] = {20, 37, 5};
+  for (uint64_t id = 1; id <= 3; ++id) p.prefill_tokens(id, prompt[id - 1], 700 + id);
+  p.expect_same_state("after bulk prefill");
+  assert_int_equal(cache_metrics(p.g.cache).transaction_commit_count, 3);
+  printf("check: bulk prefill of 20/37/5 tokens in 3 transactions: same cache state: ok\n");
+  const std::vector<uint64_t> all = {1, 2, 3};
+  p.step(20, all, false, {4, 1, 6}, {2, 1, 6});
+  p.step(21, all, false, {4, 4, 4}, {4, 0, 1});
+  p.step(22, {2}, false, {40}, {});
+  p.step(23, all, true, {4, 4, 4}, {1, 3, 2});
+  p.step(24, all);
+  printf("check: verify steps with keep, a 40-token chunk, a captured multi-token step: ok\n");
 }
 
 /* More rows than the initial device scratch holds (256): the scratch grows
@@ -573,6 +639,7 @@ int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_workload_matches_cpu),
+      cmocka_unit_test(test_multi_token_steps_match_cpu),
       cmocka_unit_test(test_scratch_growth),
       cmocka_unit_test(test_cuda_pointer_errors),
   };
