@@ -375,6 +375,28 @@ void test_variants(void **state) {
 
 /* Variants that change nothing give the plain bits: sinks of -inf, a window
  * at least as long as every row. */
+/* The head dims of current models on the CPU backend (issue 16: any even
+ * head_dim up to 512): Phi-3's 96, Gemma's 256 and 512, with one and several
+ * query tokens, GQA, both layouts and the variants Gemma uses (soft-cap,
+ * window). */
+void test_model_head_dims(void **state) {
+  (void)state;
+  const uint32_t dims[3] = {96, 256, 512};
+  for (int i = 0; i < 6; ++i) {
+    Case c;
+    c.dtype = i % 2 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
+    c.layout = i % 3 == 0 ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
+    c.dim = dims[i % 3];
+    c.hq = 8, c.hkv = 2, c.bs = 16;
+    c.lens = {300, 17, 64};
+    c.q_lens = {1, 5, 64};
+    c.seed = 900 + (uint64_t)i;
+    if (i >= 3) c.softcap = 30.f, c.window = 100;
+    Problem p = build(c);
+    run_and_check(p);
+  }
+}
+
 void test_neutral_variants_are_bit_equal(void **state) {
   (void)state;
   Case c;
@@ -480,6 +502,7 @@ int main(void) {
       cmocka_unit_test(test_one_token_rows_match_plain_decode),
       cmocka_unit_test(test_deterministic_and_planned),
       cmocka_unit_test(test_variants),
+      cmocka_unit_test(test_model_head_dims),
       cmocka_unit_test(test_neutral_variants_are_bit_equal),
       cmocka_unit_test(test_errors),
   };
