@@ -180,6 +180,13 @@ func i32Ptr(x []int32) *C.int32_t {
 	return (*C.int32_t)(unsafe.Pointer(&x[0]))
 }
 
+func u32Ptr(x []uint32) *C.uint32_t {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.uint32_t)(unsafe.Pointer(&x[0]))
+}
+
 func dataPtr[T Elem](x []T) unsafe.Pointer {
 	if len(x) == 0 {
 		return nil
@@ -452,21 +459,60 @@ func (c *Cache) Begin(ids []uint64) (*Tx, error) {
 	return &Tx{cache: c, raw: tx}, nil
 }
 
+// BeginMulti opens a transaction of tokenCounts[i] >= 1 new tokens for
+// request ids[i] (fd_tx_begin_multi): a prompt chunk or speculative draft
+// tokens. The layer writes then take TxInfo.TokenCount tokens packed in row
+// order. As Begin otherwise.
+func (c *Cache) BeginMulti(ids []uint64, tokenCounts []uint32) (*Tx, error) {
+	if len(tokenCounts) != len(ids) {
+		return nil, invalid("token_counts: expected %d entries (one per row), got %d", len(ids), len(tokenCounts))
+	}
+	var tx C.fd_tx
+	err := c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_begin_multi(h, idsPtr(ids), u32Ptr(tokenCounts), C.uint32_t(len(ids)), &tx)
+	})
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(tokenCounts)
+	if err != nil {
+		return nil, err
+	}
+	return &Tx{cache: c, raw: tx}, nil
+}
+
+// Truncate shortens committed requests to seqLens (fd_cache_truncate): each
+// at most the request's seq_len and not into an attached prefix; blocks past
+// the new lengths return to the free list. All or nothing.
+func (c *Cache) Truncate(ids []uint64, seqLens []int32) error {
+	if len(seqLens) != len(ids) {
+		return invalid("seq_lens: expected %d entries (one per request), got %d", len(ids), len(seqLens))
+	}
+	err := c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_truncate(h, idsPtr(ids), i32Ptr(seqLens), C.uint32_t(len(ids)))
+	})
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(seqLens)
+	return err
+}
+
 // ID is the transaction id (ids start at 1 in each cache).
 func (t *Tx) ID() uint64 { return uint64(t.raw.id) }
 
-// TxInfo mirrors fd_tx_info.
+// TxInfo mirrors fd_tx_info. TokenCount is the new tokens, the sum of the
+// rows' token counts (= Batch for Begin): the first dimension of the layer
+// writes' K, V and Q.
 type TxInfo struct {
 	Batch, NextLayer           uint32
 	State                      int32
 	MaxBlocksPerSeq, NewBlocks uint32
+	TokenCount                 uint32
 }
 
 func (t *Tx) Info() (TxInfo, error) {
 	var i C.fd_tx_info
 	i.struct_size = C.uint32_t(unsafe.Sizeof(i))
 	err := t.cache.do(func(h *C.fd_cache) C.fd_status { return C.fd_tx_get_info(h, t.raw, &i) })
-	return TxInfo{uint32(i.batch), uint32(i.next_layer), int32(i.state), uint32(i.max_blocks_per_seq), uint32(i.new_block_count)}, err
+	return TxInfo{uint32(i.batch), uint32(i.next_layer), int32(i.state), uint32(i.max_blocks_per_seq), uint32(i.new_block_count),
+		uint32(i.token_count)}, err
 }
 
 // TxRows is the per-row view of an open transaction.
@@ -485,6 +531,26 @@ func (t *Tx) Rows() (TxRows, error) {
 	err = t.cache.do(func(h *C.fd_cache) C.fd_status {
 		return C.fd_tx_get_rows(h, t.raw, C.uint32_t(n), idsPtr(r.RequestIDs), i32Ptr(r.Positions),
 			i32Ptr(r.BlockIDs), i32Ptr(r.Offsets), i32Ptr(r.EffectiveSeqLens))
+	})
+	return r, err
+}
+
+// TxTokens is the per-token view of an open transaction, in packed order
+// (row 0's new tokens by position, then row 1's, ...): the layer writes' order.
+type TxTokens struct {
+	Positions, BlockIDs, Offsets []int32
+}
+
+// Tokens returns every new token's position, block and offset (fd_tx_get_tokens).
+func (t *Tx) Tokens() (TxTokens, error) {
+	info, err := t.Info()
+	if err != nil {
+		return TxTokens{}, err
+	}
+	n := int(info.TokenCount)
+	r := TxTokens{make([]int32, n), make([]int32, n), make([]int32, n)}
+	err = t.cache.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_get_tokens(h, t.raw, C.uint32_t(n), i32Ptr(r.Positions), i32Ptr(r.BlockIDs), i32Ptr(r.Offsets))
 	})
 	return r, err
 }
@@ -517,7 +583,19 @@ func (t *Tx) BlockTablesAsync(stride uint32, tables, lens, stream unsafe.Pointer
 	})
 }
 
-// WriteLayer writes one layer's K and V ([batch, num_kv_heads, head_dim] each).
+// TokenIndptrAsync writes the rows' query-token offsets (fd_tx_token_indptr_async):
+// batch+1 int32, entry i = the new tokens of rows 0..i-1, ready as
+// DecodeOptions.QIndptr over the transaction's tokens; with ExportAsync's
+// rules (a CPU cache writes host memory before return, e.g. &indptr[0]).
+// nil is the library's InvalidArgument.
+func (t *Tx) TokenIndptrAsync(indptr, stream unsafe.Pointer) error {
+	return t.cache.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_token_indptr_async(h, t.raw, (*C.int32_t)(indptr), C.fd_stream(stream))
+	})
+}
+
+// WriteLayer writes one layer's K and V ([token_count, num_kv_heads, head_dim]
+// each: the new tokens packed in row order; token_count = batch for Begin).
 func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
 	c := t.cache
 	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
@@ -527,10 +605,10 @@ func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
 	if err != nil {
 		return err
 	}
-	if err := c.checkTokens(elemSize[T](), len(k), int(info.Batch), "k"); err != nil {
+	if err := c.checkTokens(elemSize[T](), len(k), int(info.TokenCount), "k"); err != nil {
 		return err
 	}
-	if err := c.checkTokens(elemSize[T](), len(v), int(info.Batch), "v"); err != nil {
+	if err := c.checkTokens(elemSize[T](), len(v), int(info.TokenCount), "v"); err != nil {
 		return err
 	}
 	err = c.do(func(h *C.fd_cache) C.fd_status {
@@ -541,8 +619,9 @@ func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
 	return err
 }
 
-// WriteLayerRope rotates q and k at each row's position, writes rotated K and
-// raw V, and writes the rotated Q to qOut (same length as q).
+// WriteLayerRope rotates q and k at each token's position, writes rotated K and
+// raw V, and writes the rotated Q to qOut (same length as q, [token_count,
+// numQHeads, head_dim]).
 func WriteLayerRope[T Elem](t *Tx, layer uint32, q []T, numQHeads uint32, k, v []T, rotaryDim uint32, ropeBase float32, qOut []T) error {
 	c := t.cache
 	if err := checkElem[T](c.cfg.DType, "q"); err != nil {
@@ -552,13 +631,13 @@ func WriteLayerRope[T Elem](t *Tx, layer uint32, q []T, numQHeads uint32, k, v [
 	if err != nil {
 		return err
 	}
-	if err := c.checkTokens(elemSize[T](), len(k), int(info.Batch), "k"); err != nil {
+	if err := c.checkTokens(elemSize[T](), len(k), int(info.TokenCount), "k"); err != nil {
 		return err
 	}
-	if err := c.checkTokens(elemSize[T](), len(v), int(info.Batch), "v"); err != nil {
+	if err := c.checkTokens(elemSize[T](), len(v), int(info.TokenCount), "v"); err != nil {
 		return err
 	}
-	want := int(info.Batch) * int(numQHeads) * int(c.cfg.HeadDim)
+	want := int(info.TokenCount) * int(numQHeads) * int(c.cfg.HeadDim)
 	if len(q) != want || len(qOut) != want {
 		return invalid("q/q_out: expected %d elements, got %d and %d", want, len(q), len(qOut))
 	}
@@ -575,6 +654,17 @@ func WriteLayerRope[T Elem](t *Tx, layer uint32, q []T, numQHeads uint32, k, v [
 
 func (t *Tx) Commit() error {
 	return t.cache.do(func(h *C.fd_cache) C.fd_status { return C.fd_tx_commit(h, t.raw) })
+}
+
+// CommitKeep publishes the first keepCounts[i] new tokens of row i and drops
+// the rest (fd_tx_commit_keep: speculative verify); blocks holding only
+// dropped tokens return to the free list. On error the transaction stays open.
+func (t *Tx) CommitKeep(keepCounts []uint32) error {
+	err := t.cache.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_tx_commit_keep(h, t.raw, u32Ptr(keepCounts), C.uint32_t(len(keepCounts)))
+	})
+	runtime.KeepAlive(keepCounts)
+	return err
 }
 
 func (t *Tx) Abort() error {

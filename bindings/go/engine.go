@@ -160,14 +160,17 @@ const (
 	StepBackpressure StepOutcome = C.FD_STEP_BACKPRESSURE
 )
 
-// Step is the result of BeginStep. When Outcome is StepBackpressure nothing
-// changed (but backpressure_count) and no layer may run; otherwise run
-// StepLayer for every layer in order, then Commit (or Abort).
+// Step is the result of BeginStep or BeginStepMulti. When Outcome is
+// StepBackpressure nothing changed (but backpressure_count) and no layer may
+// run; otherwise run StepLayer for every layer in order, then Commit,
+// CommitKeep or Abort. Tokens is the step's new tokens: Batch, or the sum of
+// BeginStepMulti's token counts.
 type Step struct {
 	engine                          *Engine
 	tx                              C.fd_tx
 	Outcome                         StepOutcome
 	Batch, NeededBlocks, FreeBlocks uint32
+	Tokens                          uint32
 }
 
 // Opened reports whether a step transaction is open.
@@ -187,8 +190,37 @@ func (e *Engine) BeginStep(ids []uint64) (*Step, error) {
 	if err != nil {
 		return nil, err
 	}
+	return e.newStep(&st, uint32(len(ids))), nil
+}
+
+// BeginStepMulti opens a step of tokenCounts[i] >= 1 tokens for request ids[i]
+// (fd_engine_begin_step_multi: speculative verify, a prompt chunk whose
+// attention is needed). StepLayer then takes the step's Tokens tokens packed
+// in row order, each attending causally.
+func (e *Engine) BeginStepMulti(ids []uint64, tokenCounts []uint32) (*Step, error) {
+	if len(tokenCounts) != len(ids) {
+		return nil, invalid("token_counts: expected %d entries (one per row), got %d", len(ids), len(tokenCounts))
+	}
+	var st C.fd_engine_step
+	st.struct_size = C.uint32_t(unsafe.Sizeof(st))
+	err := e.do(func(h *C.fd_engine) C.fd_status {
+		return C.fd_engine_begin_step_multi(h, idsPtr(ids), u32Ptr(tokenCounts), C.uint32_t(len(ids)), &st)
+	})
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(tokenCounts)
+	if err != nil {
+		return nil, err
+	}
+	var tokens uint64 // the library refused a sum above INT32_MAX
+	for _, n := range tokenCounts {
+		tokens += uint64(n)
+	}
+	return e.newStep(&st, uint32(tokens)), nil
+}
+
+func (e *Engine) newStep(st *C.fd_engine_step, tokens uint32) *Step {
 	return &Step{engine: e, tx: st.tx, Outcome: StepOutcome(st.outcome), Batch: uint32(st.batch),
-		NeededBlocks: uint32(st.needed_blocks), FreeBlocks: uint32(st.free_blocks)}, nil
+		NeededBlocks: uint32(st.needed_blocks), FreeBlocks: uint32(st.free_blocks), Tokens: tokens}
 }
 
 func (s *Step) checkOpened() error {
@@ -198,9 +230,10 @@ func (s *Step) checkOpened() error {
 	return nil
 }
 
-// StepLayer runs one layer of an open step: RoPE on q and k at each row's
-// position, append, paged decode. q and out are [batch, num_q_heads,
-// head_dim], k and v [batch, num_kv_heads, head_dim]; out is written on
+// StepLayer runs one layer of an open step: RoPE on q and k at each token's
+// position, append, paged decode. q and out are [tokens, num_q_heads,
+// head_dim], k and v [tokens, num_kv_heads, head_dim], the step's Tokens
+// packed in row order (Tokens = Batch for BeginStep); out is written on
 // success only. Any library failure aborts the whole step.
 func StepLayer[T Elem](s *Step, layer uint32, q, k, v, out []T) error {
 	if err := s.checkOpened(); err != nil {
@@ -211,15 +244,15 @@ func StepLayer[T Elem](s *Step, layer uint32, q, k, v, out []T) error {
 	if err := checkElem[T](c.cfg.DType, "q"); err != nil {
 		return err
 	}
-	if err := c.checkTokens(elemSize[T](), len(k), int(s.Batch), "k"); err != nil {
+	if err := c.checkTokens(elemSize[T](), len(k), int(s.Tokens), "k"); err != nil {
 		return err
 	}
-	if err := c.checkTokens(elemSize[T](), len(v), int(s.Batch), "v"); err != nil {
+	if err := c.checkTokens(elemSize[T](), len(v), int(s.Tokens), "v"); err != nil {
 		return err
 	}
-	want := int(s.Batch) * int(e.numQHeads) * int(c.cfg.HeadDim)
+	want := int(s.Tokens) * int(e.numQHeads) * int(c.cfg.HeadDim)
 	if len(q) != want || len(out) != want {
-		return invalid("q/out: expected %d elements (%d x %d x %d), got %d and %d", want, s.Batch, e.numQHeads, c.cfg.HeadDim, len(q), len(out))
+		return invalid("q/out: expected %d elements (%d x %d x %d), got %d and %d", want, s.Tokens, e.numQHeads, c.cfg.HeadDim, len(q), len(out))
 	}
 	err := e.do(func(h *C.fd_engine) C.fd_status {
 		return C.fd_engine_step_layer(h, s.tx, C.uint32_t(layer), dataPtr(q), dataPtr(k), dataPtr(v), dataPtr(out), nil)
@@ -237,6 +270,20 @@ func (s *Step) Commit() error {
 		return err
 	}
 	return s.engine.do(func(h *C.fd_engine) C.fd_status { return C.fd_engine_commit_step(h, s.tx) })
+}
+
+// CommitKeep publishes the first keepCounts[i] new tokens of row i and drops
+// the rest (fd_engine_commit_step_keep: the accept step of speculative
+// decoding). On error the step stays open.
+func (s *Step) CommitKeep(keepCounts []uint32) error {
+	if err := s.checkOpened(); err != nil {
+		return err
+	}
+	err := s.engine.do(func(h *C.fd_engine) C.fd_status {
+		return C.fd_engine_commit_step_keep(h, s.tx, u32Ptr(keepCounts), C.uint32_t(len(keepCounts)))
+	})
+	runtime.KeepAlive(keepCounts)
+	return err
 }
 
 // Abort rolls the step back.
@@ -262,6 +309,31 @@ func Prefill[T Elem](e *Engine, id uint64, k, v []T) error {
 	}
 	err := e.do(func(h *C.fd_engine) C.fd_status {
 		return C.fd_engine_prefill_request_layers(h, C.uint64_t(id), dataPtr(k), dataPtr(v))
+	})
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	return err
+}
+
+// PrefillTokens appends prompt tokens to an active request through every layer
+// in one cache transaction (fd_engine_prefill_request_tokens): k and v are
+// [num_layers, n, num_kv_heads, head_dim] (n inferred), token j rotated at
+// position seq_len + j; all published at once or none.
+func PrefillTokens[T Elem](e *Engine, id uint64, k, v []T) error {
+	c := e.cache
+	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+		return err
+	}
+	per := int(c.cfg.NumLayers) * int(c.cfg.NumKVHeads) * int(c.cfg.HeadDim)
+	if per == 0 || len(k) == 0 || len(k)%per != 0 || len(v) != len(k) {
+		return invalid("k/v: need equal positive multiples of num_layers * num_kv_heads * head_dim = %d elements, got %d and %d",
+			per, len(k), len(v))
+	}
+	if !fitsU32(len(k) / per) {
+		return invalid("k: %d tokens do not fit in uint32", len(k)/per)
+	}
+	err := e.do(func(h *C.fd_engine) C.fd_status {
+		return C.fd_engine_prefill_request_tokens(h, C.uint64_t(id), C.uint32_t(len(k)/per), dataPtr(k), dataPtr(v))
 	})
 	runtime.KeepAlive(k)
 	runtime.KeepAlive(v)

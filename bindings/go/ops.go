@@ -433,3 +433,84 @@ func ReferenceAttentionDense[T Elem](dtype DType, q []T, numQHeads uint32, k, v 
 	runtime.KeepAlive(out)
 	return err
 }
+
+// ReferenceOptions are the optional parts of ReferenceAttention: the scale,
+// the query tokens and the attention variants of fd_reference_params.
+type ReferenceOptions struct {
+	SmScale      float32 // 0: 1/sqrt(head_dim)
+	LogitSoftcap float32 // scores become cap*tanh(s/cap); 0: none
+	// SlidingWindow: a query at position p sees p-w+1 .. p only; 0: none.
+	SlidingWindow int32
+	// Sinks: numQHeads sink logits joining each head's softmax denominator; nil: none.
+	Sinks []float32
+	// QIndptr: len(lens)+1 query-token offsets as DecodeOptions.QIndptr
+	// (causal, a row's queries are its last tokens); nil: one per row.
+	QIndptr []int32
+}
+
+// ReferenceAttention is the dense CPU reference with query tokens and
+// variants (fd_reference_attention): q and out [tokens, numQHeads, headDim]
+// with tokens = len(lens), or opt.QIndptr[len(lens)]; k and v [len(lens),
+// numKVHeads, maxSeqLen, headDim]. Lengths are checked here, values by the
+// library (InvalidArgument naming the field).
+func ReferenceAttention[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, numKVHeads, headDim uint32, lens []int32, out []T,
+	opt ReferenceOptions) error {
+	if err := checkElem[T](dtype, "q"); err != nil {
+		return err
+	}
+	batch := len(lens)
+	if batch == 0 || !fitsU32(batch) {
+		return invalid("seq_lens: batch %d must be at least 1 and fit in uint32", batch)
+	}
+	tokens := batch
+	if opt.QIndptr != nil {
+		if len(opt.QIndptr) != batch+1 {
+			return invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(opt.QIndptr))
+		}
+		if opt.QIndptr[batch] < 0 {
+			return invalid("q_indptr: q_indptr[%d] = %d query tokens in all is negative", batch, opt.QIndptr[batch])
+		}
+		tokens = int(opt.QIndptr[batch])
+	}
+	perRow, ok := elemCount(batch, int(numKVHeads), int(headDim))
+	if !ok || perRow == 0 || len(k)%perRow != 0 || len(v) != len(k) || !fitsU32(len(k)/perRow) {
+		return invalid("k/v: %d and %d elements do not form [batch, num_kv_heads, max_seq_len, head_dim]", len(k), len(v))
+	}
+	want, ok := elemCount(tokens, int(numQHeads), int(headDim))
+	if !ok {
+		return invalid("q/out: %d x %d x %d elements overflow", tokens, numQHeads, headDim)
+	}
+	if len(q) != want || len(out) != want {
+		return invalid("q/out: expected %d elements (%d query tokens x %d x %d), got %d and %d", want, tokens, numQHeads, headDim, len(q), len(out))
+	}
+	if opt.Sinks != nil && len(opt.Sinks) != int(numQHeads) {
+		return invalid("sinks: expected %d entries (num_q_heads), got %d", numQHeads, len(opt.Sinks))
+	}
+	// fd_reference_params holds pointers: stage it and the buffers in C memory.
+	var a cArena
+	defer a.free()
+	es := elemSize[T]()
+	p := (*C.fd_reference_params)(a.alloc(int(unsafe.Sizeof(C.fd_reference_params{}))))
+	C.fd_reference_params_init(p)
+	p.dtype, p.batch, p.num_q_heads, p.num_kv_heads = C.int32_t(dtype), C.uint32_t(batch), C.uint32_t(numQHeads), C.uint32_t(numKVHeads)
+	p.head_dim, p.max_seq_len = C.uint32_t(headDim), C.uint32_t(len(k)/perRow)
+	p.q = a.copyIn(dataPtr(q), want*es)
+	p.k, p.v = a.copyIn(dataPtr(k), len(k)*es), a.copyIn(dataPtr(v), len(v)*es)
+	p.seq_lens = (*C.int32_t)(a.copyIn(unsafe.Pointer(&lens[0]), batch*4))
+	if opt.QIndptr != nil {
+		p.q_indptr = (*C.int32_t)(a.copyIn(unsafe.Pointer(&opt.QIndptr[0]), len(opt.QIndptr)*4))
+	}
+	if len(opt.Sinks) > 0 {
+		p.sinks = (*C.float)(a.copyIn(unsafe.Pointer(&opt.Sinks[0]), len(opt.Sinks)*4))
+	}
+	outC := a.alloc(want * es)
+	p.out = outC
+	p.sm_scale, p.logit_softcap, p.sliding_window = C.float(opt.SmScale), C.float(opt.LogitSoftcap), C.int32_t(opt.SlidingWindow)
+	if err := call(func() C.fd_status { return C.fd_reference_attention(p) }); err != nil {
+		return err
+	}
+	if want > 0 {
+		C.memcpy(dataPtr(out), outC, C.size_t(want*es))
+	}
+	return nil
+}
