@@ -23,7 +23,7 @@ func tokenAt(pages []float32, block, offset int) []float32 {
 	return out
 }
 
-func equalF32(a, b []float32) bool {
+func equalSlice[T comparable](a, b []T) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -67,8 +67,8 @@ func TestKVAppendWritesExactlyTheSlots(t *testing.T) {
 	}
 	nonzero := 0
 	for i := range ids {
-		if !equalF32(tokenAt(pages.K, int(ids[i]), int(offs[i])), k[i*apTok:(i+1)*apTok]) ||
-			!equalF32(tokenAt(pages.V, int(ids[i]), int(offs[i])), v[i*apTok:(i+1)*apTok]) {
+		if !equalSlice(tokenAt(pages.K, int(ids[i]), int(offs[i])), k[i*apTok:(i+1)*apTok]) ||
+			!equalSlice(tokenAt(pages.V, int(ids[i]), int(offs[i])), v[i*apTok:(i+1)*apTok]) {
 			t.Fatalf("token %d not at block %d offset %d", i, ids[i], offs[i])
 		}
 	}
@@ -99,17 +99,17 @@ func TestRopeKVAppendMatchesRopeApply(t *testing.T) {
 	if err := RopeApply(F32, kRef, apH, apD, positions, apD, 500); err != nil {
 		t.Fatal(err)
 	}
-	if !equalF32(qOut, qRef) || !equalF32(tokenAt(pages.K, 1, 0), kRef[:apTok]) || !equalF32(tokenAt(pages.K, 2, 3), kRef[apTok:]) {
+	if !equalSlice(qOut, qRef) || !equalSlice(tokenAt(pages.K, 1, 0), kRef[:apTok]) || !equalSlice(tokenAt(pages.K, 2, 3), kRef[apTok:]) {
 		t.Fatal("rotated q or k differ from RopeApply")
 	}
-	if !equalF32(tokenAt(pages.V, 2, 3), v[apTok:]) {
+	if !equalSlice(tokenAt(pages.V, 2, 3), v[apTok:]) {
 		t.Fatal("v must be stored raw")
 	}
 	// In place: qOut may be q.
 	if err := RopeKVAppend(F32, pages, q, 2*apH, k, v, []int32{1, 2}, []int32{0, 3}, positions, apD, 500, q); err != nil {
 		t.Fatal(err)
 	}
-	if !equalF32(q, qRef) {
+	if !equalSlice(q, qRef) {
 		t.Fatal("in-place rotation differs")
 	}
 }
@@ -180,7 +180,7 @@ func TestExternalStorageAndAsyncError(t *testing.T) {
 	}
 	c.Close()
 	layer1 := ks[int(cfg.MaxBlocks)*apBlock:]
-	if !equalF32(tokenAt(layer1, int(rows.BlockIDs[0]), int(rows.Offsets[0])), k) {
+	if !equalSlice(tokenAt(layer1, int(rows.BlockIDs[0]), int(rows.Offsets[0])), k) {
 		t.Fatal("token not in the caller's storage")
 	}
 	if err := c.AsyncError(); err == nil || err.(*Error).Status != InvalidState {

@@ -180,6 +180,14 @@ func i32Ptr(x []int32) *C.int32_t {
 	return (*C.int32_t)(unsafe.Pointer(&x[0]))
 }
 
+// checkRowCounts refuses a per-row array (token_counts) of n entries for rows rows.
+func checkRowCounts(n, rows int, what string) error {
+	if n != rows {
+		return invalid("%s: expected %d entries (one per row), got %d", what, rows, n)
+	}
+	return nil
+}
+
 func u32Ptr(x []uint32) *C.uint32_t {
 	if len(x) == 0 {
 		return nil
@@ -464,8 +472,8 @@ func (c *Cache) Begin(ids []uint64) (*Tx, error) {
 // tokens. The layer writes then take TxInfo.TokenCount tokens packed in row
 // order. As Begin otherwise.
 func (c *Cache) BeginMulti(ids []uint64, tokenCounts []uint32) (*Tx, error) {
-	if len(tokenCounts) != len(ids) {
-		return nil, invalid("token_counts: expected %d entries (one per row), got %d", len(ids), len(tokenCounts))
+	if err := checkRowCounts(len(tokenCounts), len(ids), "token_counts"); err != nil {
+		return nil, err
 	}
 	var tx C.fd_tx
 	err := c.do(func(h *C.fd_cache) C.fd_status {

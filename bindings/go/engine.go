@@ -198,8 +198,8 @@ func (e *Engine) BeginStep(ids []uint64) (*Step, error) {
 // attention is needed). StepLayer then takes the step's Tokens tokens packed
 // in row order, each attending causally.
 func (e *Engine) BeginStepMulti(ids []uint64, tokenCounts []uint32) (*Step, error) {
-	if len(tokenCounts) != len(ids) {
-		return nil, invalid("token_counts: expected %d entries (one per row), got %d", len(ids), len(tokenCounts))
+	if err := checkRowCounts(len(tokenCounts), len(ids), "token_counts"); err != nil {
+		return nil, err
 	}
 	var st C.fd_engine_step
 	st.struct_size = C.uint32_t(unsafe.Sizeof(st))

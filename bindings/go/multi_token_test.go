@@ -10,20 +10,34 @@ import (
 // engine multi-token steps, bulk prefill, and the dense reference with query
 // tokens and variants.
 
-// mtCache is small(2) over C memory the test reads: K and V, packed
-// token-major [layers, max_blocks, heads, block_size, dim].
-func mtCache(t *testing.T, arena *cArena) (c *Cache, k, v []float32) {
-	t.Helper()
-	cfg := small(2)
-	elems := int(cfg.NumLayers*cfg.MaxBlocks*cfg.NumKVHeads*cfg.BlockSize) * int(cfg.HeadDim)
-	cfg.KStorage, cfg.VStorage = arena.alloc(elems*4), arena.alloc(elems*4)
-	c = newCache(t, cfg)
-	return c, unsafe.Slice((*float32)(cfg.KStorage), elems), unsafe.Slice((*float32)(cfg.VStorage), elems)
+// storedCache is a small(2) cache over C memory the test reads: K and V,
+// packed token-major [layers, max_blocks, heads, block_size, dim].
+type storedCache struct {
+	*Cache
+	k, v []float32
 }
 
-// storedKV is a request's committed K (or V) of every layer, token by token:
+// twinCaches are two storedCaches; when the test ends they are closed, then
+// their storage is freed.
+func twinCaches(t *testing.T) (a, b storedCache) {
+	t.Helper()
+	arena := &cArena{}
+	t.Cleanup(arena.free) // cleanups run last-registered first: after the Close calls
+	cfg := small(2)
+	elems := int(cfg.NumLayers*cfg.MaxBlocks*cfg.NumKVHeads*cfg.BlockSize) * int(cfg.HeadDim)
+	twins := make([]storedCache, 2)
+	for i := range twins {
+		cfg.KStorage, cfg.VStorage = arena.alloc(elems*4), arena.alloc(elems*4)
+		c := newCache(t, cfg)
+		t.Cleanup(c.Close)
+		twins[i] = storedCache{c, unsafe.Slice((*float32)(cfg.KStorage), elems), unsafe.Slice((*float32)(cfg.VStorage), elems)}
+	}
+	return twins[0], twins[1]
+}
+
+// stored is a request's committed K (or V) of every layer, token by token:
 // [layers, seq_len, heads, dim].
-func storedKV(t *testing.T, c *Cache, storage []float32, id uint64) []float32 {
+func (c storedCache) stored(t *testing.T, storage []float32, id uint64) []float32 {
 	t.Helper()
 	cfg := c.Config()
 	tables, lens, _, err := c.Export([]uint64{id}, 0)
@@ -42,6 +56,21 @@ func storedKV(t *testing.T, c *Cache, storage []float32, id uint64) []float32 {
 	return out
 }
 
+// sameStored reports whether request id holds the same K and V bits in a and b.
+func sameStored(t *testing.T, a, b storedCache, id uint64) bool {
+	t.Helper()
+	return equalSlice(a.stored(t, a.k, id), b.stored(t, b.k, id)) && equalSlice(a.stored(t, a.v, id), b.stored(t, b.v, id))
+}
+
+// twoRequests is a small(2) cache with requests 1 and 2.
+func twoRequests(t *testing.T) *Cache {
+	t.Helper()
+	c := newCache(t, small(2))
+	must(t, c.AddRequest(1))
+	must(t, c.AddRequest(2))
+	return c
+}
+
 func writeAll(t *testing.T, tx *Tx, tokens int, seed *uint64) {
 	t.Helper()
 	for layer := uint32(0); layer < 2; layer++ {
@@ -56,23 +85,9 @@ func metric(t *testing.T, c *Cache, name string) uint64 {
 	return m.U(name)
 }
 
-func equalI32(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func TestBeginMultiPositionsBlocksAndTokenIndptr(t *testing.T) {
-	c := newCache(t, small(2))
+	c := twoRequests(t)
 	defer c.Close()
-	must(t, c.AddRequest(1))
-	must(t, c.AddRequest(2))
 	seed := uint64(1)
 	tx, err := c.Begin([]uint64{1})
 	must(t, err)
@@ -90,8 +105,8 @@ func TestBeginMultiPositionsBlocksAndTokenIndptr(t *testing.T) {
 	must(t, err)
 	toks, err := tx.Tokens()
 	must(t, err)
-	if !equalI32(rows.EffectiveSeqLens, []int32{5, 2}) || !equalI32(toks.Positions, []int32{1, 2, 3, 4, 0, 1}) ||
-		!equalI32(toks.Offsets, []int32{1, 2, 3, 0, 0, 1}) {
+	if !equalSlice(rows.EffectiveSeqLens, []int32{5, 2}) || !equalSlice(toks.Positions, []int32{1, 2, 3, 4, 0, 1}) ||
+		!equalSlice(toks.Offsets, []int32{1, 2, 3, 0, 0, 1}) {
 		t.Fatalf("rows %+v tokens %+v", rows, toks)
 	}
 	tables, stride, err := tx.BlockTables(0)
@@ -103,7 +118,7 @@ func TestBeginMultiPositionsBlocksAndTokenIndptr(t *testing.T) {
 	}
 	indptr := []int32{-7, -7, -7}
 	must(t, tx.TokenIndptrAsync(unsafe.Pointer(&indptr[0]), nil))
-	if !equalI32(indptr, []int32{0, 4, 6}) {
+	if !equalSlice(indptr, []int32{0, 4, 6}) {
 		t.Fatalf("token indptr %v", indptr)
 	}
 	asError(t, tx.TokenIndptrAsync(nil, nil), InvalidArgument, "token_indptr")
@@ -111,7 +126,7 @@ func TestBeginMultiPositionsBlocksAndTokenIndptr(t *testing.T) {
 	expectInvalid(t, WriteLayer(tx, 0, noise(&seed, 32), noise(&seed, 32)), "expected 96 elements (6 x 2 x 8)")
 	writeAll(t, tx, 6, &seed)
 	must(t, tx.Commit())
-	if got := seqLens(t, c, []uint64{1, 2}); !equalI32(got, []int32{5, 2}) {
+	if got := seqLens(t, c, []uint64{1, 2}); !equalSlice(got, []int32{5, 2}) {
 		t.Fatalf("seq_lens %v", got)
 	}
 	must(t, c.Validate())
@@ -120,10 +135,8 @@ func TestBeginMultiPositionsBlocksAndTokenIndptr(t *testing.T) {
 }
 
 func TestBeginMultiRefusals(t *testing.T) {
-	c := newCache(t, small(2))
+	c := twoRequests(t)
 	defer c.Close()
-	must(t, c.AddRequest(1))
-	must(t, c.AddRequest(2))
 	_, err := c.BeginMulti([]uint64{1, 2}, []uint32{3, 0})
 	asError(t, err, InvalidArgument, "token_counts[1] is 0: each row appends at least one token")
 	_, err = c.BeginMulti([]uint64{1, 2}, []uint32{3})
@@ -136,10 +149,8 @@ func TestBeginMultiRefusals(t *testing.T) {
 }
 
 func TestCommitKeepDropsTokensAndBlocks(t *testing.T) {
-	c := newCache(t, small(2))
+	c := twoRequests(t)
 	defer c.Close()
-	must(t, c.AddRequest(1))
-	must(t, c.AddRequest(2))
 	seed := uint64(2)
 	tx, err := c.BeginMulti([]uint64{1, 2}, []uint32{5, 3})
 	must(t, err)
@@ -152,7 +163,7 @@ func TestCommitKeepDropsTokensAndBlocks(t *testing.T) {
 	must(t, tx.CommitKeep([]uint32{2, 3}))
 	tables, lens, _, err := c.Export([]uint64{1, 2}, 2)
 	must(t, err)
-	if !equalI32(lens, []int32{2, 3}) || tables[1] != -1 || tables[3] != -1 {
+	if !equalSlice(lens, []int32{2, 3}) || tables[1] != -1 || tables[3] != -1 {
 		t.Fatalf("tables %v lens %v", tables, lens)
 	}
 	if metric(t, c, "free_blocks") != 6 || metric(t, c, "transaction_rollback_block_count") != 1 || metric(t, c, "transaction_commit_count") != 1 {
@@ -163,10 +174,8 @@ func TestCommitKeepDropsTokensAndBlocks(t *testing.T) {
 }
 
 func TestTruncate(t *testing.T) {
-	c := newCache(t, small(2))
+	c := twoRequests(t)
 	defer c.Close()
-	must(t, c.AddRequest(1))
-	must(t, c.AddRequest(2))
 	seed := uint64(3)
 	tx, err := c.BeginMulti([]uint64{1, 2}, []uint32{7, 2})
 	must(t, err)
@@ -176,7 +185,7 @@ func TestTruncate(t *testing.T) {
 	must(t, c.Truncate([]uint64{1, 2}, []int32{3, 2}))
 	tables, lens, _, err := c.Export([]uint64{1, 2}, 2)
 	must(t, err)
-	if !equalI32(lens, []int32{3, 2}) || tables[1] != -1 || metric(t, c, "free_blocks") != free+1 || metric(t, c, "free_count") != freed+1 {
+	if !equalSlice(lens, []int32{3, 2}) || tables[1] != -1 || metric(t, c, "free_blocks") != free+1 || metric(t, c, "free_count") != freed+1 {
 		t.Fatalf("tables %v lens %v", tables, lens)
 	}
 	version, err := c.StateVersion()
@@ -233,19 +242,14 @@ func pick(x []float32, idx []int, w int) []float32 {
 // Row 1 appends 3 tokens and row 2 two in one step; the other engine runs
 // them as three one-token steps: the same attention outputs and cache.
 func TestEngineMultiTokenStepEqualsOneTokenSteps(t *testing.T) {
-	var arena cArena
-	defer arena.free()
-	ca, ka, va := mtCache(t, &arena)
-	cb, kb, vb := mtCache(t, &arena)
-	defer ca.Close()
-	defer cb.Close()
+	ca, cb := twinCaches(t)
 	seed := uint64(4)
 	ctx := noise(&seed, 2*32) // two context tokens of request 1: [layers, heads, dim] each
 	inputs := make([][3][]float32, 2)
 	for layer := range inputs {
 		inputs[layer] = [3][]float32{noise(&seed, 5*32), noise(&seed, 80), noise(&seed, 80)}
 	}
-	multi, single := mtEngine(t, ca), mtEngine(t, cb)
+	multi, single := mtEngine(t, ca.Cache), mtEngine(t, cb.Cache)
 	for _, e := range []*Engine{multi, single} {
 		for tok := 0; tok < 2; tok++ {
 			must(t, Prefill(e, 1, ctx[tok*32:(tok+1)*32], ctx[tok*32:(tok+1)*32]))
@@ -277,11 +281,11 @@ func TestEngineMultiTokenStepEqualsOneTokenSteps(t *testing.T) {
 		must(t, step.Commit())
 	}
 	for _, id := range []uint64{1, 2} {
-		if !equalF32(storedKV(t, ca, ka, id), storedKV(t, cb, kb, id)) || !equalF32(storedKV(t, ca, va, id), storedKV(t, cb, vb, id)) {
+		if !sameStored(t, ca, cb, id) {
 			t.Fatalf("request %d: stored K/V differ", id)
 		}
 	}
-	if got := seqLens(t, ca, []uint64{1, 2}); !equalI32(got, []int32{5, 2}) {
+	if got := seqLens(t, ca.Cache, []uint64{1, 2}); !equalSlice(got, []int32{5, 2}) {
 		t.Fatalf("seq_lens %v", got)
 	}
 	if engineMetrics(t, multi).U("appended_token_count") != 5 {
@@ -313,7 +317,7 @@ func TestEngineCommitStepKeepAndRefusals(t *testing.T) {
 		t.Fatal("a refused keep closed the step")
 	}
 	must(t, step.CommitKeep([]uint32{3, 0}))
-	if got := seqLens(t, c, []uint64{1, 2}); !equalI32(got, []int32{3, 0}) {
+	if got := seqLens(t, c, []uint64{1, 2}); !equalSlice(got, []int32{3, 0}) {
 		t.Fatalf("seq_lens %v", got)
 	}
 	if metric(t, c, "used_blocks") != 1 || metric(t, c, "transaction_rollback_block_count") != 2 {
@@ -324,26 +328,21 @@ func TestEngineCommitStepKeepAndRefusals(t *testing.T) {
 }
 
 func TestEnginePrefillTokensEqualsTokenByToken(t *testing.T) {
-	var arena cArena
-	defer arena.free()
-	ca, ka, va := mtCache(t, &arena)
-	cb, kb, vb := mtCache(t, &arena)
-	defer ca.Close()
-	defer cb.Close()
+	ca, cb := twinCaches(t)
 	seed := uint64(6)
 	k, v := noise(&seed, 2*5*16), noise(&seed, 2*5*16) // [layers, 5 tokens, heads, dim]
 	token := func(x []float32, j int) []float32 {
 		return append(append([]float32{}, x[j*16:(j+1)*16]...), x[(5+j)*16:(6+j)*16]...)
 	}
-	bulk, single := mtEngine(t, ca), mtEngine(t, cb)
+	bulk, single := mtEngine(t, ca.Cache), mtEngine(t, cb.Cache)
 	must(t, PrefillTokens(bulk, 1, k, v))
 	for j := 0; j < 5; j++ {
 		must(t, Prefill(single, 1, token(k, j), token(v, j)))
 	}
-	if !equalF32(storedKV(t, ca, ka, 1), storedKV(t, cb, kb, 1)) || !equalF32(storedKV(t, ca, va, 1), storedKV(t, cb, vb, 1)) {
+	if !sameStored(t, ca, cb, 1) {
 		t.Fatal("bulk prefill stored other K/V than token by token")
 	}
-	if engineMetrics(t, bulk).U("prefill_token_count") != 5 || !equalI32(seqLens(t, ca, []uint64{1}), []int32{5}) {
+	if engineMetrics(t, bulk).U("prefill_token_count") != 5 || !equalSlice(seqLens(t, ca.Cache, []uint64{1}), []int32{5}) {
 		t.Fatal("prefill_token_count / seq_len")
 	}
 	asError(t, PrefillTokens(bulk, 9, k, v), NotFound, "")

@@ -120,17 +120,12 @@ func decodeCall[Q, KV, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, len
 	if !fitsU32(batch) {
 		return invalid("seq_lens: batch %d does not fit in uint32", batch)
 	}
-	// One query token per row, or QIndptr[batch] (the extent the library
-	// reads; it checks the offsets lie within it).
-	tokens, rows := batch, fmt.Sprint(batch)
+	tokens, err := queryTokens(opt.QIndptr, batch)
+	if err != nil {
+		return err
+	}
+	rows := fmt.Sprint(batch)
 	if opt.QIndptr != nil {
-		if len(opt.QIndptr) != batch+1 {
-			return invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(opt.QIndptr))
-		}
-		if opt.QIndptr[batch] < 0 {
-			return invalid("q_indptr: q_indptr[%d] = %d query tokens in all is negative", batch, opt.QIndptr[batch])
-		}
-		tokens = int(opt.QIndptr[batch])
 		rows = fmt.Sprintf("%d query tokens (q_indptr[%d])", tokens, batch)
 	}
 	qElems, ok := elemCount(tokens, int(g.numQHeads), int(g.headDim))
@@ -184,6 +179,22 @@ func decodeCall[Q, KV, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, len
 		C.memcpy(dataPtr(out), outC, C.size_t(outBytes))
 	}
 	return nil
+}
+
+// queryTokens is the query tokens of batch rows: one per row (qIndptr nil),
+// or qIndptr[batch] (the extent the library reads; it checks the offsets
+// lie within it).
+func queryTokens(qIndptr []int32, batch int) (int, error) {
+	if qIndptr == nil {
+		return batch, nil
+	}
+	if len(qIndptr) != batch+1 {
+		return 0, invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(qIndptr))
+	}
+	if qIndptr[batch] < 0 {
+		return 0, invalid("q_indptr: q_indptr[%d] = %d query tokens in all is negative", batch, qIndptr[batch])
+	}
+	return int(qIndptr[batch]), nil
 }
 
 // DecodeLayer runs paged decode attention of q ([rows, numQHeads, head_dim],
@@ -462,15 +473,9 @@ func ReferenceAttention[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, 
 	if batch == 0 || !fitsU32(batch) {
 		return invalid("seq_lens: batch %d must be at least 1 and fit in uint32", batch)
 	}
-	tokens := batch
-	if opt.QIndptr != nil {
-		if len(opt.QIndptr) != batch+1 {
-			return invalid("q_indptr: expected %d entries (batch + 1), got %d", batch+1, len(opt.QIndptr))
-		}
-		if opt.QIndptr[batch] < 0 {
-			return invalid("q_indptr: q_indptr[%d] = %d query tokens in all is negative", batch, opt.QIndptr[batch])
-		}
-		tokens = int(opt.QIndptr[batch])
+	tokens, err := queryTokens(opt.QIndptr, batch)
+	if err != nil {
+		return err
 	}
 	perRow, ok := elemCount(batch, int(numKVHeads), int(headDim))
 	if !ok || perRow == 0 || len(k)%perRow != 0 || len(v) != len(k) || !fitsU32(len(k)/perRow) {

@@ -458,6 +458,16 @@ pub fn rope_apply<T: Element>(x: &mut [T], num_heads: u32, head_dim: u32, positi
     })
 }
 
+/// max_seq_len of dense reference K/V of `k_len` and `v_len` elements,
+/// [batch, num_kv_heads, max_seq_len, head_dim] each.
+fn dense_max_seq_len(k_len: usize, v_len: usize, batch: usize, num_kv_heads: u32, head_dim: u32) -> Result<u32> {
+    let per_row = elem_count(&[batch, num_kv_heads as usize, head_dim as usize], "k/v")?;
+    if per_row == 0 || k_len % per_row != 0 || v_len != k_len {
+        return Err(Error::invalid(format!("k/v: {k_len} and {v_len} elements do not form [batch, num_kv_heads, max_seq_len, head_dim]")));
+    }
+    to_u32(k_len / per_row, "k/v: max_seq_len")
+}
+
 /// Dense reference attention: q [batch, hq, d], k/v [batch, hkv, max_seq_len, d].
 #[allow(clippy::too_many_arguments)]
 pub fn reference_attention_dense<T: Element>(
@@ -472,11 +482,7 @@ pub fn reference_attention_dense<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let batch = seq_lens.len();
-    let per_row = elem_count(&[batch, num_kv_heads as usize, head_dim as usize], "k/v")?;
-    if per_row == 0 || k.len() % per_row != 0 || v.len() != k.len() {
-        return Err(Error::invalid(format!("k/v: {} and {} elements do not form [batch, num_kv_heads, max_seq_len, head_dim]", k.len(), v.len())));
-    }
-    let max_seq_len = to_u32(k.len() / per_row, "k/v: max_seq_len")?;
+    let max_seq_len = dense_max_seq_len(k.len(), v.len(), batch, num_kv_heads, head_dim)?;
     let q_elems = elem_count(&[batch, num_q_heads as usize, head_dim as usize], "q/out")?;
     if q.len() != q_elems || out.len() != q_elems {
         return Err(Error::invalid(format!("q/out: expected {q_elems} elements, got {} and {}", q.len(), out.len())));
@@ -543,10 +549,7 @@ pub fn reference_attention<T: Element>(
 ) -> Result<()> {
     let batch = seq_lens.len();
     check_query_tokens(q.len(), q_indptr, batch, num_q_heads, head_dim, out.len())?;
-    let per_row = elem_count(&[batch, num_kv_heads as usize, head_dim as usize], "k/v")?;
-    if per_row == 0 || k.len() % per_row != 0 || v.len() != k.len() {
-        return Err(Error::invalid(format!("k/v: {} and {} elements do not form [batch, num_kv_heads, max_seq_len, head_dim]", k.len(), v.len())));
-    }
+    let max_seq_len = dense_max_seq_len(k.len(), v.len(), batch, num_kv_heads, head_dim)?;
     if let Some(s) = options.sinks {
         if s.len() != num_q_heads as usize {
             return Err(Error::invalid(format!("sinks: expected {num_q_heads} entries (num_q_heads), got {}", s.len())));
@@ -558,7 +561,7 @@ pub fn reference_attention<T: Element>(
     p.num_q_heads = num_q_heads;
     p.num_kv_heads = num_kv_heads;
     p.head_dim = head_dim;
-    p.max_seq_len = to_u32(k.len() / per_row, "k/v: max_seq_len")?;
+    p.max_seq_len = max_seq_len;
     p.q = q.as_ptr().cast();
     p.q_indptr = q_indptr.map_or(std::ptr::null(), |i| i.as_ptr());
     p.k = k.as_ptr().cast();

@@ -1,19 +1,8 @@
 //! Safe API behaviour: errors carry status and message, failures change
 //! nothing, decode agrees with the dense reference, engine and scheduler work.
+mod common;
+use common::{noise, small};
 use flashdec::*;
-
-fn small(layers: u32) -> CacheConfig {
-    CacheConfig { num_layers: layers, num_kv_heads: 2, head_dim: 8, block_size: 4, max_blocks: 8, dtype: DType::F32, ..CacheConfig::default() }
-}
-
-fn noise(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
 
 fn assert_send<T: Send>() {}
 

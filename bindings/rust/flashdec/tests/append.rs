@@ -1,5 +1,7 @@
 //! Append primitives, external storage, async exports and the async error
 //! query, on the CPU: slots written exactly, failures write nothing.
+mod common;
+use common::{noise, small};
 use flashdec::*;
 
 const H: u32 = 2;
@@ -7,15 +9,6 @@ const D: u32 = 8;
 const BS: u32 = 4;
 const NB: usize = 5;
 const BLOCK: usize = (H * D * BS) as usize;
-
-fn noise(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
 
 /// Token-major index of (block, head, offset, dim).
 fn at(block: usize, h: usize, offset: usize, d: usize) -> usize {
@@ -91,10 +84,6 @@ fn append_failures_write_nothing() {
     assert!(e.message.contains("pages.k"), "{}", e.message);
     assert!(kc.iter().chain(vc.iter()).all(|x| *x == 0.0));
     assert!(q_out.iter().all(|x| *x == 7.0));
-}
-
-fn small(layers: u32) -> CacheConfig {
-    CacheConfig { num_layers: layers, num_kv_heads: H, head_dim: D, block_size: BS, max_blocks: 8, dtype: DType::F32, ..CacheConfig::default() }
 }
 
 #[test]

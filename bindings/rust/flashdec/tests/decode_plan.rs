@@ -4,6 +4,8 @@
 //! `DecodePlan::new_multi`): causal attention against an f64 reference, the
 //! binding's length checks, the library's offset checks, and CUDA's need of
 //! max_q_len_hint with q_indptr (raw parameters).
+mod common;
+use common::noise;
 use flashdec::*;
 
 const HQ: u32 = 4;
@@ -15,15 +17,6 @@ const BLOCK: usize = (HKV * BS * D) as usize;
 /// Three rows of 9, 0 and 5 tokens (three table slots each).
 const TABLES: [i32; 9] = [4, 1, 0, -1, -1, -1, 5, 2, -1];
 const LENS: [i32; 3] = [9, 0, 5];
-
-fn noise(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
 
 /// q, k, v of one layer.
 fn layer(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {

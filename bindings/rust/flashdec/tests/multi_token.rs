@@ -1,19 +1,16 @@
 //! Several tokens per row (0.2): multi-token transactions, keep, truncate
 //! (S5, S5.2, S5.3), engine multi-token steps and bulk prefill (S8), and
 //! the dense reference with query tokens and variants (S2.2, S2.3).
+mod common;
+use common::{noise, small};
 use flashdec::*;
 
-fn small(layers: u32) -> CacheConfig {
-    CacheConfig { num_layers: layers, num_kv_heads: 2, head_dim: 8, block_size: 4, max_blocks: 8, dtype: DType::F32, ..CacheConfig::default() }
-}
-
-fn noise(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
+/// A small(2) cache with requests 1 and 2.
+fn two_requests() -> Cache {
+    let mut c = Cache::new(&small(2)).unwrap();
+    c.add_request(1).unwrap();
+    c.add_request(2).unwrap();
+    c
 }
 
 /// Writes every layer of `tx` with `tokens` packed tokens of noise.
@@ -53,9 +50,7 @@ fn stored(cache: &Cache, id: u64) -> Vec<[Vec<f32>; 2]> {
 
 #[test]
 fn begin_multi_positions_blocks_and_token_indptr() {
-    let mut c = Cache::new(&small(2)).unwrap();
-    c.add_request(1).unwrap();
-    c.add_request(2).unwrap();
+    let mut c = two_requests();
     let mut seed = 1;
     let mut tx = c.begin(&[1]).unwrap();
     write_all(&mut tx, 2, 1, &mut seed);
@@ -91,9 +86,7 @@ fn begin_multi_positions_blocks_and_token_indptr() {
 
 #[test]
 fn begin_multi_refusals() {
-    let mut c = Cache::new(&small(2)).unwrap();
-    c.add_request(1).unwrap();
-    c.add_request(2).unwrap();
+    let mut c = two_requests();
     let e = c.begin_multi(&[1, 2], &[3, 0]).err().unwrap();
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("token_counts[1] is 0: each row appends at least one token"), "{}", e.message);
@@ -109,9 +102,7 @@ fn begin_multi_refusals() {
 
 #[test]
 fn commit_keep_drops_tokens_and_their_blocks() {
-    let mut c = Cache::new(&small(2)).unwrap();
-    c.add_request(1).unwrap();
-    c.add_request(2).unwrap();
+    let mut c = two_requests();
     let mut seed = 2;
     let mut tx = c.begin_multi(&[1, 2], &[5, 3]).unwrap();
     assert_eq!(tx.info().unwrap().new_block_count, 3);
@@ -137,9 +128,7 @@ fn commit_keep_drops_tokens_and_their_blocks() {
 
 #[test]
 fn truncate_shortens_releases_and_refuses() {
-    let mut c = Cache::new(&small(2)).unwrap();
-    c.add_request(1).unwrap();
-    c.add_request(2).unwrap();
+    let mut c = two_requests();
     let mut seed = 3;
     let mut tx = c.begin_multi(&[1, 2], &[7, 2]).unwrap();
     write_all(&mut tx, 2, 9, &mut seed);
