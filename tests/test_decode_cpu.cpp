@@ -528,7 +528,7 @@ void test_parameter_errors(void **state) {
   EXPECT_BOTH_FAIL(prm->struct_size = sizeof(fd_decode_params) + 8, FD_ERR_INVALID_ARGUMENT,
                    "struct_size");
   EXPECT_BOTH_FAIL(prm->q_dtype = 3, FD_ERR_INVALID_ARGUMENT, "q_dtype 3");
-  EXPECT_BOTH_FAIL(prm->kv_dtype = 3, FD_ERR_INVALID_ARGUMENT, "kv_dtype 3");
+  EXPECT_BOTH_FAIL(prm->kv_dtype = 5, FD_ERR_INVALID_ARGUMENT, "kv_dtype 5");
   EXPECT_BOTH_FAIL(prm->out_dtype = -1, FD_ERR_INVALID_ARGUMENT, "out_dtype -1");
   EXPECT_BOTH_FAIL(prm->layout = 2, FD_ERR_INVALID_ARGUMENT, "layout 2");
   EXPECT_BOTH_FAIL(prm->device.type = 2, FD_ERR_INVALID_ARGUMENT, "device.type 2");
@@ -567,10 +567,16 @@ void test_parameter_errors(void **state) {
   static const int32_t indptr[4] = {0, 1, 2, 3};
   EXPECT_BOTH_FAIL((prm->device.type = FD_DEVICE_CUDA, prm->q_indptr = indptr),
                    FD_ERR_INVALID_ARGUMENT, "max_q_len_hint must be > 0 with q_indptr on CUDA");
-  EXPECT_BOTH_FAIL(prm->q_dtype = FD_DTYPE_BF16, FD_ERR_UNSUPPORTED, "q_dtype bf16");
-  EXPECT_BOTH_FAIL(prm->out_dtype = FD_DTYPE_F32, FD_ERR_UNSUPPORTED, "out_dtype f32");
-  EXPECT_BOTH_FAIL((prm->q_dtype = FD_DTYPE_F32, prm->out_dtype = FD_DTYPE_F32), FD_ERR_UNSUPPORTED,
-                   "kv_dtype f16");
+  /* Since 0.2 (S1.1) the CPU backend serves q_dtype and out_dtype of any
+   * compute type over any kv_dtype (tests/test_fp8_decode.cpp); FP8 is a
+   * K/V type only, and the scales are finite and > 0. */
+  EXPECT_BOTH_FAIL(prm->q_dtype = FD_DTYPE_FP8_E4M3, FD_ERR_INVALID_ARGUMENT, "q_dtype 3");
+  EXPECT_BOTH_FAIL(prm->out_dtype = FD_DTYPE_FP8_E5M2, FD_ERR_INVALID_ARGUMENT,
+                   "out_dtype 4 (fp8_e5m2) is a storage type");
+  EXPECT_BOTH_FAIL(prm->k_scale = 0.f, FD_ERR_INVALID_ARGUMENT, "k_scale");
+  EXPECT_BOTH_FAIL(prm->v_scale = -1.f, FD_ERR_INVALID_ARGUMENT, "v_scale");
+  EXPECT_BOTH_FAIL(prm->k_scale = NAN, FD_ERR_INVALID_ARGUMENT, "k_scale");
+  EXPECT_BOTH_FAIL(prm->v_scale = INFINITY, FD_ERR_INVALID_ARGUMENT, "v_scale");
   EXPECT_DECODE_FAILS(prm->out = (void *)prm->q, FD_ERR_INVALID_ARGUMENT, "out must not overlap q");
   EXPECT_DECODE_FAILS(prm->out = (void *)((const char *)prm->k_cache + 2), FD_ERR_INVALID_ARGUMENT,
                       "out must not overlap k_cache");

@@ -6,7 +6,11 @@
 // only on the row's length, never on the thread count. An item streams its
 // chunk's tokens through the block table in tiles: each tile's K and V are
 // converted to FP32 once and serve every query head of the GQA group, so each
-// K/V element is read from memory once per group. The softmax is the online
+// K/V element is read from memory once per group. The code is compiled once
+// per K/V type (the hot loop); q and out, read and written once per item,
+// convert at run time, so every combination of the compute types over every
+// K/V type is served. FP8 K/V is read as stored: the K scale is folded into
+// the query scale and the V scale into the output (S1.1). The softmax is the online
 // (streaming) form with FP32 state per query head (attention/decode_cpu_kernels.hpp
 // has the arithmetic, a fixed sequence of IEEE operations in every build).
 // A row of one chunk writes its output directly; otherwise each chunk leaves
@@ -155,7 +159,7 @@ class Plan {
     return s;
   }
 
-  template <class Ty>
+  template <int32_t kKv>
   FD_HOT_INLINE void run_item(size_t item, Scratch &s) const;
 
  private:
@@ -163,18 +167,16 @@ class Plan {
   static size_t round_line(size_t floats) { return (floats + kLine - 1) / kLine * kLine; }
   static size_t round_bytes(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-  template <class Ty>
+  template <int32_t kKv>
   FD_HOT_INLINE void attend(uint32_t row, uint32_t kv_head, size_t t_begin, size_t t_end,
                             Scratch &s) const;
-  template <class Ty>
-  FD_HOT_INLINE void merge(const float *first, size_t n, size_t rows, Scratch &s,
-                           typename Elem<Ty::kOut>::T *out, size_t q_stride,
-                           uint32_t kv_head) const;
-  // Writes the normalised rows of s.acc (query token j, head g at out +
-  // j * q_stride + g * dim); attention sinks join the denominators here.
-  template <class Ty>
-  FD_HOT_INLINE void store(const Scratch &s, size_t rows, typename Elem<Ty::kOut>::T *out,
+  FD_HOT_INLINE void merge(const float *first, size_t n, size_t rows, Scratch &s, size_t out,
                            size_t q_stride, uint32_t kv_head) const;
+  // Writes the normalised rows of s.acc (query token j, head g at element
+  // out + j * q_stride + g * dim of the output), times the V scale;
+  // attention sinks join the denominators here.
+  FD_HOT_INLINE void store(const Scratch &s, size_t rows, size_t out, size_t q_stride,
+                           uint32_t kv_head) const;
 
   const DecodeProblem &pb_;
   size_t group_, dim_, tile_, tile8_, heads_;
@@ -195,27 +197,20 @@ class Plan {
 // kv_head) in s.m, s.l and s.acc, for every query row of the item. With
 // several query tokens (q_indptr) the mask is causal: query token j of a row
 // of length len and q_len tokens sees positions <= len - q_len + j.
-template <class Ty>
+template <int32_t kKv>
 FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, size_t t_end,
                                 Scratch &s) const {
-  using T = typename Elem<Ty::kQ>::T;
   const size_t dim = dim_, group = group_;
   const size_t q_len = static_cast<size_t>(pb_.q_len(row));
   const size_t rows = q_len * group;
   const size_t q_stride = static_cast<size_t>(pb_.num_q_heads) * dim;
-  const T *q = static_cast<const T *>(pb_.q) + static_cast<size_t>(pb_.q_first(row)) * q_stride +
-               kv_head * group * dim;
-  for (size_t j = 0; j < q_len; ++j) {
-    const T *src = q + j * q_stride;
-    float *dst = s.q + j * group * dim;
-    const size_t nq = group * dim;
-    size_t i = 0;
-    for (; i + 8 <= nq; i += 8) Elem<Ty::kQ>::to_f32x8(src + i, dst + i);
-    for (; i < nq; ++i) dst[i] = Elem<Ty::kQ>::to_f32(src[i]);
-  }
+  const size_t q = static_cast<size_t>(pb_.q_first(row)) * q_stride + kv_head * group * dim;
+  for (size_t j = 0; j < q_len; ++j)
+    load_row_f32(pb_.q, pb_.q_dtype, q + j * q_stride, s.q + j * group * dim, group * dim);
   const VariantPolicy policy = VariantPolicy::of(pb_.variant);
   {
-    const float scale = policy.query_scale();
+    // K = stored x k_scale: the scale joins sm_scale (exactly sm_scale at 1).
+    const float scale = policy.query_scale() * pb_.k_scale;
     for (size_t i = 0; i < rows * dim; ++i) s.q[i] *= scale;
   }
   std::fill(s.m, s.m + rows, -INFINITY);
@@ -227,8 +222,8 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
   const size_t first_limit = len - q_len;
   // Several query tokens (causal) or a window: per-row masks.
   const bool masked = q_len > 1 || policy.window > 0;
-  const TileSource<Ty::kKV> k_src(pb_, pb_.k, row, kv_head);
-  const TileSource<Ty::kKV> v_src(pb_, pb_.v, row, kv_head);
+  const TileSource<kKv> k_src(pb_, pb_.k, row, kv_head);
+  const TileSource<kKv> v_src(pb_, pb_.v, row, kv_head);
   for (size_t t0 = t_begin; t0 < t_end; t0 += tile_) {
     const size_t n = std::min(tile_, t_end - t0);
     k_src.gather(t0, n, s.k);
@@ -265,23 +260,25 @@ FD_HOT_INLINE void Plan::attend(uint32_t row, uint32_t kv_head, size_t t_begin, 
   }
 }
 
-template <class Ty>
-FD_HOT_INLINE void Plan::store(const Scratch &s, size_t rows, typename Elem<Ty::kOut>::T *out,
-                               size_t q_stride, uint32_t kv_head) const {
+FD_HOT_INLINE void Plan::store(const Scratch &s, size_t rows, size_t out, size_t q_stride,
+                               uint32_t kv_head) const {
   const size_t group = group_, dim = dim_;
   const float *sinks = pb_.variant.sinks;
+  // V = stored x v_scale, applied once to the normalised sums (exactly
+  // 1 / l at 1).
+  const float v_scale = pb_.v_scale;
   for (size_t r = 0; r < rows; ++r) {
-    float inv = 1.0f / s.l[r];
+    float inv = v_scale / s.l[r];
     if (sinks != nullptr) {
       // A sink is one more term of the denominator, e^(sink - max), and no
       // value: rescale to the larger of the two maxima (-inf: no change).
       const float sink = sinks[kv_head * group + r % group];
       const float m = s.m[r], top = sink > m ? sink : m;
       const float keep = cpu::exp1(m - top);
-      inv = keep / (s.l[r] * keep + cpu::exp1(sink - top));
+      inv = (v_scale * keep) / (s.l[r] * keep + cpu::exp1(sink - top));
     }
-    auto *dst = out + (r / group) * q_stride + (r % group) * dim;
-    for (size_t d = 0; d < dim; ++d) dst[d] = Elem<Ty::kOut>::from_f32(s.acc[r * dim + d] * inv);
+    store_row_f32(pb_.out, pb_.out_dtype, out + (r / group) * q_stride + (r % group) * dim,
+                  s.acc + r * dim, inv, dim);
   }
 }
 
@@ -289,10 +286,8 @@ FD_HOT_INLINE void Plan::store(const Scratch &s, size_t rows, typename Elem<Ty::
 // the maximum of the chunks' maxima, then each chunk's weight sum and V sums
 // scaled by e^(its max - that maximum), added in chunk order. A chunk that a
 // query row sees none of holds max -inf and adds nothing.
-template <class Ty>
-FD_HOT_INLINE void Plan::merge(const float *first, size_t n, size_t rows, Scratch &s,
-                               typename Elem<Ty::kOut>::T *out, size_t q_stride,
-                               uint32_t kv_head) const {
+FD_HOT_INLINE void Plan::merge(const float *first, size_t n, size_t rows, Scratch &s, size_t out,
+                               size_t q_stride, uint32_t kv_head) const {
   const size_t dim = dim_;
   for (size_t r = 0; r < rows; ++r) {
     float mx = -INFINITY;
@@ -315,12 +310,11 @@ FD_HOT_INLINE void Plan::merge(const float *first, size_t n, size_t rows, Scratc
       for (size_t d = 0; d < dim; ++d) acc[d] += a[d] * f;
     }
   }
-  store<Ty>(s, rows, out, q_stride, kv_head);
+  store(s, rows, out, q_stride, kv_head);
 }
 
-template <class Ty>
+template <int32_t kKv>
 FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
-  using T = typename Elem<Ty::kOut>::T;
   const size_t batch = pb_.batch;
   const size_t row =
       static_cast<size_t>(std::upper_bound(row_item_, row_item_ + batch + 1, item) - row_item_ - 1);
@@ -334,17 +328,17 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   const size_t rows = static_cast<size_t>(pb_.q_len(static_cast<uint32_t>(row))) * group;
   const size_t q_stride = static_cast<size_t>(pb_.num_q_heads) * dim;
   // The group's query heads are consecutive: kv_head * group .. + group - 1.
-  T *out = static_cast<T *>(pb_.out) +
-           static_cast<size_t>(pb_.q_first(static_cast<uint32_t>(row))) * q_stride +
-           kv_head * group * dim;
+  const size_t out = static_cast<size_t>(pb_.q_first(static_cast<uint32_t>(row))) * q_stride +
+                     kv_head * group * dim;
   if (len == 0) {  // one query token (q_len <= seq_len otherwise)
-    for (size_t i = 0; i < group * dim; ++i) out[i] = Elem<Ty::kOut>::from_f32(0.f);
+    std::fill(s.acc, s.acc + group * dim, 0.f);
+    store_row_f32(pb_.out, pb_.out_dtype, out, s.acc, 1.f, group * dim);
     return;
   }
   const size_t t0 = span.first + chunk * kChunkTokens;
-  attend<Ty>(static_cast<uint32_t>(row), kv_head, t0, std::min(len, t0 + kChunkTokens), s);
+  attend<kKv>(static_cast<uint32_t>(row), kv_head, t0, std::min(len, t0 + kChunkTokens), s);
   if (n == 1) {
-    store<Ty>(s, rows, out, q_stride, kv_head);
+    store(s, rows, out, q_stride, kv_head);
     return;
   }
   float *first = slot_base_ + (row_slot_[row] + kv_head * n) * slot_floats_;
@@ -356,7 +350,7 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
   // that finishes last, makes every other chunk's slot visible to it.
   std::atomic<uint32_t> &done = done_[row * heads_ + kv_head];
   if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n)
-    merge<Ty>(first, n, rows, s, out, q_stride, kv_head);
+    merge(first, n, rows, s, out, q_stride, kv_head);
 }
 
 // One work item: the code above compiled for the baseline ISA and, on
@@ -364,24 +358,24 @@ FD_HOT_INLINE void Plan::run_item(size_t item, Scratch &s) const {
 // order, no FMA, so both give the same bits).
 using ItemFn = void (*)(const Plan &, size_t, Scratch &);
 
-template <class Ty>
+template <int32_t kKv>
 void item_baseline(const Plan &plan, size_t item, Scratch &s) {
-  plan.run_item<Ty>(item, s);
+  plan.run_item<kKv>(item, s);
 }
 
 #if FD_CPU_AVX2_CLONE
-template <class Ty>
+template <int32_t kKv>
 [[gnu::target("avx2")]] void item_avx2(const Plan &plan, size_t item, Scratch &s) {
-  plan.run_item<Ty>(item, s);
+  plan.run_item<kKv>(item, s);
 }
 #endif
 
-template <class Ty>
+template <int32_t kKv>
 ItemFn select_item() {
 #if FD_CPU_AVX2_CLONE
-  if (__builtin_cpu_supports("avx2")) return item_avx2<Ty>;
+  if (__builtin_cpu_supports("avx2")) return item_avx2<kKv>;
 #endif
-  return item_baseline<Ty>;
+  return item_baseline<kKv>;
 }
 
 // Threads worth using: handing work to a pool worker costs a few microseconds
@@ -398,14 +392,14 @@ size_t choose_threads(const DecodeProblem &pb, size_t items) {
   return static_cast<size_t>(std::min<uint64_t>({requested, items, useful}));
 }
 
-template <class Ty>
+template <int32_t kKv>
 void run(const DecodeProblem &pb) {
   const size_t tile = tile_tokens(pb.head_dim);
   size_t items = 0;
   for (uint32_t r = 0; r < pb.batch; ++r) items += row_span(pb, r).chunks * pb.num_kv_heads;
   const size_t threads = choose_threads(pb, items);
   const Plan plan(pb, tile, threads);
-  const ItemFn run_item = select_item<Ty>();
+  const ItemFn run_item = select_item<kKv>();
   std::atomic<size_t> next{0};
   // Items are handed out dynamically (rows can differ widely in length); which
   // thread computes an item does not change its result. The calling thread
@@ -423,14 +417,16 @@ void run(const DecodeProblem &pb) {
 }  // namespace
 
 void decode_cpu(const DecodeProblem &problem) {
-  // The served combinations (decode_params.cpp): q, K/V and out of one type.
-  // Other pairs are one more line here once their conversions exist.
+  // The served combinations (decode_params.cpp, S1.1): q and out each f32,
+  // f16 or bf16 (converted at run time), over any K/V type (compiled).
   const int32_t q = problem.q_dtype, kv = problem.kv.dtype, out = problem.out_dtype;
-  if (q == kv && out == kv) {
+  if (dtype_valid(q) && dtype_valid(out)) {
     switch (kv) {
-      case FD_DTYPE_F32: return run<DecodeTypes<FD_DTYPE_F32>>(problem);
-      case FD_DTYPE_F16: return run<DecodeTypes<FD_DTYPE_F16>>(problem);
-      case FD_DTYPE_BF16: return run<DecodeTypes<FD_DTYPE_BF16>>(problem);
+      case FD_DTYPE_F32: return run<FD_DTYPE_F32>(problem);
+      case FD_DTYPE_F16: return run<FD_DTYPE_F16>(problem);
+      case FD_DTYPE_BF16: return run<FD_DTYPE_BF16>(problem);
+      case FD_DTYPE_FP8_E4M3: return run<FD_DTYPE_FP8_E4M3>(problem);
+      case FD_DTYPE_FP8_E5M2: return run<FD_DTYPE_FP8_E5M2>(problem);
       default: break;
     }
   }

@@ -12,15 +12,6 @@
 
 namespace fd {
 
-// The element types of one decode call: query, K/V and output (the CPU
-// backend is templated on all three; see decode_cpu for the served ones).
-template <int32_t kQDtype, int32_t kKvDtype = kQDtype, int32_t kOutDtype = kQDtype>
-struct DecodeTypes {
-  static constexpr int32_t kQ = kQDtype;
-  static constexpr int32_t kKV = kKvDtype;
-  static constexpr int32_t kOut = kOutDtype;
-};
-
 // Storage type of each fd_dtype and its exact conversions to and from FP32.
 template <int32_t kDtype>
 struct Elem;
@@ -66,6 +57,57 @@ struct Elem<FD_DTYPE_BF16> {
   }
   static uint16_t from_f32(float x) { return f32_to_bf16(x); }
 };
+// FP8 (stored K/V only, S1.1): the stored value, read through the type's
+// 256-entry table (exact); the dequantisation scale is applied by the
+// caller (decode folds it into the query scale and the output).
+template <int32_t kFp8>
+struct Fp8Elem {
+  using T = uint8_t;
+  static float to_f32(uint8_t c) { return fp8_table(kFp8)[c]; }
+  [[gnu::always_inline]] static void to_f32x8(const uint8_t *src, float *dst) {
+    const float *table = fp8_table(kFp8);
+    for (int i = 0; i < 8; ++i) dst[i] = table[src[i]];
+  }
+};
+template <>
+struct Elem<FD_DTYPE_FP8_E4M3> : Fp8Elem<FD_DTYPE_FP8_E4M3> {};
+template <>
+struct Elem<FD_DTYPE_FP8_E5M2> : Fp8Elem<FD_DTYPE_FP8_E5M2> {};
+
+// Element `offset` .. offset + n - 1 of a q-like buffer of a compute type
+// (f32, f16, bf16: the query and output types, chosen at run time; decode
+// is templated on the K/V type only) as FP32, and the inverse scaled by
+// `mul`. The same conversions as Elem's, so the same bits.
+template <int32_t kDtype>
+[[gnu::always_inline]] inline void row_to_f32(const void *base, size_t offset, float *dst,
+                                              size_t n) {
+  const auto *src = static_cast<const typename Elem<kDtype>::T *>(base) + offset;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) Elem<kDtype>::to_f32x8(src + i, dst + i);
+  for (; i < n; ++i) dst[i] = Elem<kDtype>::to_f32(src[i]);
+}
+[[gnu::always_inline]] inline void load_row_f32(const void *base, int32_t dtype, size_t offset,
+                                                float *dst, size_t n) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return row_to_f32<FD_DTYPE_F32>(base, offset, dst, n);
+    case FD_DTYPE_F16: return row_to_f32<FD_DTYPE_F16>(base, offset, dst, n);
+    default: return row_to_f32<FD_DTYPE_BF16>(base, offset, dst, n);
+  }
+}
+template <int32_t kDtype>
+[[gnu::always_inline]] inline void row_from_f32(void *base, size_t offset, const float *src,
+                                                float mul, size_t n) {
+  auto *dst = static_cast<typename Elem<kDtype>::T *>(base) + offset;
+  for (size_t i = 0; i < n; ++i) dst[i] = Elem<kDtype>::from_f32(src[i] * mul);
+}
+[[gnu::always_inline]] inline void store_row_f32(void *base, int32_t dtype, size_t offset,
+                                                 const float *src, float mul, size_t n) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return row_from_f32<FD_DTYPE_F32>(base, offset, src, mul, n);
+    case FD_DTYPE_F16: return row_from_f32<FD_DTYPE_F16>(base, offset, src, mul, n);
+    default: return row_from_f32<FD_DTYPE_BF16>(base, offset, src, mul, n);
+  }
+}
 
 // The K or V tokens of one (row, kv head), addressed through the block table
 // and the resolved strides.

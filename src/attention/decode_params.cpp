@@ -63,26 +63,47 @@ bool overlaps(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
   return ranges_overlap(a, static_cast<size_t>(a_bytes), b, static_cast<size_t>(b_bytes));
 }
 
+// q_dtype and out_dtype: a compute type (FP8 is a storage type: K/V only).
 void require_dtype(int32_t dtype, const char *name) {
+  if (dtype_is_fp8(dtype))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "%s %d (%s) is a storage type (K/V only, kv_dtype): %s must be f32, f16 or bf16", name,
+         static_cast<int>(dtype), dtype_name(dtype), name);
   if (!dtype_valid(dtype))
     fail(FD_ERR_INVALID_ARGUMENT, "%s %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)", name,
          static_cast<int>(dtype));
 }
 
-// The element-type combinations the backends serve (docs/semantics.md S1):
-// q, K/V and out of one type. Checked after every invalid-argument check.
+void require_kv_dtype(int32_t dtype) {
+  if (!kv_dtype_valid(dtype))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "kv_dtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4)",
+         static_cast<int>(dtype));
+}
+
+// A dequantisation scale (S1.1): finite and > 0.
+void require_scale(float scale, const char *name) {
+  if (!std::isfinite(scale) || scale <= 0.f)
+    fail(FD_ERR_INVALID_ARGUMENT, "%s must be finite and > 0 (1: none), got %g", name,
+         static_cast<double>(scale));
+}
+
+// The element-type combinations served (docs/semantics.md S1, S1.1),
+// checked after every invalid-argument check. The CPU backend serves them
+// all: q_dtype and out_dtype each f32, f16 or bf16 over any kv_dtype. f32 is
+// a CPU type; which combinations of the others the CUDA kernels serve is
+// their own check (backend::cuda_plan_decode), made when the call is
+// planned, before anything runs.
 void check_served_dtypes(const fd_decode_params &p) {
-  if (p.q_dtype != p.kv_dtype)
-    fail(FD_ERR_UNSUPPORTED,
-         "q_dtype %s with kv_dtype %s is not served: q_dtype must equal kv_dtype in 0.2",
-         dtype_name(p.q_dtype), dtype_name(p.kv_dtype));
-  if (p.out_dtype != p.kv_dtype)
-    fail(FD_ERR_UNSUPPORTED,
-         "out_dtype %s with kv_dtype %s is not served: out_dtype must equal kv_dtype in 0.2",
-         dtype_name(p.out_dtype), dtype_name(p.kv_dtype));
-  if (p.device.type == FD_DEVICE_CUDA && p.kv_dtype == FD_DTYPE_F32)
-    fail(FD_ERR_UNSUPPORTED,
-         "kv_dtype f32 is served by the CPU backend only, not by FD_DEVICE_CUDA");
+  if (p.device.type != FD_DEVICE_CUDA) return;
+  const struct {
+    const char *name;
+    int32_t dtype;
+  } fields[] = {{"kv_dtype", p.kv_dtype}, {"q_dtype", p.q_dtype}, {"out_dtype", p.out_dtype}};
+  for (const auto &f : fields)
+    if (f.dtype == FD_DTYPE_F32)
+      fail(FD_ERR_UNSUPPORTED, "%s f32 is served by the CPU backend only, not by FD_DEVICE_CUDA",
+           f.name);
 }
 
 // Query lengths: several query tokens per row (q_indptr). The CUDA backend
@@ -124,7 +145,7 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   DecodeProblem pb;
 
   require_dtype(p.q_dtype, "q_dtype");
-  require_dtype(p.kv_dtype, "kv_dtype");
+  require_kv_dtype(p.kv_dtype);
   require_dtype(p.out_dtype, "out_dtype");
   if (p.layout != FD_LAYOUT_TOKEN_MAJOR && p.layout != FD_LAYOUT_DIM_MAJOR)
     fail(FD_ERR_INVALID_ARGUMENT,
@@ -160,6 +181,8 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   if (p.sliding_window < 0)
     fail(FD_ERR_INVALID_ARGUMENT, "sliding_window must be >= 0 (0: none), got %d",
          static_cast<int>(p.sliding_window));
+  require_scale(p.k_scale, "k_scale");
+  require_scale(p.v_scale, "v_scale");
   if ((p.flags & ~kKnownFlags) != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "flags 0x%x has unknown bits 0x%x", p.flags,
          p.flags & ~kKnownFlags);
@@ -253,6 +276,8 @@ DecodeProblem resolve_decode_params(const fd_decode_params *params, DecodeUse us
   pb.variant.logit_softcap = p.logit_softcap;
   pb.variant.sliding_window = p.sliding_window;
   pb.variant.sinks = p.sinks;
+  pb.k_scale = p.k_scale;
+  pb.v_scale = p.v_scale;
   // seq_lens are int32, so a capacity beyond INT32_MAX never binds.
   const uint64_t max_len =
       p.max_seq_len_hint > 0 ? static_cast<uint64_t>(p.max_seq_len_hint) : capacity;

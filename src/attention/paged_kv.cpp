@@ -21,8 +21,9 @@ void require_positive(uint32_t value, const char *prefix, const char *name) {
 }  // namespace
 
 PagedKv resolve_paged_kv(const PagedKvRequest &r, const char *prefix) {
-  if (!dtype_valid(r.dtype))
-    fail(FD_ERR_INVALID_ARGUMENT, "%sdtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)",
+  if (!kv_dtype_valid(r.dtype))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "%sdtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4)",
          prefix, static_cast<int>(r.dtype));
   if (r.layout != FD_LAYOUT_TOKEN_MAJOR && r.layout != FD_LAYOUT_DIM_MAJOR)
     fail(FD_ERR_INVALID_ARGUMENT,
