@@ -2,6 +2,7 @@
 // parameter struct, checks every host-known value, resolves defaults into an
 // AppendProblem and dispatches to the CPU or the CUDA backend. Nothing is
 // written before every check has passed.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -46,13 +47,62 @@ void require_positive(uint32_t value, const char *name) {
   if (value == 0) fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be > 0", name);
 }
 
+// The element types (S1.1): dtype (q, k, v, q_out) is a compute type;
+// cache_dtype (-1: dtype) is a K/V type; scales are finite, > 0 and, unless
+// the cache is FP8 (which quantises with them), 1. Returns the cache dtype.
+int32_t resolve_dtypes(const fd_kv_append_params &p) {
+  if (dtype_is_fp8(p.dtype))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "params->dtype %s is a storage type: dtype (q, k, v, q_out) must be f32, f16 or bf16; "
+         "give the FP8 cache's type in cache_dtype",
+         dtype_name(p.dtype));
+  if (!dtype_valid(p.dtype))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "params->dtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)",
+         static_cast<int>(p.dtype));
+  const int32_t cache = p.cache_dtype == -1 ? p.dtype : p.cache_dtype;
+  if (!kv_dtype_valid(cache))
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "params->cache_dtype %d is not an fd_dtype (-1: dtype, f32 = 0, f16 = 1, bf16 = 2, "
+         "fp8_e4m3 = 3, fp8_e5m2 = 4)",
+         static_cast<int>(p.cache_dtype));
+  const struct {
+    const char *name;
+    float value;
+  } scales[] = {{"k_scale", p.k_scale}, {"v_scale", p.v_scale}};
+  for (const auto &sc : scales) {
+    if (!std::isfinite(sc.value) || sc.value <= 0.f)
+      fail(FD_ERR_INVALID_ARGUMENT, "params->%s must be finite and > 0 (1: none), got %g", sc.name,
+           static_cast<double>(sc.value));
+    if (!dtype_is_fp8(cache) && sc.value != 1.f)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "params->%s is %g, but scales quantise into an FP8 cache_dtype; with cache_dtype %s "
+           "it must be 1",
+           sc.name, static_cast<double>(sc.value), dtype_name(cache));
+  }
+  if (p.reserved1 != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "params->reserved1 must be 0, got %u", p.reserved1);
+  return cache;
+}
+
+// Combinations that are valid but not served; checked after every
+// invalid-argument check.
+void check_served_dtypes(const fd_kv_append_params &p, int32_t cache) {
+  if (!dtype_is_fp8(cache) && cache != p.dtype)
+    fail(FD_ERR_UNSUPPORTED,
+         "params->cache_dtype %s with dtype %s is not served: a cache that is not FP8 takes its "
+         "own type (cache_dtype -1 or equal to dtype)",
+         dtype_name(cache), dtype_name(p.dtype));
+}
+
 AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   const fd_kv_append_params p = read_params(params);
   AppendProblem pb;
   if (p.reserved0 != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "params->reserved0 must be 0, got %u", p.reserved0);
+  const int32_t cache_dtype = resolve_dtypes(p);
   // The caches: dtype, layout, extents, strides and span (the one resolver).
-  PagedKvRequest cache = paged_kv_request(p, p.dtype, p.num_blocks);
+  PagedKvRequest cache = paged_kv_request(p, cache_dtype, p.num_blocks);
   cache.packed_what = "params->k_cache/v_cache ([num_blocks, num_kv_heads, block_size, head_dim])";
   cache.span_what = "params->k_cache/v_cache (the elements its sizes and strides address)";
   pb.kv = resolve_paged_kv(cache, "params->");
@@ -89,7 +139,8 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   } else {
     fail(FD_ERR_INVALID_ARGUMENT, "params->device.type %d is not an fd_device_type", p.device.type);
   }
-  const size_t e = pb.kv.element_bytes;
+  // Elements of the caches (ce) and of q, k, v and q_out (e).
+  const size_t ce = pb.kv.element_bytes, e = dtype_size(p.dtype);
   const char *kv_what = "params->k/v ([num_tokens, num_kv_heads, head_dim])";
   const size_t kv_bytes = checked_extent_mul(
       checked_extent_mul(checked_extent_mul(p.num_tokens, p.num_kv_heads, kv_what), p.head_dim,
@@ -101,8 +152,8 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
     const char *name;
   } arrays[] = {{p.k, e, "params->k"},
                 {p.v, e, "params->v"},
-                {p.k_cache, e, "params->k_cache"},
-                {p.v_cache, e, "params->v_cache"},
+                {p.k_cache, ce, "params->k_cache"},
+                {p.v_cache, ce, "params->v_cache"},
                 {p.block_ids, 4, "params->block_ids"},
                 {p.offsets, 4, "params->offsets"},
                 {rope ? p.q : nullptr, e, "params->q"},
@@ -122,6 +173,10 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
       fail(FD_ERR_INVALID_ARGUMENT, "params->q_out must not overlap k or v");
   }
 
+  check_served_dtypes(p, cache_dtype);
+  pb.src_dtype = p.dtype;
+  pb.k_scale = p.k_scale;
+  pb.v_scale = p.v_scale;
   pb.num_tokens = p.num_tokens;
   pb.num_q_heads = rope ? p.num_q_heads : 0;
   pb.rotary_dim = rope ? p.rotary_dim : 0;
