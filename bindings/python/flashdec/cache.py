@@ -469,7 +469,9 @@ class Cache:
         token (effective_seq_lens). Returns ``out`` (allocated when None).
         Extra keyword arguments go to :func:`flashdec.decode`; on a CPU cache
         that includes ``q_indptr`` (multi-token queries, the rows' last
-        tokens: q is then [q_indptr[-1], num_q_heads, head_dim]).
+        tokens: q is then [q_indptr[-1], num_q_heads, head_dim]); for a
+        transaction from ``begin(..., token_counts=)`` that is its
+        :meth:`Transaction.token_indptr_async` (attention over its tokens).
 
         CPU cache: q/out are host arrays; runs before return. CUDA cache: q/out
         are torch CUDA tensors on the cache's device; the block tables and
