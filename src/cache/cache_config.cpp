@@ -104,7 +104,7 @@ fd_cache_config resolve_cache_config(const fd_cache_config *config) {
   if (c.prefix_cache_capacity_blocks > c.max_blocks)
     fail(FD_ERR_INVALID_ARGUMENT, "config.prefix_cache_capacity_blocks %u exceeds max_blocks %u",
          c.prefix_cache_capacity_blocks, c.max_blocks);
-  if (!dtype_valid(c.dtype))
+  if (!kv_dtype_valid(c.dtype))
     fail(FD_ERR_INVALID_ARGUMENT, "config.dtype %d is not an fd_dtype", c.dtype);
   if (c.layout != FD_LAYOUT_TOKEN_MAJOR && c.layout != FD_LAYOUT_DIM_MAJOR)
     fail(FD_ERR_INVALID_ARGUMENT, "config.layout %d is not an fd_kv_layout", c.layout);

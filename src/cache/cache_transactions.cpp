@@ -166,8 +166,8 @@ void PagedCache::check_layer_write(const OpenTransaction &t, uint32_t layer, con
     }
     require_non_null(k, "k");
     require_non_null(v, "v");
-    require_aligned(k, element_size(), "k");
-    require_aligned(v, element_size(), "v");
+    require_aligned(k, input_element_size(), "k");
+    require_aligned(v, input_element_size(), "v");
   } catch (const Error &) {
     ++s_.tx_counters.failure_count;
     throw;
@@ -215,8 +215,8 @@ void PagedCache::write_layer_rope(fd_tx tx, uint32_t layer, const void *q, uint3
   try {
     require_non_null(q, "q");
     require_non_null(q_out, "q_out");
-    require_aligned(q, element_size(), "q");
-    require_aligned(q_out, element_size(), "q_out");
+    require_aligned(q, input_element_size(), "q");
+    require_aligned(q_out, input_element_size(), "q_out");
     const uint32_t kv_heads = s_.config.num_kv_heads;
     if (num_q_heads == 0 || num_q_heads % kv_heads != 0)
       fail(FD_ERR_INVALID_ARGUMENT,

@@ -1,9 +1,12 @@
-// Host-memory K/V storage of the CPU backend.
+// Host-memory K/V storage of the CPU backend. Layer writes take K, V (and
+// Q) in the geometry's input_dtype; an FP8 storage quantises them with the
+// layer's scales (S1.1).
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "cache/kv_storage.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "ops/rope.hpp"
 
@@ -28,7 +31,10 @@ HostBuffer allocate_zeroed(size_t bytes, const char *what) {
 class CpuKvStorage final : public KvStorage {
  public:
   explicit CpuKvStorage(const KvGeometry &g)
-      : g_(g), elem_(g.element_size()), block_packed_(g.block_packed()) {
+      : g_(g),
+        elem_(g.element_size()),
+        fp8_(dtype_is_fp8(g.dtype)),
+        block_packed_(g.block_packed()) {
     if (g.external()) {
       // The caller's memory, with the caller's strides; not cleared.
       k_base_ = static_cast<unsigned char *>(g.ext_k);
@@ -49,8 +55,8 @@ class CpuKvStorage final : public KvStorage {
 
   void write_layer(uint32_t layer, const RowLocation *rows, size_t num_rows, const void *k,
                    const void *v, fd_stream) override {
-    scatter(k_base_, layer, rows, num_rows, static_cast<const unsigned char *>(k));
-    scatter(v_base_, layer, rows, num_rows, static_cast<const unsigned char *>(v));
+    scatter(k_base_, layer, rows, num_rows, k, g_.input_dtype, key_scale(layer));
+    scatter(v_base_, layer, rows, num_rows, v, g_.input_dtype, value_scale(layer));
   }
 
   void write_layer_rope(uint32_t layer, const RowLocation *rows, const int32_t *positions,
@@ -61,14 +67,21 @@ class CpuKvStorage final : public KvStorage {
     // overlaps k or v cannot corrupt what gets stored.
     // (The scratch is a member reused by every call: no allocation per layer.)
     // Every allocation happens before the first store, so a failure (out of
-    // memory) leaves the cache unchanged.
-    k_rot_.resize(num_rows * g_.num_kv_heads * g_.head_dim * elem_);
+    // memory) leaves the cache unchanged. Into FP8 the rotated K stays FP32
+    // and is rounded once, to FP8 (S1.1).
+    const size_t k_elems = num_rows * g_.num_kv_heads * g_.head_dim;
+    const int32_t rot_dtype = fp8_ ? FD_DTYPE_F32 : g_.input_dtype;
+    k_rot_.resize(k_elems * dtype_size(rot_dtype));
     rope_scratch_.resize(rope_scratch_floats(rotary_dim));
-    rope_rotate(g_.dtype, k, k_rot_.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
+    if (fp8_) {
+      convert_elements(k, g_.input_dtype, k_rot_.data(), FD_DTYPE_F32, k_elems, 1, 1.f);
+      k = k_rot_.data();
+    }
+    rope_rotate(rot_dtype, k, k_rot_.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
                 rotary_dim, rope_base, rope_scratch_.data());
-    scatter(k_base_, layer, rows, num_rows, k_rot_.data());
-    scatter(v_base_, layer, rows, num_rows, static_cast<const unsigned char *>(v));
-    rope_rotate(g_.dtype, q, q_out, num_rows, num_q_heads, g_.head_dim, positions, rotary_dim,
+    scatter(k_base_, layer, rows, num_rows, k_rot_.data(), rot_dtype, key_scale(layer));
+    scatter(v_base_, layer, rows, num_rows, v, g_.input_dtype, value_scale(layer));
+    rope_rotate(g_.input_dtype, q, q_out, num_rows, num_q_heads, g_.head_dim, positions, rotary_dim,
                 rope_base, rope_scratch_.data());
   }
 
@@ -88,23 +101,25 @@ class CpuKvStorage final : public KvStorage {
   }
 
  private:
-  // src: [rows, num_kv_heads, head_dim]; element (r, h, d) goes to token
-  // rows[r].offset of block rows[r].block, head h, dim d.
+  // The layer's quantisation scales (1 for a storage that is not FP8).
+  float key_scale(uint32_t layer) const { return fp8_ ? k_scale(layer) : 1.f; }
+  float value_scale(uint32_t layer) const { return fp8_ ? v_scale(layer) : 1.f; }
+
+  // src: [rows, num_kv_heads, head_dim] of src_dtype; element (r, h, d)
+  // goes to token rows[r].offset of block rows[r].block, head h, dim d,
+  // divided by `scale` (convert_elements: a plain copy for the storage's
+  // own type at scale 1).
   void scatter(unsigned char *base, uint32_t layer, const RowLocation *rows, size_t num_rows,
-               const unsigned char *src) const {
+               const void *src, int32_t src_dtype, float scale) const {
     unsigned char *layer_base = base + static_cast<size_t>(layer) * layer_stride_ * elem_;
-    const size_t d = g_.head_dim;
+    const size_t d = g_.head_dim, src_elem = dtype_size(src_dtype);
+    const auto *from = static_cast<const unsigned char *>(src);
     for (size_t r = 0; r < num_rows; ++r) {
       for (size_t h = 0; h < g_.num_kv_heads; ++h) {
-        const unsigned char *s = src + (r * g_.num_kv_heads + h) * d * elem_;
         const size_t dst = static_cast<size_t>(rows[r].block) * size_t(strides_[0]) +
                            h * size_t(strides_[1]) + size_t(rows[r].offset) * size_t(strides_[2]);
-        if (strides_[3] == 1) {
-          std::memcpy(layer_base + dst * elem_, s, d * elem_);
-        } else {
-          for (size_t i = 0; i < d; ++i)
-            std::memcpy(layer_base + (dst + i * size_t(strides_[3])) * elem_, s + i * elem_, elem_);
-        }
+        convert_elements(from + (r * g_.num_kv_heads + h) * d * src_elem, src_dtype,
+                         layer_base + dst * elem_, g_.dtype, d, strides_[3], scale);
       }
     }
   }
@@ -139,6 +154,7 @@ class CpuKvStorage final : public KvStorage {
 
   KvGeometry g_;
   size_t elem_;
+  bool fp8_;           // quantises on write with the layer's scales
   bool block_packed_;  // a block is block_elements() contiguous packed elements
   HostBuffer k_;       // owned storage (null for external storage)
   HostBuffer v_;

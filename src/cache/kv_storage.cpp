@@ -76,6 +76,47 @@ void KvStorage::set_scales(const float *k_scales, const float *v_scales, uint32_
   v_scales_.swap(v);
 }
 
+namespace {
+
+// input_dtype, reserved1 and the scales of a config (S1.1): an FP8 cache
+// takes f16, bf16 or (CPU) f32 and may give scales; any other takes its own
+// dtype and no scales. Returns the resolved input dtype.
+int32_t resolve_input_dtype(const fd_cache_config &c) {
+  if (c.reserved1 != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "config.reserved1 must be 0, got %u", c.reserved1);
+  const bool fp8 = dtype_is_fp8(c.dtype);
+  const int32_t input = cache_input_dtype(c);
+  if (fp8) {
+    if (!dtype_valid(input))
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "config.input_dtype %d: an FP8 cache (dtype %s) takes K and V in f16 or bf16 (or f32 "
+           "on the CPU); -1 would mean its own storage type",
+           static_cast<int>(c.input_dtype), dtype_name(c.dtype));
+    check_kv_scales(c.k_scales, c.k_scales != nullptr ? c.num_layers : 0, "config.k_scales");
+    check_kv_scales(c.v_scales, c.v_scales != nullptr ? c.num_layers : 0, "config.v_scales");
+  } else {
+    if (input != c.dtype)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "config.input_dtype %d must be -1 or the cache's dtype %s: only FP8 caches convert "
+           "on write",
+           static_cast<int>(c.input_dtype), dtype_name(c.dtype));
+    const char *given = c.k_scales != nullptr   ? "config.k_scales"
+                        : c.v_scales != nullptr ? "config.v_scales"
+                                                : nullptr;
+    if (given != nullptr)
+      fail(FD_ERR_INVALID_ARGUMENT,
+           "%s must be NULL: only FP8 caches have scales (this cache's dtype is %s)", given,
+           dtype_name(c.dtype));
+  }
+  if (c.device.type == FD_DEVICE_CUDA && fp8 && input == FD_DTYPE_F32)
+    fail(FD_ERR_UNSUPPORTED,
+         "config.input_dtype f32 is served by the CPU backend only: an FP8 CUDA cache takes f16 "
+         "or bf16");
+  return input;
+}
+
+}  // namespace
+
 KvGeometry resolve_kv_geometry(const fd_cache_config &c) {
   KvGeometry g;
   g.num_layers = c.num_layers;
@@ -140,6 +181,7 @@ KvGeometry resolve_kv_geometry(const fd_cache_config &c) {
     fail(FD_ERR_INVALID_ARGUMENT, "external storage strides address more than INT64_MAX bytes");
   g.ext_k = c.k_storage;
   g.ext_v = c.v_storage;
+  g.input_dtype = resolve_input_dtype(c);
   return g;
 }
 

@@ -56,6 +56,12 @@ struct KvGeometry : PagedKv {
 // be 1 ...").
 KvGeometry resolve_kv_geometry(const fd_cache_config &c);
 
+// The element type layer writes take (fd_cache_config.input_dtype with -1
+// resolved: the cache's dtype); the config's own fields are kept as given.
+inline int32_t cache_input_dtype(const fd_cache_config &c) {
+  return c.input_dtype == -1 ? c.dtype : c.input_dtype;
+}
+
 // Throws FD_ERR_INVALID_ARGUMENT naming `name[i]` unless every one of the
 // `n` scales is finite and > 0 (S1.1).
 void check_kv_scales(const float *scales, uint32_t n, const char *name);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <unordered_set>
+#include <vector>
 
 #include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
@@ -22,10 +23,24 @@ unsigned long long ull(uint64_t v) {
 }  // namespace
 
 PagedCache::PagedCache(const fd_cache_config &resolved)
-    : storage_(make_kv_storage(resolve_kv_geometry(resolved), resolved.device)), s_(resolved) {}
+    : storage_(make_kv_storage(resolve_kv_geometry(resolved), resolved.device)), s_(resolved) {
+  // The scales (checked) are copied; the config keeps no caller pointer, so
+  // fd_cache_get_config reports NULL scales (fd_cache_get_kv_scales reads
+  // them).
+  const uint32_t layers = resolved.num_layers;
+  std::vector<float> ones(layers, 1.f);
+  storage_->set_scales(resolved.k_scales != nullptr ? resolved.k_scales : ones.data(),
+                       resolved.v_scales != nullptr ? resolved.v_scales : ones.data(), layers);
+  s_.config.k_scales = nullptr;
+  s_.config.v_scales = nullptr;
+}
 
 size_t PagedCache::element_size() const {
   return dtype_size(s_.config.dtype);
+}
+
+size_t PagedCache::input_element_size() const {
+  return dtype_size(cache_input_dtype(s_.config));
 }
 
 void PagedCache::require_no_open_transaction(const char *operation) const {
@@ -268,8 +283,8 @@ void PagedCache::append(const uint64_t *ids, uint32_t count, const void *k, cons
   require_non_null(ids, "request_ids");
   require_non_null(k, "k");
   require_non_null(v, "v");
-  require_aligned(k, element_size(), "k");
-  require_aligned(v, element_size(), "v");
+  require_aligned(k, input_element_size(), "k");
+  require_aligned(v, input_element_size(), "v");
   if (s_.config.num_layers != 1)
     fail(FD_ERR_INVALID_STATE,
          "legacy append needs a cache with num_layers == 1, this cache has %u layers; use "

@@ -180,9 +180,10 @@ class PagedCache {
   void plan_prefix_blocks(const std::vector<std::string> &victims, uint32_t num_blocks,
                           std::vector<int32_t> *blocks) const;
 
-  // Bytes of one element of the cache's dtype (the alignment its K/V, Q
-  // arrays need).
+  // Bytes of one element of the cache's dtype (stored K/V: prefix blocks)
+  // and of its input_dtype (the alignment layer writes' K, V, Q need).
   size_t element_size() const;
+  size_t input_element_size() const;
 
   // The storage is made first: a device that cannot hold it refuses the
   // cache before the host bookkeeping of max_blocks blocks is built.
