@@ -43,6 +43,7 @@ Engine::Engine(fd_cache *cache, const fd_engine_config &config) : cache_(cache) 
   require_non_null(cache, "cache");
   cache_config_.struct_size = sizeof cache_config_;
   check(fd_cache_get_config(cache, &cache_config_));
+  input_dtype_ = cache_config_.input_dtype == -1 ? cache_config_.dtype : cache_config_.input_dtype;
   const uint32_t kv = cache_config_.num_kv_heads, d = cache_config_.head_dim;
   num_q_heads_ = config.num_q_heads == 0 ? kv : config.num_q_heads;
   if (num_q_heads_ % kv != 0) {
@@ -76,6 +77,8 @@ Engine::Engine(fd_cache *cache, const fd_engine_config &config) : cache_(cache) 
     layer_k_.push_back(k);
     layer_v_.push_back(v);
   }
+  layer_k_scales_.assign(cache_config_.num_layers, 1.f);
+  layer_v_scales_.assign(cache_config_.num_layers, 1.f);
   if (cache_config_.device.type == FD_DEVICE_CUDA) create_device_scratch();
   sync_cache_version();
 }
@@ -122,9 +125,10 @@ fd_decode_params Engine::decode_params(uint32_t batch) const {
   p.num_q_heads = num_q_heads_;
   p.num_kv_heads = cache_config_.num_kv_heads;
   p.head_dim = cache_config_.head_dim;
-  p.q_dtype = cache_config_.dtype;
+  // q and out in the cache's input type, over K/V as stored (S1.1).
+  p.q_dtype = input_dtype_;
   p.kv_dtype = cache_config_.dtype;
-  p.out_dtype = cache_config_.dtype;
+  p.out_dtype = input_dtype_;
   p.layout = cache_config_.layout;
   p.block_size = cache_config_.block_size;
   p.num_blocks = cache_config_.max_blocks;
@@ -445,6 +449,8 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, const uint32_t *token_cou
                       element_size());
     step_tables_.reserve(size_t{count} * static_cast<size_t>(longest + growth));
   }
+  check(fd_cache_get_kv_scales(cache_, layer_k_scales_.data(), layer_v_scales_.data()),
+        "begin_step: ");
   step_ids_.assign(ids, ids + count);
   step_effective_lens_.resize(count);
   step_indptr_.resize(size_t{count} + 1);
@@ -567,6 +573,8 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     p.seq_lens = lens;
     p.out = out;
     p.stream = stream;
+    p.k_scale = layer_k_scales_[layer];
+    p.v_scale = layer_v_scales_[layer];
     if (step_multi_) {
       p.q_indptr = indptr;
       p.max_q_len_hint = max_q_len_;
@@ -647,13 +655,13 @@ void Engine::prefill(uint64_t id, uint32_t num_tokens, const void *k, const void
          num_tokens, ull(id), r.seq_len, r.spec.initial_context_tokens);
   }
   const std::string prefix = std::string(what) + ": ";
-  const uint32_t L = cache_config_.num_layers, kv = cache_config_.num_kv_heads;
-  const uint32_t d = cache_config_.head_dim;
-  // K and V are [num_layers, num_tokens, num_kv_heads, head_dim].
-  const size_t layer_bytes = size_t{num_tokens} * kv * d * element_size();
-  // K is rotated at each token's position, as in step_layer: on the host for
-  // CPU caches, by the cache's RoPE append for CUDA caches.
-  std::vector<unsigned char> k_rot;
+  // K is rotated at each token's position, as in step_layer, by the cache's
+  // RoPE append (so it is rounded once, to the cache's type; an FP8 cache
+  // quantises the FP32 rotation); the Q it also rotates is a zeroed dummy of
+  // num_kv_heads heads per token, rotated in place and unused: host memory
+  // for CPU caches (allocated here, before anything changes), the engine's
+  // device scratch for CUDA caches.
+  void *dummy_q = nullptr;
   if (on_cuda()) {
     require_device(k, "k");
     require_device(v, "v");
@@ -663,27 +671,28 @@ void Engine::prefill(uint64_t id, uint32_t num_tokens, const void *k, const void
       fail(FD_ERR_INVALID_ARGUMENT, "%s: request %llu cannot grow by %u tokens past %d", what,
            ull(id), num_tokens, first);
     }
-    k_rot.assign(static_cast<const unsigned char *>(k),
-                 static_cast<const unsigned char *>(k) + L * layer_bytes);
-    std::vector<int32_t> positions(size_t{L} * num_tokens);
-    for (size_t i = 0; i < positions.size(); ++i)
-      positions[i] = first + static_cast<int32_t>(i % num_tokens);
-    check(fd_rope_apply(cache_config_.dtype, k_rot.data(), L * num_tokens, kv, d, positions.data(),
-                        rotary_dim_, rope_base_),
-          prefix.c_str());
+    prefill_q_.assign(
+        size_t{num_tokens} * cache_config_.num_kv_heads * cache_config_.head_dim * element_size(),
+        0);
+    dummy_q = prefill_q_.data();
   }
   // One transaction for the whole chunk: all of it is published, or none.
   fd_tx tx{0, 0};
   check(fd_tx_begin_multi(cache_, &id, &num_tokens, 1, &tx), prefix.c_str());
   try {
-    if (on_cuda()) {
-      prefill_cuda(tx, num_tokens, k, v);
-    } else {
-      for (uint32_t l = 0; l < L; ++l) {
-        check(fd_tx_write_layer(cache_, tx, l, k_rot.data() + l * layer_bytes,
-                                static_cast<const unsigned char *>(v) + l * layer_bytes, nullptr));
-      }
+    if (on_cuda()) dummy_q = device_->prefill_q(num_tokens);
+    // K and V are [num_layers, num_tokens, num_kv_heads, head_dim].
+    const size_t layer_bytes =
+        size_t{num_tokens} * cache_config_.num_kv_heads * cache_config_.head_dim * element_size();
+    for (uint32_t l = 0; l < cache_config_.num_layers; ++l) {
+      check(fd_tx_write_layer_rope(cache_, tx, l, dummy_q, cache_config_.num_kv_heads,
+                                   static_cast<const unsigned char *>(k) + l * layer_bytes,
+                                   static_cast<const unsigned char *>(v) + l * layer_bytes,
+                                   rotary_dim_, rope_base_, dummy_q, nullptr));
     }
+    // Prefill is off the step path: on CUDA, finishing here lets later steps
+    // on any stream read the tokens and the caller reuse k and v at once.
+    if (on_cuda()) DeviceScratch::synchronize_default_stream(cache_config_.device.ordinal);
     check(fd_tx_commit(cache_, tx));
   } catch (...) {
     (void)fd_tx_abort(cache_, tx);
@@ -694,24 +703,6 @@ void Engine::prefill(uint64_t id, uint32_t num_tokens, const void *k, const void
   prefill_tokens_ += num_tokens;
   sync_cache_version();
   bump();
-}
-
-void Engine::prefill_cuda(fd_tx tx, uint32_t num_tokens, const void *k, const void *v) {
-  // The RoPE append rotates K at each token's position; the Q it also
-  // rotates is the engine's dummy (num_kv_heads heads per token, rotated in
-  // place, unused).
-  const size_t layer_bytes =
-      size_t{num_tokens} * cache_config_.num_kv_heads * cache_config_.head_dim * element_size();
-  void *dummy_q = device_->prefill_q(num_tokens);
-  for (uint32_t l = 0; l < cache_config_.num_layers; ++l) {
-    check(fd_tx_write_layer_rope(cache_, tx, l, dummy_q, cache_config_.num_kv_heads,
-                                 static_cast<const unsigned char *>(k) + l * layer_bytes,
-                                 static_cast<const unsigned char *>(v) + l * layer_bytes,
-                                 rotary_dim_, rope_base_, dummy_q, nullptr));
-  }
-  // Prefill is off the step path: finishing here lets later steps on any
-  // stream read the tokens and the caller reuse k and v at once.
-  DeviceScratch::synchronize_default_stream(cache_config_.device.ordinal);
 }
 
 // ---------------------------------------------------------------------------

@@ -106,23 +106,29 @@ class Engine {
   fd_cache_metrics cache_metrics() const;
   std::shared_ptr<Snapshot> build_snapshot(
       uint64_t step, const std::unordered_map<uint64_t, FairnessCounters> &fairness) const;
-  size_t element_size() const { return dtype_size(cache_config_.dtype); }
+  // Bytes of an element of the step and prefill tensors (q, k, v, the
+  // attention output, their device scratch): the cache's input_dtype, which
+  // is its dtype unless the cache stores FP8 (S1.1).
+  size_t element_size() const { return dtype_size(input_dtype_); }
   // Decode parameters of `batch` rows of the current step, without buffers.
   fd_decode_params decode_params(uint32_t batch) const;
   void plan_step();
   bool on_cuda() const { return device_ != nullptr; }
   void create_device_scratch();
   void require_device(const void *p, const char *what) const;
-  void prefill_cuda(fd_tx tx, uint32_t num_tokens, const void *k, const void *v);
 
   fd_cache *cache_;
   fd_cache_config cache_config_{};
+  int32_t input_dtype_ = FD_DTYPE_BF16;  // the cache's input_dtype, -1 resolved
   uint32_t num_q_heads_ = 0;
   uint32_t rotary_dim_ = 0;
   float rope_base_ = 10000.f;
   float sm_scale_ = 0.f;
   uint32_t cpu_threads_ = 0;
   std::vector<const void *> layer_k_, layer_v_;
+  // The cache's per-layer K/V scales, read at each begin_step (so a change
+  // between steps applies to the next one; S1.1).
+  std::vector<float> layer_k_scales_, layer_v_scales_;
   int64_t strides_[4] = {0, 0, 0, 0};
 
   std::unordered_map<uint64_t, EngineRequest> requests_;
@@ -150,6 +156,7 @@ class Engine {
   std::vector<uint64_t> step_ids_;
   std::vector<int32_t> step_tables_, step_effective_lens_;
   std::vector<unsigned char> q_rotated_;
+  std::vector<unsigned char> prefill_q_;  // prefill's zeroed dummy Q (CPU caches)
   // The step's decode plan, made in begin_step from the exact lengths (a
   // value: planning allocates nothing, so it cannot fail for lack of memory
   // once the step's transaction is open).
