@@ -246,7 +246,8 @@ void test_scales_on_bf16_cache(void **state) {
   Case c;
   c.kv_dtype = FD_DTYPE_BF16;
   Problem p = build(c);
-  /* Replace the FP8 pages with bf16 ones holding the original values. */
+  /* bf16 pages holding the FP8 pages' stored values (exact in bf16), and
+   * the same times 0.25 (K) and 8 (V). */
   const size_t paged = (size_t)p.num_blocks * c.hkv * c.bs * c.dim;
   std::vector<uint8_t> k(paged * 2), v(paged * 2), k4(paged * 2), v4(paged * 2);
   for (size_t i = 0; i < paged; ++i) {
@@ -258,33 +259,28 @@ void test_scales_on_bf16_cache(void **state) {
     f8_store(v4.data(), i, FD_DTYPE_BF16, vx * 8.f);
   }
   p.c.kv_dtype = FD_DTYPE_BF16;
-  std::vector<uint8_t> out_scaled, out_hand;
-  fd_decode_params prm = params_for(p, out_scaled);
-  prm.k_cache = k.data();
-  prm.v_cache = v.data();
-  prm.k_scale = 0.25f;
-  prm.v_scale = 8.f;
-  FD_ASSERT_OK(fd_decode(&prm));
-  fd_decode_params hand = params_for(p, out_hand);
-  hand.k_cache = k4.data();
-  hand.v_cache = v4.data();
-  hand.k_scale = 1.f;
-  hand.v_scale = 1.f;
-  FD_ASSERT_OK(fd_decode(&hand));
-  assert_memory_equal(out_scaled.data(), out_hand.data(), out_hand.size());
-  /* Scales of 1 (the default) give the bits of a call without them. */
-  std::vector<uint8_t> out_one, out_default;
-  fd_decode_params one = params_for(p, out_one);
-  one.k_cache = k.data();
-  one.v_cache = v.data();
-  one.k_scale = one.v_scale = 1.f;
-  FD_ASSERT_OK(fd_decode(&one));
-  fd_decode_params older = params_for(p, out_default);
-  older.k_cache = k.data();
-  older.v_cache = v.data();
-  older.struct_size = (uint32_t)offsetof(fd_decode_params, k_scale); /* a 0.1-era caller */
-  FD_ASSERT_OK(fd_decode(&older));
-  assert_memory_equal(out_one.data(), out_default.data(), out_one.size());
+  auto decode = [&](const std::vector<uint8_t> &kc, const std::vector<uint8_t> &vc, float ks,
+                    float vs, uint32_t struct_size) {
+    std::vector<uint8_t> out;
+    fd_decode_params prm = params_for(p, out);
+    prm.k_cache = kc.data();
+    prm.v_cache = vc.data();
+    prm.k_scale = ks;
+    prm.v_scale = vs;
+    prm.struct_size = struct_size;
+    FD_ASSERT_OK(fd_decode(&prm));
+    return out;
+  };
+  const uint32_t full = sizeof(fd_decode_params);
+  const std::vector<uint8_t> scaled = decode(k, v, 0.25f, 8.f, full);
+  const std::vector<uint8_t> hand = decode(k4, v4, 1.f, 1.f, full);
+  assert_memory_equal(scaled.data(), hand.data(), hand.size());
+  /* Scales of 1 (the default) give the bits of a 0.1-era caller's struct
+   * (without them; the values set beyond its struct_size are not read). */
+  const std::vector<uint8_t> one = decode(k, v, 1.f, 1.f, full);
+  const std::vector<uint8_t> older =
+      decode(k, v, 5.f, 5.f, (uint32_t)offsetof(fd_decode_params, k_scale));
+  assert_memory_equal(one.data(), older.data(), one.size());
 }
 
 /* An FP8 cache read with other scales than it was written with equals the
