@@ -31,7 +31,9 @@ void require_addressable(uint64_t a, uint64_t b, uint64_t c, uint64_t d, const c
 
 float check_dense_attention_args(const DenseAttentionArgs &a) {
   if (!dtype_valid(a.dtype))
-    fail(FD_ERR_INVALID_ARGUMENT, "dtype %d is not an fd_dtype", static_cast<int>(a.dtype));
+    fail(FD_ERR_INVALID_ARGUMENT,
+         "dtype %d is not a compute type (f32 = 0, f16 = 1, bf16 = 2; FP8 is K/V storage only)",
+         static_cast<int>(a.dtype));
   require_positive(a.batch, "batch");
   require_positive(a.num_q_heads, "num_q_heads");
   require_positive(a.num_kv_heads, "num_kv_heads");

@@ -13,8 +13,10 @@ extern "C" FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_t
                                           float rope_base) {
   return fd::guard([&] {
     if (!fd::dtype_valid(dtype))
-      fd::fail(FD_ERR_INVALID_ARGUMENT, "dtype %d is not an fd_dtype (f32 = 0, f16 = 1, bf16 = 2)",
-               static_cast<int>(dtype));
+      fd::fail(
+          FD_ERR_INVALID_ARGUMENT,
+          "dtype %d is not a compute type (f32 = 0, f16 = 1, bf16 = 2; FP8 is K/V storage only)",
+          static_cast<int>(dtype));
     fd::require_non_null(x, "x");
     fd::require_non_null(positions, "positions");
     if (num_tokens == 0) fd::fail(FD_ERR_INVALID_ARGUMENT, "num_tokens must be > 0");
