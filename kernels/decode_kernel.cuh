@@ -12,6 +12,12 @@
 // partial (O, max, sum) that decode_merge_kernel combines in a fixed order,
 // so results are bit-identical from run to run.
 //
+// FP8 E4M3 K/V (decode_fp8.cu): the same CTA, 64-token tiles of half the
+// bytes with twice the stages, ldmatrix on the FP8 bytes and an exact
+// cvt.rn.f16x2.e4m3x2 per pair of elements in registers before f16 mma's
+// (the K scale is in the logit scale, the V scale one multiply on the
+// output); see the kFp8 branches and docs/kernel-design.md.
+//
 // Layouts: token-major tiles are staged as [token][dim] (rows XOR-swizzled in
 // 16-byte chunks), dim-major tiles keep each block's [dim][block_size] slab
 // in memory order (see dm_offset); the only difference in the math is which
@@ -22,11 +28,13 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "decode_launch.hpp"
+#include "flashdec.h"
 
 namespace fd {
 namespace cuda {
@@ -38,14 +46,26 @@ constexpr int kTile = kDecodeTileTokens;
 constexpr int kStepTokens = 16;  // tokens per warp step (the PV mma's k)
 constexpr int kStepsPerTile = kTile / kStepTokens;
 
-// Elements per 16-byte copy. The staging, the swizzles and the ldmatrix /
-// mma fragments below are laid out for 16-bit K/V elements (8 per 16-byte
-// chunk); the kernels static_assert it, so an 8-bit K/V type (FP8) cannot
-// reach this path without its own conversion step.
+// Bytes per element of the 16-bit K/V types; FP8 K/V (one byte) has its
+// own staging and fragment code (the kFp8 branches of decode_kernel).
 constexpr int kKvElemBytes = 2;
 constexpr int kChunkElems = 16 / kKvElemBytes;
 
-template <int D>
+// K/V element types: FP8 E4M3 is stored K/V only and is dequantised to f16
+// in registers (decode_kernel's kFp8 path); the 16-bit types feed the mma as
+// they are.
+template <class TKV>
+struct KvType {
+  static constexpr bool kFp8 = false;
+  using MmaT = TKV;  // the mma operand type
+};
+template <>
+struct KvType<__nv_fp8_e4m3> {
+  static constexpr bool kFp8 = true;
+  using MmaT = __half;
+};
+
+template <int D, int kElemBytes = 2>
 struct Config {
   static constexpr int kTileElems = kTile * D;  // of K (or V) per stage
   // Fewer stages, more CTAs per SM: a CTA's start (seq_len, table, first
@@ -53,15 +73,21 @@ struct Config {
   // bf16: D = 128 with 2 stages x 3 CTAs/SM instead of 3 x 2: A ragged 0.94 ->
   // 0.98, C ragged 0.76 -> 0.86 of copy; D = 64 with 3 x 4 instead of 4 x 3:
   // D 128x2048 0.79 -> 0.95, D ragged 0.76 -> 0.80 (docs/kernel-design.md).
-  static constexpr int kStages = D == 128 ? 2 : 3;
-  static constexpr int kChunksPerThread = kTileElems / kChunkElems / kThreads;  // 16-byte copies
-  static constexpr int kSmemBytes = kStages * 2 * kTileElems * kKvElemBytes;
+  // FP8 tiles are half the bytes: twice the stages in the same shared memory
+  // keep as many bytes in flight per CTA with the same 64-token tiles (so the
+  // split layout is unchanged).
+  static constexpr int kStages = kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6);
+  static constexpr int kChunksPerThread =
+      kTileElems * kElemBytes / 16 / kThreads;  // 16-byte copies
+  static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
   static constexpr int kCtasPerSm = D == 128 ? 3 : 4;
 };
 
-// Row stride (floats) of the warp-merge buffer; see decode_kernel.
-template <int D>
-constexpr int kRedStride = D + 8;
+// Row stride (floats) of the warp-merge buffer; see decode_kernel. FP8
+// token-major tiles leave each thread 4 consecutive dims of O per row (stored
+// as float4): 16 floats of padding keep a quarter warp's rows apart.
+template <int D, bool kWide = false>
+constexpr int kRedStride = D + (kWide ? 16 : 8);
 // Query rows one CTA serves at most: four 16-row m-tiles, one per warp.
 constexpr int kMaxQueryRows = kWarps * 16;
 static_assert(kDecodeMaxQueryRows == kMaxQueryRows, "decode_launch.hpp's bound");
@@ -72,6 +98,14 @@ static_assert(kWarps * 16 * kRedStride<128> * 4 + 3 * kWarps * 16 * 4 + 2 * kMax
               "merge buffer");
 static_assert(kWarps * 16 * kRedStride<64> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
                   Config<64>::kSmemBytes,
+              "merge buffer");
+static_assert(kWarps * 16 * kRedStride<128, true> * 4 + 3 * kWarps * 16 * 4 +
+                      2 * kMaxQueryRows * 4 <=
+                  Config<128, 1>::kSmemBytes,
+              "merge buffer");
+static_assert(kWarps * 16 * kRedStride<64, true> * 4 + 3 * kWarps * 16 * 4 +
+                      2 * kMaxQueryRows * 4 <=
+                  Config<64, 1>::kSmemBytes,
               "merge buffer");
 
 template <class T>
@@ -157,6 +191,67 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t r[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// 8-byte async copy (FP8 dim-major tiles of 8-token blocks); a false
+// `valid` writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, bool valid) {
+  const int bytes = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+// FP8 E4M3 -> f16, exact (every E4M3 value, NaN included, is an f16 value):
+// the low / high two bytes of x as an f16 pair (the lower byte in the lower
+// half), one cvt each.
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t x) {
+  uint32_t r;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t}"
+      : "=r"(r)
+      : "r"(x));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t x) {
+  uint32_t r;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, h;\n\t}"
+      : "=r"(r)
+      : "r"(x));
+  return r;
+}
+// Bytes [a, b, c, d] -> [a, c, b, d]: an ldmatrix register of FP8 data holds
+// a 2 x 2 block (two 16-bit elements of two bytes); this pairs the bytes
+// along the mma's k index.
+__device__ __forceinline__ uint32_t pair_bytes(uint32_t x) {
+  return __byte_perm(x, 0u, 0x3120);
+}
+
+// Two f16 mma's from two ldmatrix registers of FP8 2 x 2 blocks (w0: the
+// b0 halves, w1: the b1 halves): the blocks' first column into c0, their
+// second into c1.
+__device__ __forceinline__ void mma_f8_pairs(float c0[4], float c1[4], const uint32_t a[4],
+                                             uint32_t w0, uint32_t w1) {
+  const uint32_t x0 = pair_bytes(w0), x1 = pair_bytes(w1);
+  Mma<__half>::run(c0, a, e4m3x2_lo(x0), e4m3x2_lo(x1));
+  Mma<__half>::run(c1, a, e4m3x2_hi(x0), e4m3x2_hi(x1));
+}
+
+// FP8 token-major staging: rows of D bytes in 16-byte chunks; a 128-byte
+// line holds 128 / D rows, and a chunk's slot in its line is XOR-swizzled so
+// that the 8 consecutive rows of one ldmatrix 8x8 matrix (fixed chunk) and
+// the 8 chunks of one quarter-warp copy fall into 8 distinct 16-byte bank
+// groups. Byte offset of chunk c of row r.
+template <int D>
+__device__ __forceinline__ int f8_tm_offset(int r, int c) {
+  if (D == 128) return (r * 8 + (c ^ (r & 7))) * 16;
+  const int line = r >> 1;  // D == 64: two rows per line
+  return (line * 8 + ((((r & 1) << 2) | c) ^ (line & 3))) * 16;
+}
+// FP8 dim-major staging: per 16-token group of the tile, D rows of 16 bytes
+// (the group's tokens of one dim), so one ldmatrix row is 16 tokens of one
+// dim for every block size. Odd groups swap the dims' 64-byte halves (bs 32
+// copies write two groups' rows at once). Byte offset of (group, dim).
+template <int D>
+__device__ __forceinline__ int f8_dm_offset(int q16, int d) {
+  return (q16 * D + (d ^ ((q16 & 1) << 2))) * 16;
 }
 
 // Programmatic dependent launch (sm_90). The kernels are launched with the
@@ -268,6 +363,33 @@ __device__ __forceinline__ CopyCoords copy_coords(int tid, int i, int cpb_log2) 
   return cc;
 }
 
+// FP8 tiles (bytes): token-major as above with D/16 chunks per token;
+// dim-major in pieces of 16 tokens of one dim (bs 16, 32: `pcb_log2` =
+// log2(bs / 16) pieces per dim row of a block) or 8 tokens (bs 8, 8-byte
+// copies: `pcb_log2` = 0), consecutive lanes taking consecutive pieces of a
+// block's [dim][block_size] slab. `smem` is the byte offset.
+template <bool kDimMajor, int D>
+__device__ __forceinline__ CopyCoords copy_coords_f8(int tid, int i, int bs_log2) {
+  const int q = tid + kThreads * i;
+  CopyCoords cc;
+  if (kDimMajor) {
+    const int pcb_log2 = bs_log2 > 4 ? bs_log2 - 4 : 0;
+    const int per_block_log2 = pcb_log2 + (D == 128 ? 7 : 6);
+    const int within = q & ((1 << per_block_log2) - 1);
+    cc.row = within >> pcb_log2;
+    cc.chunk = within & ((1 << pcb_log2) - 1);
+    cc.token = ((q >> per_block_log2) << bs_log2) + cc.chunk * 16;
+    cc.smem = f8_dm_offset<D>(cc.token >> 4, cc.row) + (cc.token & 8);
+  } else {
+    constexpr int kChunks = D / 16;
+    cc.row = q / kChunks;
+    cc.chunk = q % kChunks;
+    cc.token = cc.row;
+    cc.smem = f8_tm_offset<D>(cc.row, cc.chunk);
+  }
+  return cc;
+}
+
 struct Params {
   const void *q;
   const void *k;
@@ -282,20 +404,28 @@ struct Params {
   VariantPolicy variant;  // logits (attention/variant.hpp)
   float *partial_o;
   float *partial_ml;
+  float v_scale;  // V dequantisation scale, applied once to the output (K's is in variant)
+  bool q_bf16;    // FP8 K/V: q and out are bf16 (else f16)
 };
 
-// TQ: element type of q and out; TKV: of K and V (the host serves TQ == TKV).
+// TQ: element type of q and out; TKV: of K and V. 16-bit K/V: TQ == TKV (the
+// host serves no other pair). FP8 K/V (KvType<TKV>::kFp8): TQ is __half, the
+// mma type, and q / out are f16 or bf16 by p.q_bf16 (a bf16 q row is scaled
+// by a power of two into f16's range, folded into its logit scale).
 // kMulti: several query tokens per row (q_indptr, work.max_q_len > 1); the
 // one-token instantiation keeps plain decode's code unchanged.
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
 __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
-  static_assert(sizeof(TKV) == kKvElemBytes && sizeof(TQ) == 2,
-                "the tensor-core path reads 16-bit q and K/V elements");
-  static_assert(std::is_same<TQ, TKV>::value, "one mma type for q and K/V");
-  using Cfg = Config<D>;
-  using M = Mma<TKV>;
+  constexpr bool kFp8 = KvType<TKV>::kFp8;
+  static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
+                "the tensor-core path reads 16-bit q and 16-bit or FP8 K/V elements");
+  static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
+  using Cfg = Config<D, sizeof(TKV)>;
+  using M = Mma<TQ>;
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
   constexpr int kNch = Cfg::kChunksPerThread;
+  // FP8 dim-major tiles of 8-token blocks take 8-byte pieces: twice as many.
+  constexpr int kNmax = kFp8 && kDimMajor ? 2 * kNch : kNch;
   constexpr int kS = Cfg::kStages;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   TKV *smem = reinterpret_cast<TKV *>(smem_bytes);
@@ -311,6 +441,14 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int bs_mask = (1 << bs_log2) - 1;
   const int cpb_log2 = bs_log2 - 3;
   const int max_len = p.max_blocks_per_seq << bs_log2;
+  // Copies per thread and tile (FP8 dim-major, block size 8: 8-byte pieces).
+  const int n_pieces = kFp8 && kDimMajor && bs_log2 == 3 ? kNmax : kNch;
+  auto coords = [&](int i) {
+    if constexpr (kFp8)
+      return copy_coords_f8<kDimMajor, D>(tid, i, bs_log2);
+    else
+      return copy_coords<kDimMajor, D>(tid, i, cpb_log2);
+  };
 
   // Wait for the previous kernel in the stream (everything below may read
   // what it wrote), then let the next one be scheduled: it waits for this
@@ -332,12 +470,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // first tiles' entries load together with seq_len instead of one memory
   // round trip after it; `issue` uses an entry only for tokens below
   // seq_len (the table row's unused slots are never trusted).
-  auto fetch_ids = [&](int j, int ids[kNch]) {
+  auto fetch_ids = [&](int j, int ids[kNmax]) {
     const int tok0 = (tile_begin + j) * kTile;
 #pragma unroll
-    for (int i = 0; i < kNch; ++i) {
-      const int b = (tok0 + copy_coords<kDimMajor, D>(tid, i, cpb_log2).token) >> bs_log2;
-      ids[i] = b < p.max_blocks_per_seq ? __ldg(table + b) : -1;
+    for (int i = 0; i < kNmax; ++i) {
+      const int b = (tok0 + coords(i).token) >> bs_log2;
+      ids[i] = i < n_pieces && b < p.max_blocks_per_seq ? __ldg(table + b) : -1;
     }
   };
   int seq_len = p.seq_lens[row];
@@ -352,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       q_len = q_len > p.work.max_q_len ? p.work.max_q_len : q_len;
     }
   }
-  int pre[kS][kNch];
+  int pre[kS][kNmax];
 #pragma unroll
   for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
 
@@ -379,23 +517,30 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
   // kernel read outside the cache.
-  auto issue = [&](int j, const int ids[kNch]) {
+  auto issue = [&](int j, const int ids[kNmax]) {
     const int tok0 = (tile_begin + j) * kTile;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
 #pragma unroll
-    for (int i = 0; i < kNch; ++i) {
-      const CopyCoords cc = copy_coords<kDimMajor, D>(tid, i, cpb_log2);
+    for (int i = 0; i < kNmax; ++i) {
+      if (i >= n_pieces) break;
+      const CopyCoords cc = coords(i);
       const int t = tok0 + cc.token;
       const bool valid = t < kv_end && ids[i] >= 0 && ids[i] < p.num_blocks;
       int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
       if (kDimMajor)
         off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
       else
-        off += static_cast<int64_t>(t & bs_mask) * p.stride_token + cc.chunk * kChunkElems;
+        off += static_cast<int64_t>(t & bs_mask) * p.stride_token +
+               cc.chunk * (kFp8 ? 16 : kChunkElems);
       if (!valid) off = 0;
-      cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
-      cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
+      if (kFp8 && kDimMajor && n_pieces > kNch) {
+        cp_async8(smem_u32(sk + cc.smem), kbase + off, valid);
+        cp_async8(smem_u32(sv + cc.smem), vbase + off, valid);
+      } else {
+        cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
+        cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
+      }
     }
   };
 
@@ -405,9 +550,9 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     if (s < n_tiles) issue(s, pre[s]);
     cp_async_commit();
   }
-  int ids[kNch];
+  int ids[kNmax];
 #pragma unroll
-  for (int i = 0; i < kNch; ++i) ids[i] = pre[kS - 1][i];
+  for (int i = 0; i < kNmax; ++i) ids[i] = pre[kS - 1][i];
 
   // This warp's m-tile (16 q heads of the group) and token slices.
   const int mt = warp % p.m_tiles;
@@ -445,22 +590,77 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int warp_last = (mt * 16 + 15 < rows ? mt * 16 + 15 : rows - 1);
   const int warp_end = kMulti ? (mt * 16 < rows ? mask_from + warp_last / group : 0) : seq_len;
 
-  // Q as mma A fragments: rows g and g+8 of the m-tile, dims 2*tig.. of each
-  // 16-dim k-step. Rows past the query rows are zero.
+  // Q as mma A fragments: rows g and g+8 of the m-tile, k = 2*tig.. of each
+  // 16-dim k-step. Rows past the query rows are zero. FP8 token-major tiles
+  // give each thread dims 4 tig .. 4 tig + 3 of a k-step's 16 (see the QK
+  // step), so q's k order is permuted the same way (a0/a1: dims 4 tig, +1;
+  // a2/a3: dims 4 tig + 2, +3); dim-major and 16-bit tiles keep dims 2 tig,
+  // +1 and 2 tig + 8, +9.
   uint32_t qa[D / 16][4];
+  // Base-2 logit scale of the thread's two rows: sm_scale * log2(e) times
+  // the K scale (folded on the host) and, for a bf16 q over FP8 K/V, the
+  // row's power-of-two factor.
+  float lsc0 = p.variant.log2_scale, lsc1 = p.variant.log2_scale;
   {
+    constexpr bool kPermuted = kFp8 && !kDimMajor;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      const int d = ks * 16 + 2 * tig;
       auto pair = [&](int h, int dd) -> uint32_t {
         if (h >= rows) return 0u;
         // One 4-byte load per pair (the host requires q 4-byte aligned).
         return __ldg(reinterpret_cast<const uint32_t *>(qbase + q_offset(h) + dd));
       };
-      qa[ks][0] = pair(h0, d);
-      qa[ks][1] = pair(h1, d);
-      qa[ks][2] = pair(h0, d + 8);
-      qa[ks][3] = pair(h1, d + 8);
+      const int d0 = ks * 16 + (kPermuted ? 4 : 2) * tig;
+      const int d1 = d0 + (kPermuted ? 2 : 8);
+      qa[ks][0] = pair(h0, d0);
+      qa[ks][1] = pair(h1, d0);
+      qa[ks][2] = pair(h0, d1);
+      qa[ks][3] = pair(h1, d1);
+    }
+    if constexpr (kFp8) {
+      if (p.q_bf16) {
+        // bf16 q over FP8 K/V: the mma runs in f16, so each row is scaled by
+        // 2^-e (exact) to put its largest |q| in [2^14, 2^15): f16 holds
+        // bf16's 8 mantissa bits down to 2^-28 of the row's maximum, and
+        // 2^e goes into the row's logit scale. NaN stays NaN; a row of
+        // zeros, infinities or NaN keeps e = 0.
+        auto bf = [](uint32_t w, int half) {
+          return __uint_as_float(half ? (w & 0xffff0000u) : (w << 16));
+        };
+        float mx0 = 0.f, mx1 = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float &mx = (e & 1) ? mx1 : mx0;
+            mx = fmaxf(mx, fmaxf(fabsf(bf(qa[ks][e], 0)), fabsf(bf(qa[ks][e], 1))));
+          }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // e = floor(log2(max)) - 14, within [-112, 112] (2^+-e stay normal
+        // floats; a subnormal max takes -112, enough for f16's range).
+        auto exponent = [](float mx) {
+          if (!(mx > 0.f) || mx == __int_as_float(0x7f800000)) return 0;
+          const int biased = (__float_as_int(mx) >> 23) & 0xff;
+          const int e = (biased == 0 ? -126 : biased - 127) - 14;
+          return e < -112 ? -112 : (e > 112 ? 112 : e);
+        };
+        const int e0 = exponent(mx0), e1 = exponent(mx1);
+        const float down0 = __int_as_float((127 - e0) << 23),
+                    down1 = __int_as_float((127 - e1) << 23);
+        lsc0 *= __int_as_float((127 + e0) << 23);
+        lsc1 *= __int_as_float((127 + e1) << 23);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float f = (e & 1) ? down1 : down0;
+            const __half2 h2 = __floats2half2_rn(bf(qa[ks][e], 0) * f, bf(qa[ks][e], 1) * f);
+            qa[ks][e] = *reinterpret_cast<const uint32_t *>(&h2);
+          }
+      }
     }
   }
 
@@ -469,9 +669,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = neg_inf(), m1 = neg_inf();  // running max (base 2) of heads g, g+8
   float l0 = 0.f, l1 = 0.f;              // this thread's part of the running sums
-  const VariantPolicy variant = p.variant;
-  const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
-  const int rr = lane & 7;   // ... and which of its rows
+  const int mi = lane >> 3;              // ldmatrix: which 8x8 matrix this lane addresses
+  const int rr = lane & 7;               // ... and which of its rows
 
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<kS - 2>();
@@ -487,14 +686,18 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
     if (kDimMajor && tok0 + kTile > kv_end) {
-      // A dim-major copy brings 8 tokens at once, so the last tile can hold
-      // tokens past the row's end (or the tile's causal end): stale cache
-      // contents (maybe NaN) that a zero probability would still turn into
-      // NaN. Zero them in V.
+      // A dim-major copy brings 8 or 16 tokens at once, so the last tile can
+      // hold tokens past the row's end (or the tile's causal end): stale
+      // cache contents (maybe NaN) that a zero probability would still turn
+      // into NaN. Zero them in V.
       const int first = kv_end - tok0 < 0 ? 0 : kv_end - tok0;
       for (int e = tid; e < D * kTile; e += kThreads) {
         const int d = e / kTile, t = e % kTile;
-        if (t >= first) sv[dm_offset<D>(d, t / 8, cpb_log2) + (t & 7)] = TKV(0.f);
+        if (t < first) continue;
+        if constexpr (kFp8)
+          reinterpret_cast<unsigned char *>(sv)[f8_dm_offset<D>(t >> 4, d) + (t & 15)] = 0;
+        else
+          sv[dm_offset<D>(d, t / 8, cpb_log2) + (t & 7)] = TKV(0.f);
       }
       __syncthreads();
     }
@@ -505,39 +708,65 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       const int t0 = step * kStepTokens;
       if (tok0 + t0 >= warp_end) break;  // warp-uniform
 
-      // Dim-major: the offsets of dims r + 16 ks (K) and r + 8 n (V, n
-      // even) are the ks = 0 / n = 0 offsets plus a multiple of the dim
-      // stride (the swizzle term repeats every 16 / cpb dims).
-      const int kd_base =
-          kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
-      const int vd_base =
-          kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
-
       // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      if constexpr (kFp8 && !kDimMajor) {
+        // Matrix mi of an ldmatrix.x4: tokens t0 + 8 nt .. +7 (rows), 16
+        // dims of chunk 4 c4 + mi; the thread gets its token's dims 4 tig ..
+        // 4 tig + 3 of each chunk: b0 = the first two, b1 = the last two.
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t b[4];
-        if (kDimMajor) {
-          ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
-        } else {
-          const int r = t0 + (mi >> 1) * 8 + rr;
-          const int c = ks * 2 + (mi & 1);
-          ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int c4 = 0; c4 < D / 64; ++c4) {
+            uint32_t b[4];
+            ldsm_x4(sk_u + f8_tm_offset<D>(t0 + nt * 8 + rr, c4 * 4 + mi), b);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              M::run(s[nt], qa[c4 * 4 + i], e4m3x2_lo(b[i]), e4m3x2_hi(b[i]));
+          }
+      } else if constexpr (kFp8) {
+        // Matrix mi: dims 32 kp + 8 mi .. +7 (rows) of the step's 16 tokens
+        // (16 bytes), transposed: the thread gets dims 2 tig, +1 of tokens
+        // 2 g and 2 g + 1, so n-tile nt's column g is token t0 + 2 g + nt.
+#pragma unroll
+        for (int kp = 0; kp < D / 32; ++kp) {
+          uint32_t b[4];
+          ldsm_x4_t(sk_u + f8_dm_offset<D>(step, kp * 32 + mi * 8 + rr), b);
+          mma_f8_pairs(s[0], s[1], qa[2 * kp], b[0], b[1]);
+          mma_f8_pairs(s[0], s[1], qa[2 * kp + 1], b[2], b[3]);
         }
-        M::run(s[0], qa[ks], b[0], b[1]);
-        M::run(s[1], qa[ks], b[2], b[3]);
+      } else {
+        // Dim-major: the offsets of dims r + 16 ks are the ks = 0 offset
+        // plus a multiple of the dim stride (the swizzle term repeats every
+        // 16 / cpb dims).
+        const int kd_base =
+            kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t b[4];
+          if (kDimMajor) {
+            ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
+          } else {
+            const int r = t0 + (mi >> 1) * 8 + rr;
+            const int c = ks * 2 + (mi & 1);
+            ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
+          }
+          M::run(s[0], qa[ks], b[0], b[1]);
+          M::run(s[1], qa[ks], b[2], b[3]);
+        }
       }
 
-      // Online softmax in base 2 (the variant's logits include log2(e)).
+      // Online softmax in base 2 (the logit scales include log2(e)). Token
+      // of score s[n][e] relative to the step: column 2 tig + (e & 1) of
+      // n-tile n (FP8 dim-major: token 2 column + n).
       const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] = variant.logit_log2(s[n][e]);
-          if (tail && tok0 + t0 + n * 8 + 2 * tig + (e & 1) >= ((e & 2) ? lim1 : lim0))
-            s[n][e] = neg_inf();
+          s[n][e] *= (e & 2) ? lsc1 : lsc0;
+          const int tok = kFp8 && kDimMajor ? 4 * tig + 2 * (e & 1) + n : n * 8 + 2 * tig + (e & 1);
+          if (tail && tok0 + t0 + tok >= ((e & 2) ? lim1 : lim0)) s[n][e] = neg_inf();
         }
       float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
       float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
@@ -576,19 +805,51 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
         o[n][3] *= corr1;
       }
 
-      // O += P V: two 8-dim n-tiles per ldmatrix.x4.
+      // O += P V.
+      if constexpr (kFp8 && !kDimMajor) {
+        // Matrix mi: tokens t0 + 8 (mi & 1) .. +7 (rows), 16 dims of chunk
+        // 2 c2 + (mi >> 1), transposed: the thread gets dims 2 g, 2 g + 1 of
+        // tokens 2 tig, 2 tig + 1; so n-tile 2 c holds dims 16 c + 2 g and
+        // n-tile 2 c + 1 dims 16 c + 2 g + 1 (the epilogue undoes it).
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t b[4];
-        if (kDimMajor) {
-          ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
-        } else {
-          const int r = t0 + (mi & 1) * 8 + rr;
-          const int c = n + (mi >> 1);
-          ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
+        for (int c2 = 0; c2 < D / 32; ++c2) {
+          uint32_t b[4];
+          ldsm_x4_t(sv_u + f8_tm_offset<D>(t0 + (mi & 1) * 8 + rr, c2 * 2 + (mi >> 1)), b);
+          mma_f8_pairs(o[4 * c2], o[4 * c2 + 1], pa, b[0], b[1]);
+          mma_f8_pairs(o[4 * c2 + 2], o[4 * c2 + 3], pa, b[2], b[3]);
         }
-        M::run(o[n], pa, b[0], b[1]);
-        M::run(o[n + 1], pa, b[2], b[3]);
+      } else if constexpr (kFp8) {
+        // Matrix mi: dims 32 n4 + 8 mi .. +7 (rows) of the step's tokens;
+        // the thread gets tokens 4 tig .. 4 tig + 3 of its dim, which are
+        // P's k = 2 tig, 2 tig + 1 (tokens 4 tig, +2) and 2 tig + 8, +9
+        // (tokens 4 tig + 1, +3).
+#pragma unroll
+        for (int n4 = 0; n4 < D / 32; ++n4) {
+          uint32_t b[4];
+          ldsm_x4(sv_u + f8_dm_offset<D>(step, n4 * 32 + mi * 8 + rr), b);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const uint32_t x = pair_bytes(b[m]);
+            M::run(o[n4 * 4 + m], pa, e4m3x2_lo(x), e4m3x2_hi(x));
+          }
+        }
+      } else {
+        const int vd_base =
+            kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
+        // Two 8-dim n-tiles per ldmatrix.x4.
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t b[4];
+          if (kDimMajor) {
+            ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
+          } else {
+            const int r = t0 + (mi & 1) * 8 + rr;
+            const int c = n + (mi >> 1);
+            ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
+          }
+          M::run(o[n], pa, b[0], b[1]);
+          M::run(o[n + 1], pa, b[2], b[3]);
+        }
       }
     }
   }
@@ -605,18 +866,34 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // g = 0..3, dims 2 tig) then hit 16 distinct bank pairs (unpadded rows put
   // all 8 rows of a warp in one bank: an 8-way conflict that cost ~2 us per
   // CTA, measured by bench/trace_probe). Rows past the group are not stored.
-  constexpr int Dp = kRedStride<D>;
+  // FP8 token-major: 4 consecutive dims per thread and row (float4 stores,
+  // rows padded to D + 16).
+  constexpr bool kWide = kFp8 && !kDimMajor;
+  constexpr int Dp = kRedStride<D, kWide>;
   float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][Dp]
   float *red_m = red_o + kWarps * 16 * Dp;         // [warp][16]
   float *red_l = red_m + kWarps * 16;              // [warp][16]
   {
     float *wo = red_o + warp * 16 * Dp;
     const bool row0 = h0 < rows, row1 = h1 < rows;
+    if constexpr (kWide) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int d = n * 8 + 2 * tig;
-      if (row0) *reinterpret_cast<float2 *>(wo + g * Dp + d) = make_float2(o[n][0], o[n][1]);
-      if (row1) *reinterpret_cast<float2 *>(wo + (g + 8) * Dp + d) = make_float2(o[n][2], o[n][3]);
+      for (int c = 0; c < D / 16; ++c) {
+        const int d = c * 16 + 4 * tig;
+        const float *a = o[2 * c], *b = o[2 * c + 1];
+        if (row0)
+          *reinterpret_cast<float4 *>(wo + g * Dp + d) = make_float4(a[0], b[0], a[1], b[1]);
+        if (row1)
+          *reinterpret_cast<float4 *>(wo + (g + 8) * Dp + d) = make_float4(a[2], b[2], a[3], b[3]);
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int d = n * 8 + 2 * tig;
+        if (row0) *reinterpret_cast<float2 *>(wo + g * Dp + d) = make_float2(o[n][0], o[n][1]);
+        if (row1)
+          *reinterpret_cast<float2 *>(wo + (g + 8) * Dp + d) = make_float2(o[n][2], o[n][3]);
+      }
     }
     if (tig == 0) {
       red_m[warp * 16 + g] = m0;
@@ -650,9 +927,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   FD_TRACE(fd_trace_attn, 8, 7, 0);
 
   // Each thread combines 4 dims of one head over the warps and writes them:
-  // the normalised output (unsplit) or the split's unnormalised partial.
+  // the normalised output (unsplit: times the V scale, one multiply) or the
+  // split's unnormalised partial (the merge applies the V scale).
   constexpr int kV = D / 4;
   const bool out8 = (reinterpret_cast<uintptr_t>(p.out) & 7) == 0;
+  // FP8 K/V: out is bf16 or f16 by p.q_bf16; else TQ.
+  const bool out_bf16 = kFp8 ? p.q_bf16 : std::is_same<TQ, __nv_bfloat16>::value;
   for (int c = tid; c < rows * kV; c += kThreads) {
     const int h = c / kV, v = c % kV;
     const int hm = h % 16, w0 = h / 16;
@@ -669,10 +949,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     }
     if (!p.work.has_partials()) {
       const float sum = red_h[2 * h + 1];
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      using O = Mma<TQ>;  // out has q's element type
-      const uint16_t e0 = O::from_float(acc.x * inv), e1 = O::from_float(acc.y * inv);
-      const uint16_t e2 = O::from_float(acc.z * inv), e3 = O::from_float(acc.w * inv);
+      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;
+      auto cvt = [&](float x) {
+        return out_bf16 ? Mma<__nv_bfloat16>::from_float(x) : Mma<__half>::from_float(x);
+      };
+      const uint16_t e0 = cvt(acc.x * inv), e1 = cvt(acc.y * inv);
+      const uint16_t e2 = cvt(acc.z * inv), e3 = cvt(acc.w * inv);
       uint16_t *dst = static_cast<uint16_t *>(p.out) + q_offset(h) + v * 4;
       if (out8) {
         *reinterpret_cast<uint2 *>(dst) = make_uint2(e0 | (static_cast<uint32_t>(e1) << 16),
@@ -717,7 +999,7 @@ __global__ void __launch_bounds__(256, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, const int32_t *__restrict__ q_indptr,
                         void *out, const DecodeWorkList work, int max_len, int wph,
-                        int heads_per_cta) {
+                        int heads_per_cta, float v_scale) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
   __shared__ float share[8][D];
@@ -830,7 +1112,7 @@ __global__ void __launch_bounds__(256, 1)
   FD_TRACE(fd_trace_merge, 4, 2, acc[0] != 0.f);
   if (!active) return;
   uint16_t *dst = static_cast<uint16_t *>(out) + out_row * D + lane * kPer;
-  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const float inv = total > 0.f ? v_scale / total : 0.f;  // the V scale: one multiply
 #pragma unroll
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<TOut>::from_float(acc[e] * inv);
 }
@@ -882,7 +1164,7 @@ template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t prepare_decode_variant() {
   return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              detail::Config<D>::kSmemBytes);
+                              detail::Config<D, sizeof(TKV)>::kSmemBytes);
 }
 
 // Prepares the variant of one element-type pair for `head_dim` and layout
@@ -908,7 +1190,7 @@ cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi
 // Launches one variant; prepare_decode_variant must have run on this device.
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
-  using Cfg = detail::Config<D>;
+  using Cfg = detail::Config<D, sizeof(TKV)>;
   auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>;
   cudaError_t err = cudaSuccess;
   detail::Params p;
@@ -932,6 +1214,10 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.m_tiles = query_rows <= 16 ? 1 : (query_rows <= 32 ? 2 : 4);
   p.work = l.work;
   p.variant = VariantPolicy::of(l.variant);
+  // The K scale multiplies every dot product: folded into the logit scale.
+  p.variant.log2_scale *= l.k_scale;
+  p.v_scale = l.v_scale;
+  p.q_bf16 = l.q_dtype == FD_DTYPE_BF16;
   p.partial_o = l.partial_o;
   p.partial_ml = l.partial_ml;
   const unsigned grid = static_cast<unsigned>(l.work.size());
@@ -939,10 +1225,14 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   if (err != cudaSuccess || !l.work.has_partials()) return err;
   const int rows_heads = static_cast<int>(l.work.query_rows());
   const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.num_splits);
-  return detail::launch_pdl(
-      detail::decode_merge_kernel<TQ, D, kMulti>, static_cast<unsigned>(m.ctas),
-      32 * m.wph * m.heads_per_cta, 0, l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.q_indptr,
-      l.out, l.work, l.max_blocks_per_seq << l.block_size_log2, m.wph, m.heads_per_cta);
+  // The output has q's type: TQ, or by q_dtype over FP8 K/V.
+  auto merge = detail::decode_merge_kernel<TQ, D, kMulti>;
+  if (detail::KvType<TKV>::kFp8 && p.q_bf16)
+    merge = detail::decode_merge_kernel<__nv_bfloat16, D, kMulti>;
+  return detail::launch_pdl(merge, static_cast<unsigned>(m.ctas), 32 * m.wph * m.heads_per_cta, 0,
+                            l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.q_indptr, l.out,
+                            l.work, l.max_blocks_per_seq << l.block_size_log2, m.wph,
+                            m.heads_per_cta, l.v_scale);
 }
 
 template <class TQ, class TKV, bool kMulti>

@@ -1,6 +1,7 @@
 // Dispatch of the paged decode kernels on the (q, K/V) element-type pair.
-// Only the pairs the host serves are instantiated (decode_<dtype>.cu); the
-// host refuses every other pair before it gets here.
+// Only the pairs the host serves are instantiated (decode_<dtype>.cu: bf16 /
+// bf16, f16 / f16, and f16 or bf16 q over FP8 E4M3 K/V); the host refuses
+// every other pair before it gets here.
 #include "decode_kernel.cuh"
 
 #include "flashdec.h"
@@ -9,6 +10,11 @@ namespace fd {
 namespace cuda {
 
 cudaError_t launch_decode(const DecodeLaunch &launch) {
+  // FP8 K/V: one set of kernels for f16 and bf16 q (q's type is a kernel
+  // parameter; the mma runs in f16).
+  const bool q16 = launch.q_dtype == FD_DTYPE_F16 || launch.q_dtype == FD_DTYPE_BF16;
+  if (launch.kv_dtype == FD_DTYPE_FP8_E4M3 && q16)
+    return launch_decode_typed<__half, __nv_fp8_e4m3>(launch);
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return launch_decode_typed<__half, __half>(launch);
   if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
@@ -17,6 +23,10 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
 }
 
 cudaError_t prepare_decode(const DecodeLaunch &launch) {
+  const bool q16 = launch.q_dtype == FD_DTYPE_F16 || launch.q_dtype == FD_DTYPE_BF16;
+  if (launch.kv_dtype == FD_DTYPE_FP8_E4M3 && q16)
+    return prepare_decode_typed<__half, __nv_fp8_e4m3>(launch.head_dim, launch.dim_major,
+                                                       launch.work.max_q_len > 1);
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major,
                                                 launch.work.max_q_len > 1);

@@ -31,7 +31,9 @@ constexpr int kDecodeMaxQueryRows = 64;
 
 struct DecodeLaunch {
   int32_t q_dtype = 0;     // FD_DTYPE_F16 or FD_DTYPE_BF16 (q and out)
-  int32_t kv_dtype = 0;    // FD_DTYPE_F16 or FD_DTYPE_BF16 (K and V)
+  int32_t kv_dtype = 0;    // FD_DTYPE_F16, FD_DTYPE_BF16 (== q_dtype) or FD_DTYPE_FP8_E4M3
+  float k_scale = 1.f;     // K dequantisation scale (folded into the logit scale)
+  float v_scale = 1.f;     // V dequantisation scale (one multiply on the output)
   bool dim_major = false;  // FD_LAYOUT_DIM_MAJOR
   int32_t head_dim = 0;    // 64 or 128
   const void *q = nullptr;

@@ -16,6 +16,7 @@
 #include "attention/decode_problem.hpp"
 #include "attention/decode_work.hpp"
 #include "backend/backend.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_util.hpp"
 #include "decode_launch.hpp"
@@ -52,6 +53,11 @@ constexpr uint32_t kRaggedMinRows = 16;
 // units of one tile's streaming time (measured on an H200, docs/kernel-design.md).
 constexpr double kCtaCostTiles = 1.5;
 constexpr double kMergeCostTiles = 2.0;
+// FP8 K/V: a tile streams in half the time, so the same fixed costs are
+// twice as many tiles.
+double cost_scale(const DecodeProblem &pb) {
+  return pb.kv.dtype == FD_DTYPE_FP8_E4M3 ? 2.0 : 1.0;
+}
 
 int log2_exact(uint32_t v) {
   int n = 0;
@@ -89,16 +95,25 @@ void check_supported(const DecodeProblem &pb) {
     fail(FD_ERR_UNSUPPORTED, "sliding_window is not supported on CUDA yet (0: none)");
   if (pb.variant.sinks != nullptr)
     fail(FD_ERR_UNSUPPORTED, "sinks are not supported on CUDA yet (NULL: none)");
-  if (pb.kv.dtype == FD_DTYPE_F32)
-    fail(FD_ERR_UNSUPPORTED, "kv_dtype f32 is not supported on CUDA (use f16 or bf16)");
-  if (pb.kv.dtype != FD_DTYPE_F16 && pb.kv.dtype != FD_DTYPE_BF16)
-    fail(FD_ERR_UNSUPPORTED, "kv_dtype %d is not supported on CUDA", pb.kv.dtype);
-  if (pb.q_dtype != pb.kv.dtype)
-    fail(FD_ERR_UNSUPPORTED, "q_dtype %d is not supported with kv_dtype %d on CUDA", pb.q_dtype,
-         pb.kv.dtype);
+  // Served element types: q = out = K/V in f16 or bf16, and q = out in f16
+  // or bf16 over FP8 E4M3 K/V.
+  const bool fp8 = pb.kv.dtype == FD_DTYPE_FP8_E4M3;
+  if (pb.kv.dtype != FD_DTYPE_F16 && pb.kv.dtype != FD_DTYPE_BF16 && !fp8)
+    fail(FD_ERR_UNSUPPORTED,
+         "kv_dtype %s is not supported on CUDA (supported: f16, bf16, fp8_e4m3)",
+         dtype_name(pb.kv.dtype));
+  if (fp8 && pb.q_dtype != FD_DTYPE_F16 && pb.q_dtype != FD_DTYPE_BF16)
+    fail(FD_ERR_UNSUPPORTED,
+         "q_dtype %s is not supported with kv_dtype fp8_e4m3 on CUDA (supported: f16, bf16)",
+         dtype_name(pb.q_dtype));
+  if (!fp8 && pb.q_dtype != pb.kv.dtype)
+    fail(FD_ERR_UNSUPPORTED,
+         "q_dtype %s is not supported with kv_dtype %s on CUDA (q_dtype must be %s)",
+         dtype_name(pb.q_dtype), dtype_name(pb.kv.dtype), dtype_name(pb.kv.dtype));
   if (pb.out_dtype != pb.q_dtype)
-    fail(FD_ERR_UNSUPPORTED, "out_dtype %d is not supported with q_dtype %d on CUDA", pb.out_dtype,
-         pb.q_dtype);
+    fail(FD_ERR_UNSUPPORTED,
+         "out_dtype %s is not supported with q_dtype %s on CUDA (out_dtype must be %s)",
+         dtype_name(pb.out_dtype), dtype_name(pb.q_dtype), dtype_name(pb.q_dtype));
   if (pb.head_dim != 64 && pb.head_dim != 128)
     fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (supported: 64, 128)",
          pb.head_dim);
@@ -110,8 +125,9 @@ void check_supported(const DecodeProblem &pb) {
          "GQA group size %u (num_q_heads / num_kv_heads) is not supported on CUDA "
          "(supported: 1..%d)",
          pb.group_size, cuda::kDecodeMaxGroup);
-  // The kernel copies 16 bytes (8 elements) at a time along the contiguous
-  // axis, so each copy must start 16-byte aligned.
+  // The kernel copies 16 bytes (8 16-bit or 16 FP8 elements) at a time along
+  // the contiguous axis, so each copy must start 16-byte aligned (FP8
+  // dim-major tiles of 8-token blocks copy 8 bytes per dim).
   if (!aligned16(pb.k) || !aligned16(pb.v))
     fail(FD_ERR_UNSUPPORTED, "k_cache and v_cache must be 16-byte aligned on CUDA");
   // q is read as pairs of elements (4 bytes).
@@ -126,11 +142,16 @@ void check_supported(const DecodeProblem &pb) {
       {"stride_block", kv.stride_block},
       {"stride_head", kv.stride_head},
       {dim_major ? "stride_dim" : "stride_token", dim_major ? kv.stride_dim : kv.stride_token}};
-  for (const auto &s : strides)
-    if (s.value % 8 != 0)
+  const int64_t elem = static_cast<int64_t>(dtype_size(kv.dtype));
+  for (int i = 0; i < 3; ++i) {
+    const bool row_of_8 = fp8 && dim_major && kv.block_size == 8 && i == 2;
+    const int64_t bytes = row_of_8 ? 8 : 16;  // the copy's alignment
+    if (strides[i].value * elem % bytes != 0)
       fail(FD_ERR_UNSUPPORTED,
-           "%s %lld is not supported on CUDA: it must be a multiple of 8 elements (16 bytes)",
-           s.name, static_cast<long long>(s.value));
+           "%s %lld is not supported on CUDA: it must be a multiple of %lld elements (%lld bytes)",
+           strides[i].name, static_cast<long long>(strides[i].value),
+           static_cast<long long>(bytes / elem), static_cast<long long>(bytes));
+  }
   if ((dim_major ? kv.stride_token : kv.stride_dim) != 1)
     fail(FD_ERR_UNSUPPORTED, "%s must be 1 for this layout on CUDA",
          dim_major ? "stride_token" : "stride_dim");
@@ -199,12 +220,13 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   if (limit > cuda::kDecodeMaxSplits) limit = cuda::kDecodeMaxSplits;
   int64_t wanted = 1;
   double best = 0;
+  const double fixed = cost_scale(pb);
   for (int64_t s = 1; s <= limit; ++s) {
     const int64_t per_cta = (tiles_total + s - 1) / s;
     const int64_t waves = (ctas * s + slots - 1) / slots;
     const double cost =
-        static_cast<double>(waves) * (static_cast<double>(per_cta) + kCtaCostTiles) +
-        (s > 1 ? kMergeCostTiles : 0.0);
+        static_cast<double>(waves) * (static_cast<double>(per_cta) + kCtaCostTiles * fixed) +
+        (s > 1 ? kMergeCostTiles * fixed : 0.0);
     if (s == 1 || cost < best * 0.98) best = cost, wanted = s;
   }
   const int64_t by_max_len = (max_len + kMaxSplitTokens - 1) / kMaxSplitTokens;
@@ -317,6 +339,8 @@ void cuda_run_decode(const DecodeProblem &problem, const DecodeWorkList &work) {
   l.num_blocks = static_cast<int32_t>(kv.num_blocks);
   l.max_blocks_per_seq = static_cast<int32_t>(problem.max_blocks_per_seq);
   l.variant = problem.variant;
+  l.k_scale = problem.k_scale;
+  l.v_scale = problem.v_scale;
   l.work = work;
   if (work.has_partials()) {
     l.partial_o = static_cast<float *>(problem.workspace);
