@@ -17,11 +17,17 @@
 // conversion): the same operations and roundings as one element at a time,
 // with a fraction of the instructions.
 //
+// FP8 E4M3 caches (kF8): K and V units quantise on the store, stored =
+// saturate(x / scale) rounded to nearest even (cvt.rn.satfinite: NaN stays
+// NaN, +-inf becomes +-448), x the FP32 value (a rotated K is not rounded to
+// the input type first, as on the CPU); Q units are unchanged.
+//
 // The cos/sin table of the CTA's tokens lives in shared memory. A thread
 // issues the loads of its first unit before building the table, so the
 // table's latency overlaps the memory latency instead of adding to it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -87,12 +93,13 @@ __device__ __forceinline__ void store_run(uint16_t *p, int64_t stride, int n, co
 // One thread's unit of every token of its CTA.
 struct Unit {
   const uint16_t *src;  // token 0's first element of the run
-  uint16_t *dst;        // first element of the run, before the token's offset
+  unsigned char *dst;   // first element of the run (bytes), before the token's offset
   int32_t src_token;    // elements between tokens in src
   int32_t dst_token;    // q_out: elements between tokens; -1: cache slot of the token
   int64_t sd;           // dim stride of dst
   int n;                // elements per run
   int pair;             // first rotation pair, -1 for a copy
+  float scale;          // K / V units: the FP8 quantisation scale (kF8 only)
 };
 
 // Shape of the per-token unit list.
@@ -120,9 +127,10 @@ __host__ __device__ __forceinline__ Units units_of(const AppendLaunch &a) {
   return u;
 }
 
-// Unit j of a head whose token-0 source is src and destination dst.
-__device__ __forceinline__ Unit head_unit(const uint16_t *src, uint16_t *dst, int64_t sd, int j,
-                                          bool rotated, const Units &s) {
+// Unit j of a head whose token-0 source is src and destination dst (bytes;
+// elements of `esz` bytes).
+__device__ __forceinline__ Unit head_unit(const uint16_t *src, unsigned char *dst, int64_t sd,
+                                          int esz, int j, bool rotated, const Units &s) {
   Unit u;
   u.sd = sd;
   u.pair = -1;
@@ -137,35 +145,41 @@ __device__ __forceinline__ Unit head_unit(const uint16_t *src, uint16_t *dst, in
   }
   u.n = u.pair >= 0 ? min(kVec, s.half - d0) : min(kVec, s.D - d0);
   u.src = src + d0;
-  u.dst = dst + d0 * sd;
+  u.dst = dst + d0 * sd * esz;
+  u.scale = 1.f;
   return u;
 }
 
+// esz: bytes per cache element (1: FP8).
 __device__ __forceinline__ Unit unit_at(const AppendLaunch &a, const Units &s, int w, int64_t sh,
-                                        int64_t sd) {
+                                        int64_t sd, int esz) {
   const int64_t D = s.D;
   const int32_t q_row = a.num_q_heads * s.D, kv_row = a.num_kv_heads * s.D;
   Unit u;
   if (w < s.q) {
     const int h = w / s.rot;
     u = head_unit(static_cast<const uint16_t *>(a.q) + h * D,
-                  static_cast<uint16_t *>(a.q_out) + h * D, 1, w - h * s.rot, true, s);
+                  static_cast<unsigned char *>(a.q_out) + h * D * 2, 1, 2, w - h * s.rot, true, s);
     u.src_token = q_row;
     u.dst_token = q_row;
   } else if (w < s.q + s.k) {
     w -= s.q;
     const int h = w / s.k_per_head;
     u = head_unit(static_cast<const uint16_t *>(a.k) + h * D,
-                  static_cast<uint16_t *>(a.k_dst) + h * sh, sd, w - h * s.k_per_head, s.R > 0, s);
+                  static_cast<unsigned char *>(a.k_dst) + h * sh * esz, sd, esz,
+                  w - h * s.k_per_head, s.R > 0, s);
     u.src_token = kv_row;
     u.dst_token = -1;
+    u.scale = a.k_scale;
   } else {
     w -= s.q + s.k;
     const int h = w / s.plain;
     u = head_unit(static_cast<const uint16_t *>(a.v) + h * D,
-                  static_cast<uint16_t *>(a.v_dst) + h * sh, sd, w - h * s.plain, false, s);
+                  static_cast<unsigned char *>(a.v_dst) + h * sh * esz, sd, esz, w - h * s.plain,
+                  false, s);
     u.src_token = kv_row;
     u.dst_token = -1;
+    u.scale = a.v_scale;
   }
   return u;
 }
@@ -209,9 +223,32 @@ __device__ __forceinline__ void rotate_word(uint32_t &xw, uint32_t &yw, float c0
   yw = Elem<T>::store2(rope_second(x.x, y.x, c0, s0), rope_second(x.y, y.y, c1, s1));
 }
 
+// Two FP32 values quantised into FP8 E4M3 (the first in the low byte):
+// saturate(v / scale) rounded to nearest even (cvt.rn.satfinite: +-inf gives
+// +-448), NaN stored as the canonical 0x7f whatever its sign (a byte whose
+// low 7 bits are all set is NaN; its sign bit is cleared).
+__device__ __forceinline__ uint32_t quantise2(float v0, float v1, float scale) {
+  const uint32_t b =
+      __nv_cvt_float2_to_fp8x2(make_float2(v0 / scale, v1 / scale), __NV_SATFINITE, __NV_E4M3);
+  return b & ~(((b & 0x7f7fu) + 0x0101u) & 0x8080u);
+}
+
+// Bytes [0, n) of w (n <= 8) at p[t * stride].
+__device__ __forceinline__ void store_bytes(unsigned char *p, int64_t stride, int n,
+                                            const uint32_t (&w)[2]) {
+  if (stride == 1 && n == kVec && (reinterpret_cast<uintptr_t>(p) & 7u) == 0) {
+    *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < kVec; ++t)
+    if (t < n) p[t * stride] = static_cast<unsigned char>(w[t / 4] >> (8 * (t & 3)));
+}
+
 // Rotates (if a rotation unit) and stores unit u of tokens r0 .. r0 + ntok
 // - 1. cos_s / sin_s: the tokens' tables, rows of table_row(half) floats.
-template <class T, int N>
+// kF8: K and V units quantise into an FP8 E4M3 cache.
+template <class T, bool kF8, int N>
 __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half,
                                            const AppendLaunch &a, const float *cos_s,
                                            const float *sin_s, Run (&x)[N], Run (&y)[N]) {
@@ -220,7 +257,35 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
   for (int t = 0; t < N; ++t) {
     if (t < ntok) {
       const int64_t off = u.dst_token >= 0 ? int64_t{r0 + t} * u.dst_token : slot(a, r0 + t);
-      uint16_t *dst = u.dst + off;
+      if (kF8 && u.dst_token < 0) {
+        // FP8 cache: the (rotated) values in FP32, quantised once.
+        unsigned char *dst = u.dst + off;
+        uint32_t wx[2] = {0u, 0u}, wy[2] = {0u, 0u};
+#pragma unroll
+        for (int e = 0; e < kVec; e += 2) {
+          float x0 = Elem<T>::load(get(x[t], e)), x1 = Elem<T>::load(get(x[t], e + 1));
+          if (u.pair >= 0) {
+            float y0 = 0.f, y1 = 0.f;
+            const float *c = cos_s + t * row + u.pair, *sn = sin_s + t * row + u.pair;
+            if (e < u.n) {
+              const float a = x0, b = Elem<T>::load(get(y[t], e));
+              x0 = rope_first(a, b, c[e], sn[e]);
+              y0 = rope_second(a, b, c[e], sn[e]);
+            }
+            if (e + 1 < u.n) {
+              const float a = x1, b = Elem<T>::load(get(y[t], e + 1));
+              x1 = rope_first(a, b, c[e + 1], sn[e + 1]);
+              y1 = rope_second(a, b, c[e + 1], sn[e + 1]);
+            }
+            wy[e / 4] |= quantise2(y0, y1, u.scale) << (8 * (e & 3));
+          }
+          wx[e / 4] |= quantise2(x0, x1, u.scale) << (8 * (e & 3));
+        }
+        if (u.pair >= 0) store_bytes(dst + half * u.sd, u.sd, u.n, wy);
+        store_bytes(dst, u.sd, u.n, wx);
+        continue;
+      }
+      uint16_t *dst = reinterpret_cast<uint16_t *>(u.dst) + off;
       if (u.pair >= 0) {
         const float *c = cos_s + t * row + u.pair, *s = sin_s + t * row + u.pair;
         if (u.n == kVec) {  // c, s 16-byte aligned (u.pair and row multiples of 4)
@@ -271,7 +336,7 @@ __device__ __forceinline__ void cos_sin_entry(int position, float inv_freq, floa
 // with row = table_row(half). MaxTok: the most tokens per CTA the registers
 // are sized for. Two CTAs per SM: kernels with registers capped for more
 // resident CTAs spilled and were slower (docs/perf/append-h200-7325290-*).
-template <class T, int MaxTok>
+template <class T, bool kF8, int MaxTok>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     append_kernel(const AppendLaunch a, const double log2_base, const int tokens_per_cta) {
   extern __shared__ float table[];
@@ -282,11 +347,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const bool paged = a.block_ids != nullptr;
   const int64_t sh = paged ? a.stride_head : int64_t{s.D};
   const int64_t sd = paged ? a.stride_dim : 1;
+  constexpr int esz = kF8 ? 1 : 2;
   int w = threadIdx.x;
   Unit u{};
   Run x[MaxTok], y[MaxTok];
   if (w < s.total) {
-    u = unit_at(a, s, w, sh, sd);
+    u = unit_at(a, s, w, sh, sd, esz);
     load_unit(u, r0, ntok, half, x, y);
   }
   float *inv_freq = table, *cos_s = table + row, *sin_s = table + row + tokens_per_cta * row;
@@ -301,10 +367,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     __syncthreads();
   }
   while (w < s.total) {
-    store_unit<T>(u, r0, ntok, half, a, cos_s, sin_s, x, y);
+    store_unit<T, kF8>(u, r0, ntok, half, a, cos_s, sin_s, x, y);
     w += blockDim.x;
     if (w < s.total) {
-      u = unit_at(a, s, w, sh, sd);
+      u = unit_at(a, s, w, sh, sd, esz);
       load_unit(u, r0, ntok, half, x, y);
     }
   }
@@ -314,13 +380,13 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
 
 namespace {
 
-template <class T, int MaxTok>
+template <class T, bool kF8, int MaxTok>
 cudaError_t launch_kernel(const AppendLaunch &a, int threads, int tpc, double log2_base) {
   const Units s = units_of(a);
   const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
   const size_t smem =
       s.R > 0 ? sizeof(float) * static_cast<size_t>(table_row(s.half)) * (1 + 2 * tpc) : 0;
-  append_kernel<T, MaxTok><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
+  append_kernel<T, kF8, MaxTok><<<grid, threads, smem, a.stream>>>(a, log2_base, tpc);
   return cudaGetLastError();
 }
 
@@ -331,7 +397,9 @@ cudaError_t launch_typed(const AppendLaunch &a, int threads, double log2_base) {
   int tpc = a.num_tokens >= 4096 ? 4 : a.num_tokens >= 2048 ? 2 : 1;
   if (a.tokens_per_group == 1 || a.tokens_per_group == 2 || a.tokens_per_group == 4)
     tpc = a.tokens_per_group;
-  return launch_kernel<T, kMaxTokensPerCta>(a, threads, tpc, log2_base);
+  if (a.cache_dtype == FD_DTYPE_FP8_E4M3)
+    return launch_kernel<T, true, kMaxTokensPerCta>(a, threads, tpc, log2_base);
+  return launch_kernel<T, false, kMaxTokensPerCta>(a, threads, tpc, log2_base);
 }
 
 }  // namespace

@@ -16,7 +16,12 @@ namespace cuda {
 constexpr int kAppendMaxHeadDim = 1024;
 
 struct AppendLaunch {
-  int32_t dtype = 0;  // FD_DTYPE_F16 or FD_DTYPE_BF16
+  int32_t dtype = 0;  // FD_DTYPE_F16 or FD_DTYPE_BF16: q, q_out, k, v (and the caches unless FP8)
+  // The caches' type: 0 (or dtype) for dtype, or FD_DTYPE_FP8_E4M3, which
+  // stores saturate(x / k_scale) (K) and saturate(x / v_scale) (V).
+  int32_t cache_dtype = 0;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
   int32_t num_tokens = 0;
   int32_t num_q_heads = 0;  // heads of q / q_out (0: no Q)
   int32_t num_kv_heads = 0;

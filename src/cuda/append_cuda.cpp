@@ -8,6 +8,7 @@
 
 #include "append_launch.hpp"
 #include "backend/backend.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_util.hpp"
 #include "ops/kv_append.hpp"
@@ -32,8 +33,15 @@ std::vector<int32_t> to_host(const int32_t *src, size_t n, cudaStream_t s, const
 void backend::cuda_kv_append(const AppendProblem &p) {
   const PagedKv &kv = p.kv;
   require_cuda_device(p.device_ordinal);
-  if (kv.dtype == FD_DTYPE_F32)
-    fail(FD_ERR_UNSUPPORTED, "dtype f32 is not supported on CUDA (use f16 or bf16)");
+  // Served: f16 or bf16 inputs into a cache of the same type or into FP8
+  // E4M3 (quantised by the kernel).
+  if (p.src_dtype != FD_DTYPE_F16 && p.src_dtype != FD_DTYPE_BF16)
+    fail(FD_ERR_UNSUPPORTED, "dtype %s is not supported on CUDA (use f16 or bf16)",
+         dtype_name(p.src_dtype));
+  if (kv.dtype != p.src_dtype && kv.dtype != FD_DTYPE_FP8_E4M3)
+    fail(FD_ERR_UNSUPPORTED,
+         "cache_dtype %s is not supported with dtype %s on CUDA (supported: %s, fp8_e4m3)",
+         dtype_name(kv.dtype), dtype_name(p.src_dtype), dtype_name(p.src_dtype));
   if (kv.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
     fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (at most %d)", kv.head_dim,
          cuda::kAppendMaxHeadDim);
@@ -64,7 +72,10 @@ void backend::cuda_kv_append(const AppendProblem &p) {
   check_append_indices(p, ids.data(), offs.data(), p.positions ? pos.data() : nullptr);
 
   cuda::AppendLaunch a;
-  a.dtype = kv.dtype;
+  a.dtype = p.src_dtype;
+  a.cache_dtype = kv.dtype;
+  a.k_scale = p.k_scale;
+  a.v_scale = p.v_scale;
   a.num_tokens = static_cast<int32_t>(p.num_tokens);
   a.num_q_heads = static_cast<int32_t>(p.num_q_heads);
   a.num_kv_heads = static_cast<int32_t>(kv.num_kv_heads);

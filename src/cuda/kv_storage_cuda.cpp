@@ -16,6 +16,7 @@
 #include "backend/backend.hpp"
 #include "cache/kv_storage.hpp"
 #include "core/arg_checks.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 
 namespace fd {
@@ -161,7 +162,13 @@ void require_device_memory(const void *p, int32_t ordinal, const char *what) {
 class CudaKvStorage final : public KvStorage {
  public:
   CudaKvStorage(const KvGeometry &g, int32_t ordinal)
-      : g_(g), ordinal_(ordinal), elem_(g.element_size()), rows_ring_(true), export_ring_(false) {
+      : g_(g),
+        ordinal_(ordinal),
+        elem_(g.element_size()),
+        input_(dtype_is_fp8(g.dtype) ? g.input_dtype : g.dtype),
+        in_elem_(dtype_size(input_)),
+        rows_ring_(true),
+        export_ring_(false) {
     CudaDeviceScope scope(ordinal_);
     // Room for 4 transactions of up to 1365 tokens and 4 exports of 16Ki
     // entries in flight before anything is allocated on the way (the rings
@@ -267,8 +274,8 @@ class CudaKvStorage final : public KvStorage {
   void check_write(size_t num_rows, const void *q, uint32_t num_q_heads, const void *k,
                    const void *v, const void *q_out) const override {
     if (q == nullptr) return;
-    const size_t q_bytes = num_rows * num_q_heads * g_.head_dim * elem_;
-    const size_t kv_bytes = num_rows * g_.num_kv_heads * g_.head_dim * elem_;
+    const size_t q_bytes = num_rows * num_q_heads * g_.head_dim * in_elem_;
+    const size_t kv_bytes = num_rows * g_.num_kv_heads * g_.head_dim * in_elem_;
     if (q_out != q && ranges_overlap(q_out, q_bytes, q, q_bytes))
       fail(FD_ERR_INVALID_ARGUMENT, "q_out must equal q or not overlap it on a CUDA cache");
     if (ranges_overlap(q_out, q_bytes, k, kv_bytes) || ranges_overlap(q_out, q_bytes, v, kv_bytes))
@@ -331,7 +338,12 @@ class CudaKvStorage final : public KvStorage {
     const int32_t *d = static_cast<const int32_t *>(slot.device);
     const LayerStorage dst = this->layer(layer);
     cuda::AppendLaunch a;
-    a.dtype = g_.dtype;
+    // Inputs of input_dtype; an FP8 storage quantises with the layer's
+    // scales (in the kernel, no extra pass).
+    a.dtype = input_;
+    a.cache_dtype = g_.dtype;
+    a.k_scale = dtype_is_fp8(g_.dtype) ? k_scale(layer) : 1.f;
+    a.v_scale = dtype_is_fp8(g_.dtype) ? v_scale(layer) : 1.f;
     a.num_tokens = static_cast<int32_t>(num_rows);
     a.num_q_heads = static_cast<int32_t>(num_q_heads);
     a.num_kv_heads = static_cast<int32_t>(g_.num_kv_heads);
@@ -395,7 +407,9 @@ class CudaKvStorage final : public KvStorage {
 
   KvGeometry g_;
   int32_t ordinal_;
-  size_t elem_;
+  size_t elem_;     // bytes per stored element
+  int32_t input_;   // dtype of layer writes' K, V and Q
+  size_t in_elem_;  // ... and its bytes per element
   unsigned char *k_ = nullptr;
   unsigned char *v_ = nullptr;
   bool block_packed_ = true;  // one block of one layer is contiguous
@@ -417,9 +431,19 @@ class CudaKvStorage final : public KvStorage {
 std::unique_ptr<KvStorage> backend::make_cuda_kv_storage(const KvGeometry &geometry,
                                                          int32_t ordinal) {
   require_cuda_device(ordinal);
-  if (geometry.dtype != FD_DTYPE_F16 && geometry.dtype != FD_DTYPE_BF16)
-    fail(FD_ERR_UNSUPPORTED, "dtype %s is not supported by CUDA caches (use f16 or bf16)",
-         geometry.dtype == FD_DTYPE_F32 ? "f32" : "unknown");
+  // Served: f16 and bf16 storage written in its own type, and FP8 E4M3
+  // storage written in f16 or bf16 (quantised by the append kernels).
+  if (geometry.dtype != FD_DTYPE_F16 && geometry.dtype != FD_DTYPE_BF16 &&
+      geometry.dtype != FD_DTYPE_FP8_E4M3)
+    fail(FD_ERR_UNSUPPORTED,
+         "dtype %s is not supported by CUDA caches (supported: f16, bf16, fp8_e4m3)",
+         dtype_name(geometry.dtype));
+  if (geometry.dtype == FD_DTYPE_FP8_E4M3 && geometry.input_dtype != FD_DTYPE_F16 &&
+      geometry.input_dtype != FD_DTYPE_BF16)
+    fail(FD_ERR_UNSUPPORTED,
+         "input_dtype %s is not supported by CUDA caches of dtype fp8_e4m3 (supported: f16, "
+         "bf16)",
+         dtype_name(geometry.input_dtype));
   if (geometry.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
     fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported by CUDA caches (at most %d)",
          geometry.head_dim, cuda::kAppendMaxHeadDim);
