@@ -10,7 +10,11 @@
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
 // Usage: decode_bench [--out DIR] [--quick] [--explore] [--verify] [--prefill]
-//                     [--splits N] [--filter A,B,...]
+//                     [--kv fp8] [--splits N] [--filter A,B,...]
+// --kv fp8 (issue 15): instead of the grid, every shape and batch of the grid
+// with FP8 E4M3 K/V (bf16 q, block 16, token-major; shape A also dim-major
+// and f16 q), each beside the same case with bf16 K/V run just before it:
+// time, fraction of copy counting FP8 bytes, and FP8 time / bf16 time.
 // --prefill adds the multi-token cases of issue 14 (chunked prefill: causal
 // chunks timed in TFLOP/s over the visible (query, key) pairs; a mixed batch
 // of decode rows and prefill chunks against the two parts run separately).
@@ -20,6 +24,7 @@
 // targets are then partial).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,21 +58,45 @@ __device__ float to_f32(uint16_t bits, bool bf16) {
   return __half2float(__ushort_as_half(bits));
 }
 
+// Element i of a seeded N(0, scale^2) sequence (Box-Muller).
+__device__ float normal_at(uint64_t seed, size_t i, float scale) {
+  const uint64_t a = mix64(seed ^ (i * 0x9e3779b97f4a7c15ull));
+  const uint64_t b = mix64(a + 0x632be59bd9b4e019ull);
+  const float u1 = fmaxf((a >> 40) * (1.0f / 16777216.0f), 1e-7f);
+  const float u2 = (b >> 40) * (1.0f / 16777216.0f);
+  return scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
 __global__ void fill_normal(uint16_t *dst, size_t n, uint64_t seed, float scale, bool bf16) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint64_t a = mix64(seed ^ (i * 0x9e3779b97f4a7c15ull));
-    const uint64_t b = mix64(a + 0x632be59bd9b4e019ull);
-    const float u1 = fmaxf((a >> 40) * (1.0f / 16777216.0f), 1e-7f);
-    const float u2 = (b >> 40) * (1.0f / 16777216.0f);
-    const float x = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    const float x = normal_at(seed, i, scale);
     dst[i] =
         bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
   }
 }
 
+// FP8 E4M3 codes of scale * N(0,1) / kv_scale (the cache's stored values).
+__global__ void fill_fp8(uint8_t *dst, size_t n, uint64_t seed, float scale, float kv_scale) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = __nv_cvt_float_to_fp8(normal_at(seed, i, scale) / kv_scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+// Element i of a K/V pool: 16-bit (bf16 / f16 as q) or FP8 E4M3 times its scale.
+__device__ float kv_f32(const void *base, int64_t i, bool fp8, float scale, bool bf16) {
+  if (fp8) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const uint8_t *>(base)[i], __NV_E4M3);
+    return __half2float(__half(h)) * scale;
+  }
+  return to_f32(static_cast<const uint16_t *>(base)[i], bf16);
+}
+
 struct RefArgs {
-  const uint16_t *q, *k, *v;
+  const uint16_t *q;
+  const void *k, *v;
+  bool kv_fp8;
+  float k_scale, v_scale;
   const int32_t *tables;
   const int32_t *tok_row;  // [query token] its row
   const int32_t *tok_len;  // [query token] keys it sees (causal)
@@ -95,7 +124,8 @@ __global__ void reference_kernel(RefArgs a) {
   float mx = -INFINITY;
   for (int t = threadIdx.x; t < len; t += blockDim.x) {
     float s = 0.f;
-    for (int d = 0; d < a.dim; ++d) s += to_f32(q[d], a.bf16) * to_f32(a.k[at(t, d)], a.bf16);
+    for (int d = 0; d < a.dim; ++d)
+      s += to_f32(q[d], a.bf16) * kv_f32(a.k, at(t, d), a.kv_fp8, a.k_scale, a.bf16);
     s *= a.scale;
     sc[t] = s;
     mx = fmaxf(mx, s);
@@ -125,7 +155,8 @@ __global__ void reference_kernel(RefArgs a) {
   // Two token halves per dim, then combine.
   const int d = threadIdx.x % a.dim, part = threadIdx.x / a.dim, parts = blockDim.x / a.dim;
   float acc = 0.f;
-  for (int t = part; t < len; t += parts) acc += sc[t] * to_f32(a.v[at(t, d)], a.bf16);
+  for (int t = part; t < len; t += parts)
+    acc += sc[t] * kv_f32(a.v, at(t, d), a.kv_fp8, a.v_scale, a.bf16);
   red[threadIdx.x] = acc;
   __syncthreads();
   if (part == 0) {
@@ -164,6 +195,7 @@ struct Spec {
   std::vector<int32_t> row_lens = {};
   std::vector<int32_t> row_q_lens = {};
   const char *tag = "";
+  bool kv_fp8 = false;  // --kv fp8: FP8 E4M3 K/V (q and out of `dtype`)
 };
 
 // Query tokens of row r and whether the case passes q_indptr.
@@ -189,6 +221,7 @@ struct Result {
   double eff_gbps = 0, fraction = 0, rel_error = 0;
   double flops = 0, tflops = 0;  // causal: 4 * head_dim per visible (query, key) pair and q head
   bool ok = true;
+  double bf16_us = 0;  // --kv fp8: the same case with 16-bit K/V, run just before
 };
 
 // The copy ceiling: median of 10 timed 1 GiB copies after 3 warm-ups.
@@ -242,7 +275,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   const int mbps = (max_len + bs - 1) / bs;
   int64_t blocks_per_set = 0, tokens = 0;
   for (int32_t l : res.lens) blocks_per_set += (l + bs - 1) / bs, tokens += l;
-  const double elem = 2.0;
+  const double elem = spec.kv_fp8 ? 1.0 : 2.0;  // K/V bytes per element
   const int64_t block_elems = static_cast<int64_t>(H) * bs * D;
   const double set_bytes = 2.0 * static_cast<double>(blocks_per_set * block_elems) * elem;
   int sets = static_cast<int>(std::ceil(420e6 / set_bytes));
@@ -250,22 +283,30 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   res.sets = sets;
   const int64_t total_blocks = blocks_per_set * sets;
   res.kv_bytes = static_cast<double>(tokens) * H * D * 2 * elem;
-  const double qo_bytes = 2.0 * static_cast<double>(q_tokens) * HQ * D * elem;
+  const double qo_bytes = 2.0 * static_cast<double>(q_tokens) * HQ * D * 2.0;
   res.eff_bytes = res.kv_bytes + qo_bytes;
 
   // Buffers: one K/V pool, per-set q/out/tables, shared lens and workspace.
-  uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
+  void *k = nullptr, *v = nullptr;
+  uint16_t *q = nullptr, *out = nullptr;
   int32_t *tables = nullptr, *lens = nullptr;
   const size_t pool = static_cast<size_t>(total_blocks * block_elems);
   const size_t qn = static_cast<size_t>(q_tokens) * HQ * D;
-  CHECK_CUDA(cudaMalloc(&k, pool * 2));
-  CHECK_CUDA(cudaMalloc(&v, pool * 2));
+  CHECK_CUDA(cudaMalloc(&k, pool * static_cast<size_t>(elem)));
+  CHECK_CUDA(cudaMalloc(&v, pool * static_cast<size_t>(elem)));
   CHECK_CUDA(cudaMalloc(&q, qn * 2 * sets));
   CHECK_CUDA(cudaMalloc(&out, qn * 2 * sets));
   CHECK_CUDA(cudaMalloc(&tables, static_cast<size_t>(B) * mbps * 4 * sets));
   CHECK_CUDA(cudaMalloc(&lens, static_cast<size_t>(B) * 4));
-  fill_normal<<<2048, 256, 0, stream>>>(k, pool, 11, 1.f, bf16);
-  fill_normal<<<2048, 256, 0, stream>>>(v, pool, 12, 1.f, bf16);
+  // FP8: N(0,1) stored with scale 1/112 (|x| up to 4 uses E4M3's range).
+  const float kv_scale = spec.kv_fp8 ? 1.f / 112.f : 1.f;
+  if (spec.kv_fp8) {
+    fill_fp8<<<2048, 256, 0, stream>>>(static_cast<uint8_t *>(k), pool, 11, 1.f, kv_scale);
+    fill_fp8<<<2048, 256, 0, stream>>>(static_cast<uint8_t *>(v), pool, 12, 1.f, kv_scale);
+  } else {
+    fill_normal<<<2048, 256, 0, stream>>>(static_cast<uint16_t *>(k), pool, 11, 1.f, bf16);
+    fill_normal<<<2048, 256, 0, stream>>>(static_cast<uint16_t *>(v), pool, 12, 1.f, bf16);
+  }
   fill_normal<<<256, 256, 0, stream>>>(q, qn * sets, 13, 3.f, bf16);
   CHECK_CUDA(cudaGetLastError());
   // Physical blocks: a seeded random permutation of the whole pool.
@@ -286,6 +327,10 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   fd_decode_params base;
   fd_decode_params_init(&base);
   base.q_dtype = base.kv_dtype = base.out_dtype = spec.dtype;
+  if (spec.kv_fp8) {
+    base.kv_dtype = FD_DTYPE_FP8_E4M3;
+    base.k_scale = base.v_scale = kv_scale;
+  }
   base.layout = spec.layout;
   base.batch = static_cast<uint32_t>(B);
   base.num_q_heads = static_cast<uint32_t>(HQ);
@@ -340,6 +385,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
         cudaMemcpy(dev_tok + q_tokens, tok_len.data(), tok_len.size() * 4, cudaMemcpyHostToDevice));
     RefArgs a;
     a.q = q, a.k = k, a.v = v, a.tables = tables, a.scores = scores, a.out = ref;
+    a.kv_fp8 = spec.kv_fp8, a.k_scale = a.v_scale = kv_scale;
     a.tok_row = dev_tok, a.tok_len = dev_tok + q_tokens;
     if (spec.layout == FD_LAYOUT_TOKEN_MAJOR)
       a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = D, a.sd = 1;
@@ -380,7 +426,8 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
       worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
     }
     res.rel_error = worst;
-    if (!(worst <= (bf16 ? 5e-3 : 1e-3))) res.ok = false;
+    // FP8 K/V (against the dequantised values): the f16 P of the PV mma.
+    if (!(worst <= (bf16 || spec.kv_fp8 ? 5e-3 : 1e-3))) res.ok = false;
     CHECK_CUDA(cudaFree(ref));
     CHECK_CUDA(cudaFree(scores));
     CHECK_CUDA(cudaFree(dev_tok));
@@ -450,8 +497,9 @@ std::string case_name(const Result &r) {
              s.bs, layout_str(s.layout).c_str());
     return buf;
   }
-  snprintf(buf, sizeof buf, "%s %dx%s %s bs%d %s%s%s", s.shape.name, s.bc.batch,
-           ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.bs, layout_str(s.layout).c_str(),
+  snprintf(buf, sizeof buf, "%s %dx%s %s%s bs%d %s%s%s", s.shape.name, s.bc.batch,
+           ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.kv_fp8 ? " kv-fp8" : "", s.bs,
+           layout_str(s.layout).c_str(),
            s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
            s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "");
   return buf;
@@ -476,14 +524,16 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
             "\"kv_MB\": %.2f, \"median_us\": %.3f, \"p10_us\": %.3f, \"p90_us\": %.3f, "
             "\"repeat_median_us\": %.3f, \"stream_median_us\": %.3f, \"effective_GBps\": %.1f, "
             "\"fraction_of_copy\": %.4f, \"causal_flops\": %.4e, \"TFLOPs\": %.2f, "
-            "\"case\": \"%s\", \"rel_error\": %.3e, \"correct\": %s}%s\n",
+            "\"case\": \"%s\", \"rel_error\": %.3e, \"correct\": %s, \"kv_dtype\": \"%s\", "
+            "\"bf16_kv_median_us\": %.3f, \"ratio_to_bf16_kv\": %.4f}%s\n",
             r.spec.shape.name, r.spec.shape.hq, r.spec.shape.hkv, r.spec.shape.dim, r.spec.bc.batch,
             max_q_len(r.spec), ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
             std::accumulate(r.lens.begin(), r.lens.end(), 0.0), dtype_str(r.spec.dtype).c_str(),
             r.spec.bs, layout_str(r.spec.layout).c_str(), r.splits, r.sets, r.launches_per_graph,
             r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us, r.repeat_median_us,
             r.stream_median_us, r.eff_gbps, r.fraction, r.flops, r.tflops, case_name(r).c_str(),
-            r.rel_error, r.ok ? "true" : "false", i + 1 < rs.size() ? "," : "");
+            r.rel_error, r.ok ? "true" : "false", r.spec.kv_fp8 ? "fp8_e4m3" : "as dtype",
+            r.bf16_us, r.bf16_us > 0 ? r.median_us / r.bf16_us : 0.0, i + 1 < rs.size() ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
   fclose(f);
@@ -545,6 +595,7 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
     if (!r.ok) ++failures;
     if (r.spec.num_splits != 0) continue;  // exploration rows are not part of the grid
     if (r.spec.tag[0] != '\0') continue;   // --prefill rows: summarize_prefill
+    if (r.spec.kv_fp8) continue;           // --kv fp8 rows: summarize_fp8
     if (r.kv_bytes >= 64e6) big.push_back(r.fraction);
     if (r.spec.bc.ctx == 0) ragged.push_back(r.fraction);
     if (r.kv_bytes >= 16e6) min_16 = std::min(min_16, r.fraction);
@@ -632,10 +683,58 @@ std::string summarize_prefill(const std::vector<Result> &rs) {
   return out;
 }
 
+// The --kv fp8 table and targets (issue 15): each FP8 case beside the same
+// case with bf16 (or f16) K/V from the same run. Big: >= 64 MB of 16-bit
+// K/V (time <= 0.55x, >= 0.90 of copy counting FP8 bytes); small (< 16 MB of
+// 16-bit K/V) and long-context (batch 1 x 32768): no slower.
+std::string summarize_fp8(const std::vector<Result> &rs) {
+  std::string table =
+      "| case | 16-bit K/V us | FP8 us | FP8 / 16-bit | FP8 fraction of copy | splits |\n"
+      "|---|---|---|---|---|---|\n";
+  std::vector<double> big_ratio, big_frac;
+  double worst_small = 0, worst_long = 0;
+  int big_met = 0, small_n = 0, long_n = 0;
+  char buf[512];
+  for (const Result &r : rs) {
+    if (!r.spec.kv_fp8 || r.bf16_us <= 0) continue;
+    const double ratio = r.median_us / r.bf16_us;
+    const double kv16 = 2 * r.kv_bytes;  // the 16-bit case's K/V bytes
+    snprintf(buf, sizeof buf, "| %s | %.2f | %.2f | %.3f | %.3f | %d |\n", case_name(r).c_str(),
+             r.bf16_us, r.median_us, ratio, r.fraction, r.splits);
+    table += buf;
+    if (kv16 >= 64e6) {
+      big_ratio.push_back(ratio);
+      big_frac.push_back(r.fraction);
+      big_met += ratio <= 0.55 && r.fraction >= 0.90;
+    }
+    if (kv16 < 16e6) worst_small = std::max(worst_small, ratio), ++small_n;
+    if (r.spec.bc.batch == 1 && r.spec.bc.ctx == 32768)
+      worst_long = std::max(worst_long, ratio), ++long_n;
+  }
+  const double worst_ratio =
+      big_ratio.empty() ? 0 : *std::max_element(big_ratio.begin(), big_ratio.end());
+  const double min_frac =
+      big_frac.empty() ? 0 : *std::min_element(big_frac.begin(), big_frac.end());
+  snprintf(
+      buf, sizeof buf,
+      "| FP8 target | measured | met |\n|---|---|---|\n"
+      "| >= 64 MB 16-bit K/V (%zu cases): FP8 time <= 0.55x (worst; median %.3f) | %.3f | %s |\n"
+      "| >= 64 MB: >= 0.90 of copy counting FP8 bytes (min; median %.3f) | %.3f | %s |\n"
+      "| >= 64 MB: both met | %d of %zu | %s |\n"
+      "| < 16 MB 16-bit K/V (%d cases): no slower (worst ratio) | %.3f | %s |\n"
+      "| batch 1 x 32768 (%d cases): no slower (worst ratio) | %.3f | %s |\n\n",
+      big_ratio.size(), big_ratio.empty() ? 0 : median(big_ratio), worst_ratio,
+      worst_ratio <= 0.55 ? "yes" : "NO", big_frac.empty() ? 0 : median(big_frac), min_frac,
+      min_frac >= 0.90 ? "yes" : "NO", big_met, big_ratio.size(),
+      big_met == static_cast<int>(big_ratio.size()) ? "yes" : "NO", small_n, worst_small,
+      worst_small <= 1.0 ? "yes" : "NO", long_n, worst_long, worst_long <= 1.0 ? "yes" : "NO");
+  return std::string(buf) + table;
+}
+
 void usage(FILE *to, const char *program) {
   fprintf(to,
-          "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--prefill] [--splits N]\n"
-          "       [--filter A,B,...]\n",
+          "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--prefill] [--kv fp8]\n"
+          "       [--splits N] [--filter A,B,...]\n",
           program);
 }
 
@@ -643,7 +742,7 @@ void usage(FILE *to, const char *program) {
 
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
-  bool quick = false, explore = false, verify = false, prefill = false;
+  bool quick = false, explore = false, verify = false, prefill = false, fp8 = false;
   int32_t fixed_splits = 0;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
@@ -660,6 +759,10 @@ int fd_decode_bench_main(int argc, char **argv) {
           "               cache, 2048 over 8192 cached; TFLOP/s over the visible pairs) and\n"
           "               a mixed batch (32 decode rows of 4096 + 2 chunks of 512 over\n"
           "               4096) against its two parts run separately\n"
+          "  --kv fp8     instead of the grid, FP8 E4M3 K/V on every shape and batch of the\n"
+          "               grid (bf16 q, block 16, token-major; A also dim-major and f16 q),\n"
+          "               each beside the same case with 16-bit K/V: time, fraction of copy\n"
+          "               counting FP8 bytes, FP8 time / 16-bit time\n"
           "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
@@ -678,6 +781,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       verify = true;
     else if (!strcmp(argv[i], "--prefill"))
       prefill = true;
+    else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
+      fp8 = true, ++i;
     else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
       fixed_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
@@ -724,6 +829,26 @@ int fd_decode_bench_main(int argc, char **argv) {
         specs.push_back(s);
       }
   }
+  if (fp8) {
+    // Each FP8 case right after its 16-bit twin (paired below).
+    specs.clear();
+    for (const Shape &sh : kShapes)
+      for (const BatchCtx &bc : kGrid) {
+        const bool a = sh.name[0] == 'A';
+        const struct {
+          int32_t dtype, layout;
+        } kinds[] = {{FD_DTYPE_BF16, FD_LAYOUT_TOKEN_MAJOR},
+                     {FD_DTYPE_BF16, FD_LAYOUT_DIM_MAJOR},
+                     {FD_DTYPE_F16, FD_LAYOUT_TOKEN_MAJOR}};
+        for (const auto &k : kinds) {
+          if (!a && (k.dtype != FD_DTYPE_BF16 || k.layout != FD_LAYOUT_TOKEN_MAJOR)) continue;
+          Spec s{sh, bc, k.dtype, 16, k.layout, fixed_splits};
+          specs.push_back(s);
+          s.kv_fp8 = true;
+          specs.push_back(s);
+        }
+      }
+  }
   if (prefill)
     for (const Spec &s : prefill_specs(fixed_splits)) specs.push_back(s);
   if (explore) {
@@ -765,6 +890,8 @@ int fd_decode_bench_main(int argc, char **argv) {
         case_name(r).c_str(), r.splits, r.sets, r.median_us, r.repeat_median_us, r.stream_median_us,
         r.eff_gbps, r.fraction, r.tflops, r.rel_error, r.ok ? "" : "  FAIL");
     fflush(stdout);
+    if (r.spec.kv_fp8 && !results.empty() && !results.back().spec.kv_fp8)
+      r.bf16_us = results.back().median_us;  // its 16-bit twin
     results.push_back(r);
   }
   const double copy1 = measure_copy_gbps(stream);
@@ -774,6 +901,7 @@ int fd_decode_bench_main(int argc, char **argv) {
   printf("copy ceiling: %.0f GB/s at start, %.0f GB/s at end; using %.0f\n", copy0, copy1, copy);
   bool ok = true;
   std::string summary = summarize(results, &ok);
+  if (fp8) summary = summarize_fp8(results) + "\n" + summary;
   if (prefill) summary += "\n" + summarize_prefill(results);
   printf("\n%s\n", summary.c_str());
   write_json(out_dir + "/decode_bench.json", results, copy, prop.name);

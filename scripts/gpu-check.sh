@@ -12,6 +12,11 @@
 #                     same prefill shapes (bench/prefill_sdpa.py: its JSON and
 #                     the comparison table go to bench.log), then memcheck,
 #                     racecheck and initcheck over a reduced gpu_decode.
+#                     FP8=1 (issue 15): decode_bench --kv fp8 (FP8 K/V beside
+#                     16-bit K/V on the grid's shapes and batches; PREFILL
+#                     defaults to 0), then append_bench (its table in
+#                     bench.log, append_bench.json), and gpu_fp8 under the
+#                     sanitizers too.
 #   append            the GPU-resident cache and the append kernels: gpu_append,
 #                     gpu_cache_step and the CPU suites of the append primitives
 #                     (test_kv_append, test_kv_append_cache), the append
@@ -39,7 +44,7 @@
 # libcmocka-dev; carry .deps) are unpacked to /tmp/cm and used; or set
 # CMOCKA_ROOT to a prefix holding include/cmocka.h and lib/libcmocka.so.
 #
-# Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, SKIP_SANITIZER=1,
+# Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, FP8=1, SKIP_SANITIZER=1,
 # SKIP_BENCH=1, BENCH_ARGS (decode mode, e.g. "--quick", "--explore", "--verify"
 # or "--filter A,B"), PREFILL=0 (decode mode: no --prefill cases, no torch
 # SDPA), GPU_ONLY=1 (decode mode: ctest runs only the "gpu" label),
@@ -68,10 +73,15 @@ case "$MODE" in
     tests_timeout=0
     bench=decode_bench
     read -ra bench_args <<<"${BENCH_ARGS:-}"
+    if [ "${FP8:-0}" = 1 ]; then
+      bench_args+=(--kv fp8)
+      PREFILL=${PREFILL:-0}
+    fi
     [ "${PREFILL:-1}" = 1 ] && bench_args+=(--prefill)
     bench_timeout=0
     bench_tail=12
     sanitizer_suites=(gpu_decode)
+    [ "${FP8:-0}" = 1 ] && sanitizer_suites+=(gpu_fp8) && bench_tail=70
     sanitizer_timeout=${SANITIZER_TIMEOUT:-240}
     ;;
   append)
@@ -225,6 +235,20 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$bench" ]; then
   [ $rc -ne 0 ] && status=1
   note "$bench rc=$rc in $((SECONDS - start)) s"
   tail -"$bench_tail" "$OUT/bench.log"
+  if [ "$MODE" = decode ] && [ "${FP8:-0}" = 1 ] && [ -x "$BUILD_DIR/bench/append_bench" ]; then
+    # The append benchmark (FP8 fused RoPE + append at 8192 tokens): its
+    # table to bench.log, its JSON beside decode_bench's.
+    start=$SECONDS
+    app_dir=$(mktemp -d)
+    timeout 180 "$BUILD_DIR/bench/append_bench" --out "$app_dir" >"$app_dir/log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    { echo "### append_bench (rc=$rc)"; cat "$app_dir/log" "$app_dir/append_bench.md"; } >>"$OUT/bench.log"
+    [ -f "$app_dir/append_bench.json" ] && cp "$app_dir/append_bench.json" "$OUT/"
+    note "append_bench rc=$rc in $((SECONDS - start)) s"
+    grep -E "8192 tokens|FP8" "$app_dir/log" | tee -a "$OUT/summary.log"
+    rm -rf "$app_dir"
+  fi
   if [ "$MODE" = decode ] && [ "${PREFILL:-1}" = 1 ]; then
     # torch SDPA (cuDNN, flash) on the prefill shapes, beside decode_bench's
     # numbers; exit 77: no torch or no GPU, not a failure.
