@@ -1,0 +1,803 @@
+/* FP8 E4M3 K/V on CUDA (issue 15, docs/semantics.md S1.1).
+ *
+ * Decode: fd_decode over an FP8 cache against a float64 reference over the
+ * dequantised K/V (stored value x scale): q (3*N(0,1), f16 or bf16, out of
+ * the same type), head_dim 64/128, both layouts, block sizes 8/16/32, GQA
+ * groups 1/4/8, one and three query tokens per row (q_indptr), unsplit,
+ * automatic and fixed splits; outputs poisoned with NaN, FP8 NaN in spare
+ * blocks, past every row's end and behind unused table slots; worst
+ * row-relative error <= 5e-3; bit-identical reruns; bf16 q far outside f16's
+ * range (the kernel's power-of-two row scaling); long split rows; a CUDA
+ * graph replay. It prints the worst error against the unquantised values
+ * and, when the CPU backend serves the same FP8 call, against it.
+ * Append: fd_kv_append into FP8 stores exactly the host conversion
+ * saturate(x / scale) (NaN, +-inf, saturation, subnormals, -0) in both
+ * layouts; fd_rope_kv_append and the layer writes of a CUDA FP8 cache (one-
+ * and multi-token transactions, changed scales) store the bytes the CPU
+ * backend stores.
+ *
+ * FD_GPU_TEST_REDUCED=1 runs a small sweep (for compute-sanitizer). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "dtype.hpp" /* the host FP8 conversions (src/core) */
+#include "fd_gpu_test.h"
+
+namespace {
+
+bool reduced() {
+  const char *e = getenv("FD_GPU_TEST_REDUCED");
+  return e != nullptr && e[0] == '1';
+}
+
+constexpr uint8_t kNanCode = 0x7f;
+
+struct Case {
+  int32_t q_dtype = FD_DTYPE_BF16;
+  bool dim_major = false;
+  uint32_t dim = 128, bs = 16, hkv = 2, group = 4;
+  std::vector<int32_t> lens;
+  int32_t q_len = 1;    /* query tokens per row (> 1: q_indptr) */
+  float q_amp = 3.f;    /* q = q_amp * N(0,1) */
+  float sm_scale = 0.f; /* 0: 1/sqrt(D) */
+  uint64_t seed = 1;
+};
+
+struct Host {
+  Case c;
+  uint32_t batch = 0, hq = 0, num_blocks = 0, mbps = 0;
+  int64_t sb = 0, sh = 0, st = 0, sd = 0;
+  size_t cache_elems = 0;
+  int32_t q_tokens = 0;
+  float k_scale = 1.f, v_scale = 1.f, sm_scale = 1.f;
+  std::vector<uint8_t> k, v; /* FP8 codes */
+  std::vector<float> ko, vo; /* the unquantised (bf16) values */
+  std::vector<uint16_t> q;   /* q_dtype bits */
+  std::vector<int32_t> tables, lens, indptr;
+};
+
+Host make_host(const Case &c) {
+  Host h;
+  h.c = c;
+  h.batch = static_cast<uint32_t>(c.lens.size());
+  h.hq = c.hkv * c.group;
+  uint32_t longest = 1, used = 0;
+  for (int32_t l : c.lens) {
+    longest = std::max(longest, static_cast<uint32_t>(l));
+    used += (static_cast<uint32_t>(l) + c.bs - 1) / c.bs;
+  }
+  h.mbps = (longest + c.bs - 1) / c.bs + 1; /* one spare slot per row */
+  h.num_blocks = used + 3;
+  const int64_t H = c.hkv, D = c.dim, B = c.bs;
+  if (c.dim_major)
+    h.sb = H * D * B, h.sh = D * B, h.st = 1, h.sd = B;
+  else
+    h.sb = H * B * D, h.sh = B * D, h.st = D, h.sd = 1;
+  h.cache_elems = static_cast<size_t>(h.sb) * h.num_blocks;
+  fd_test_rng rng = {c.seed};
+  h.ko.resize(h.cache_elems);
+  h.vo.resize(h.cache_elems);
+  float kmax = 0.f, vmax = 0.f;
+  for (size_t i = 0; i < h.cache_elems; ++i) {
+    h.ko[i] = fd_test_bf16_to_f32(fd_test_f32_to_bf16(1.5f * fd_test_normal(&rng)));
+    h.vo[i] = fd_test_bf16_to_f32(fd_test_f32_to_bf16(fd_test_normal(&rng)));
+    kmax = std::max(kmax, std::fabs(h.ko[i]));
+    vmax = std::max(vmax, std::fabs(h.vo[i]));
+  }
+  /* Per-tensor scales as a calibration would pick them (the largest value
+   * near the top of E4M3's range). */
+  h.k_scale = kmax / 400.f;
+  h.v_scale = vmax / 320.f;
+  h.k.resize(h.cache_elems);
+  h.v.resize(h.cache_elems);
+  for (size_t i = 0; i < h.cache_elems; ++i) {
+    h.k[i] = fd::f32_to_fp8_e4m3(h.ko[i] / h.k_scale);
+    h.v[i] = fd::f32_to_fp8_e4m3(h.vo[i] / h.v_scale);
+  }
+  std::vector<int32_t> perm(h.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (size_t i = perm.size(); i > 1; --i)
+    std::swap(perm[i - 1], perm[static_cast<size_t>(fd_test_range(&rng, 0, (int64_t)i - 1))]);
+  /* Spare blocks hold FP8 NaN; every unused table slot points at one. */
+  for (size_t i = 0; i < 3; ++i) {
+    const size_t at = static_cast<size_t>(perm[used + i]) * static_cast<size_t>(h.sb);
+    std::fill(h.k.begin() + static_cast<ptrdiff_t>(at),
+              h.k.begin() + static_cast<ptrdiff_t>(at + static_cast<size_t>(h.sb)), kNanCode);
+    std::fill(h.v.begin() + static_cast<ptrdiff_t>(at),
+              h.v.begin() + static_cast<ptrdiff_t>(at + static_cast<size_t>(h.sb)), kNanCode);
+  }
+  h.tables.assign(static_cast<size_t>(h.batch) * h.mbps, -1);
+  h.lens = c.lens;
+  size_t next = 0;
+  for (uint32_t r = 0; r < h.batch; ++r) {
+    const uint32_t len = static_cast<uint32_t>(c.lens[r]);
+    const uint32_t nb = (len + c.bs - 1) / c.bs;
+    for (uint32_t b = 0; b < nb; ++b) h.tables[r * h.mbps + b] = perm[next++];
+    for (uint32_t b = nb; b < h.mbps; ++b) h.tables[r * h.mbps + b] = perm[used + (r + b) % 3];
+    /* Stale NaN past the row's end in its last block. */
+    for (uint32_t t = len; t < nb * c.bs; ++t) {
+      const int64_t blk = h.tables[r * h.mbps + t / c.bs];
+      for (uint32_t kv = 0; kv < c.hkv; ++kv)
+        for (uint32_t d = 0; d < c.dim; ++d) {
+          const size_t at =
+              static_cast<size_t>(blk * h.sb + kv * h.sh + (t % c.bs) * h.st + d * h.sd);
+          h.k[at] = kNanCode;
+          h.v[at] = kNanCode;
+        }
+    }
+  }
+  h.indptr.assign(1, 0);
+  for (uint32_t r = 0; r < h.batch; ++r) h.indptr.push_back(h.indptr.back() + c.q_len);
+  h.q_tokens = h.indptr.back();
+  h.q.resize(static_cast<size_t>(h.q_tokens) * h.hq * c.dim);
+  for (size_t i = 0; i < h.q.size(); ++i)
+    fd_test_store(h.q.data(), i, c.q_dtype, c.q_amp * fd_test_normal(&rng));
+  h.sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(static_cast<float>(c.dim));
+  return h;
+}
+
+/* float64 attention over the dequantised cache (dequant) or the unquantised
+ * values; out [q_tokens, hq, D]. Query token j of a row of n sees positions
+ * < len - n + 1 + j. */
+std::vector<double> reference(const Host &h, bool dequant) {
+  const uint32_t D = h.c.dim;
+  std::vector<double> out(h.q.size(), 0.0);
+  auto kv_at = [&](uint32_t r, int32_t t, uint32_t kvh, uint32_t d) {
+    const int64_t blk = h.tables[r * h.mbps + static_cast<uint32_t>(t) / h.c.bs];
+    return static_cast<size_t>(blk * h.sb + kvh * h.sh + (t % static_cast<int32_t>(h.c.bs)) * h.st +
+                               d * h.sd);
+  };
+  for (uint32_t r = 0; r < h.batch; ++r) {
+    const int32_t n = h.c.q_len;
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t visible = std::max(0, h.lens[r] - n + 1 + j);
+      const int32_t tok = h.indptr[r] + j;
+      for (uint32_t hd = 0; hd < h.hq; ++hd) {
+        const uint32_t kvh = hd / h.c.group;
+        const size_t qo = (static_cast<size_t>(tok) * h.hq + hd) * D;
+        std::vector<double> s(static_cast<size_t>(visible));
+        double mx = -INFINITY;
+        for (int32_t t = 0; t < visible; ++t) {
+          double dot = 0;
+          for (uint32_t d = 0; d < D; ++d) {
+            const size_t at = kv_at(r, t, kvh, d);
+            const double kval =
+                dequant ? static_cast<double>(fd::fp8_e4m3_to_f32(h.k[at])) * h.k_scale : h.ko[at];
+            dot += static_cast<double>(fd_test_load(h.q.data(), qo + d, h.c.q_dtype)) * kval;
+          }
+          s[static_cast<size_t>(t)] = dot * h.sm_scale;
+          mx = std::max(mx, s[static_cast<size_t>(t)]);
+        }
+        double sum = 0;
+        for (double &x : s) sum += (x = std::exp(x - mx));
+        for (uint32_t d = 0; d < D && visible > 0; ++d) {
+          double acc = 0;
+          for (int32_t t = 0; t < visible; ++t) {
+            const size_t at = kv_at(r, t, kvh, d);
+            const double vval =
+                dequant ? static_cast<double>(fd::fp8_e4m3_to_f32(h.v[at])) * h.v_scale : h.vo[at];
+            acc += s[static_cast<size_t>(t)] * vval;
+          }
+          out[qo + d] = acc / sum;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+struct Dev {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *ws = nullptr;
+  int32_t *tables = nullptr, *lens = nullptr, *indptr = nullptr;
+  size_t ws_size = 0;
+  cudaStream_t stream = nullptr;
+  Dev() = default;
+  Dev(const Dev &) = delete;
+  Dev &operator=(const Dev &) = delete;
+  ~Dev() {
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(ws);
+    cudaFree(tables), cudaFree(lens), cudaFree(indptr);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+void upload(const Host &h, Dev &d) {
+  const size_t qb = h.q.size() * 2;
+  CUDA_OK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaMalloc(&d.q, qb));
+  CUDA_OK(cudaMalloc(&d.out, qb));
+  CUDA_OK(cudaMalloc(&d.k, h.cache_elems));
+  CUDA_OK(cudaMalloc(&d.v, h.cache_elems));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.tables), h.tables.size() * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.lens), h.lens.size() * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.indptr), h.indptr.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, d.q, h.q.data(), qb));
+  CUDA_OK(fd_gpu_upload(d.stream, d.k, h.k.data(), h.cache_elems));
+  CUDA_OK(fd_gpu_upload(d.stream, d.v, h.v.data(), h.cache_elems));
+  CUDA_OK(fd_gpu_upload(d.stream, d.tables, h.tables.data(), h.tables.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, d.lens, h.lens.data(), h.lens.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, d.indptr, h.indptr.data(), h.indptr.size() * 4));
+}
+
+/* Parameters over host (CPU) or device (CUDA) buffers. */
+fd_decode_params params_for(const Host &h, const void *q, const void *k, const void *v, void *out,
+                            const int32_t *tables, const int32_t *lens, const int32_t *indptr) {
+  fd_decode_params p;
+  fd_decode_params_init(&p);
+  p.q_dtype = p.out_dtype = h.c.q_dtype;
+  p.kv_dtype = FD_DTYPE_FP8_E4M3;
+  p.layout = h.c.dim_major ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
+  p.batch = h.batch;
+  p.num_q_heads = h.hq;
+  p.num_kv_heads = h.c.hkv;
+  p.head_dim = h.c.dim;
+  p.block_size = h.c.bs;
+  p.num_blocks = h.num_blocks;
+  p.max_blocks_per_seq = h.mbps;
+  p.k_scale = h.k_scale;
+  p.v_scale = h.v_scale;
+  p.sm_scale = h.sm_scale;
+  p.q = q;
+  p.k_cache = k;
+  p.v_cache = v;
+  p.out = out;
+  p.block_tables = tables;
+  p.seq_lens = lens;
+  if (h.c.q_len > 1) {
+    p.q_indptr = indptr;
+    p.max_q_len_hint = h.c.q_len;
+  }
+  return p;
+}
+
+fd_decode_params device_params(const Host &h, Dev &d, int32_t splits) {
+  fd_decode_params p = params_for(h, d.q, d.k, d.v, d.out, d.tables, d.lens, d.indptr);
+  p.device.type = FD_DEVICE_CUDA;
+  p.device.ordinal = 0;
+  p.stream = reinterpret_cast<fd_stream>(d.stream);
+  p.num_splits = splits;
+  size_t need = 0;
+  FD_ASSERT_OK(fd_decode_workspace_size(&p, &need));
+  if (need > d.ws_size) {
+    cudaFree(d.ws);
+    d.ws = nullptr;
+    CUDA_OK(cudaMalloc(&d.ws, need));
+    d.ws_size = need;
+    CUDA_OK(fd_gpu_fill(d.stream, d.ws, 0xff, need)); /* never read unwritten partials */
+  }
+  p.workspace = need ? d.ws : nullptr;
+  p.workspace_size = need;
+  return p;
+}
+
+std::vector<uint16_t> run_gpu(const Host &h, Dev &d, const fd_decode_params &p) {
+  const size_t qb = h.q.size() * 2;
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb)); /* NaN in f16 and bf16 */
+  FD_ASSERT_OK(fd_decode(&p));
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  CUDA_OK(cudaGetLastError());
+  std::vector<uint16_t> out(h.q.size());
+  CUDA_OK(fd_gpu_download(d.stream, out.data(), d.out, qb));
+  return out;
+}
+
+/* Worst row-relative error of `got` (q_dtype bits) against `ref`; fails on
+ * a non-finite output and on a non-zero output of a row that sees nothing. */
+double compare(const Host &h, const std::vector<uint16_t> &got, const std::vector<double> &ref) {
+  double worst = 0;
+  const uint32_t D = h.c.dim;
+  for (uint32_t r = 0; r < h.batch; ++r)
+    for (int32_t j = 0; j < h.c.q_len; ++j)
+      for (uint32_t hd = 0; hd < h.hq; ++hd) {
+        const size_t base = (static_cast<size_t>(h.indptr[r] + j) * h.hq + hd) * D;
+        double num = 0, den = 0;
+        for (uint32_t d = 0; d < D; ++d) {
+          const double g = fd_test_load(got.data(), base + d, h.c.q_dtype);
+          if (!std::isfinite(g)) {
+            print_error("non-finite output at row %u token %d head %u dim %u\n", r, j, hd, d);
+            fail();
+          }
+          num += (g - ref[base + d]) * (g - ref[base + d]);
+          den += ref[base + d] * ref[base + d];
+        }
+        if (h.lens[r] - h.c.q_len + 1 + j <= 0) {
+          if (num != 0) {
+            print_error("row %u token %d (no visible key) head %u is not zero\n", r, j, hd);
+            fail();
+          }
+          continue;
+        }
+        worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+      }
+  return worst;
+}
+
+struct Worst {
+  double dequant = 0, unquant = 0, cpu = 0;
+  int cpu_cases = 0, cpu_refused = 0;
+};
+
+constexpr double kTolerance = 5e-3;
+
+const char *dtype_str(int32_t d) {
+  return d == FD_DTYPE_F16 ? "f16" : "bf16";
+}
+
+/* One case: unsplit, automatic and 5 splits against the float64 reference
+ * over the dequantised cache, a bit-identical rerun, the CPU backend when it
+ * serves the call. */
+void check_case(const Case &c, Worst *w) {
+  const Host h = make_host(c);
+  const std::vector<double> ref = reference(h, true);
+  const std::vector<double> ref_unq = reference(h, false);
+  Dev d;
+  upload(h, d);
+  for (int32_t splits : {1, 0, 5}) {
+    const fd_decode_params p = device_params(h, d, splits);
+    const std::vector<uint16_t> got = run_gpu(h, d, p);
+    const double err = compare(h, got, ref);
+    w->dequant = std::max(w->dequant, err);
+    w->unquant = std::max(w->unquant, compare(h, got, ref_unq));
+    if (!(err <= kTolerance)) {
+      print_error(
+          "%s q, D=%u bs=%u %s group=%u kv=%u batch=%u q_len=%d q_amp=%g splits=%d: rel "
+          "error %.3g > %.3g\n",
+          dtype_str(c.q_dtype), c.dim, c.bs, c.dim_major ? "dim-major" : "token-major", c.group,
+          c.hkv, h.batch, c.q_len, static_cast<double>(c.q_amp), splits, err, kTolerance);
+      fail();
+    }
+    if (splits == 0) {
+      const std::vector<uint16_t> again = run_gpu(h, d, p);
+      assert_memory_equal(got.data(), again.data(), got.size() * 2);
+      /* The CPU backend on the same FP8 data, when it serves it. */
+      std::vector<uint16_t> cpu(h.q.size(), 0);
+      fd_decode_params pc = params_for(h, h.q.data(), h.k.data(), h.v.data(), cpu.data(),
+                                       h.tables.data(), h.lens.data(), h.indptr.data());
+      if (fd_decode(&pc) == FD_OK) {
+        std::vector<double> cpu_ref(cpu.size());
+        for (size_t i = 0; i < cpu.size(); ++i) cpu_ref[i] = fd_test_load(cpu.data(), i, c.q_dtype);
+        w->cpu = std::max(w->cpu, compare(h, got, cpu_ref));
+        ++w->cpu_cases;
+      } else {
+        ++w->cpu_refused;
+      }
+    }
+  }
+}
+
+std::vector<int32_t> ragged_lens(uint32_t bs, uint32_t max_len, fd_test_rng *rng) {
+  std::vector<int32_t> lens = {0, 1, static_cast<int32_t>(bs), static_cast<int32_t>(bs + 1),
+                               static_cast<int32_t>(max_len)};
+  lens.push_back(static_cast<int32_t>(fd_test_range(rng, 2, max_len)));
+  lens.push_back(static_cast<int32_t>(fd_test_range(rng, 2, max_len)));
+  return lens;
+}
+
+void report(const char *what, int cases, const Worst &w) {
+  print_message(
+      "gpu_fp8: %s: %d cases x 3 split modes passed; worst row-relative error %.3g against "
+      "the dequantised cache (<= %.0e), %.3g against the unquantised bf16 values\n",
+      what, cases, w.dequant, kTolerance, w.unquant);
+  if (w.cpu_cases > 0)
+    print_message("gpu_fp8: %s: worst error against the CPU backend %.3g (%d cases)\n", what, w.cpu,
+                  w.cpu_cases);
+  if (w.cpu_refused > 0)
+    print_message(
+        "gpu_fp8: %s: the CPU backend refused %d FP8 cases (%s); compared with the "
+        "float64 reference only\n",
+        what, w.cpu_refused, fd_last_error_message());
+}
+
+void test_decode_sweep(void **state) {
+  (void)state;
+  const bool small = reduced();
+  fd_test_rng rng = {7};
+  Worst w;
+  int cases = 0;
+  for (int32_t qd : {FD_DTYPE_BF16, FD_DTYPE_F16})
+    for (uint32_t D : {64u, 128u})
+      for (bool dm : {false, true})
+        for (uint32_t bs : {8u, 16u, 32u})
+          for (uint32_t g : {1u, 4u, 8u})
+            for (int32_t q_len : {1, 3}) {
+              if (small && (qd == FD_DTYPE_F16 || bs == 32 || g == 1 || q_len == 3)) continue;
+              Case c;
+              c.q_dtype = qd;
+              c.dim = D;
+              c.bs = bs;
+              c.dim_major = dm;
+              c.group = g;
+              c.hkv = 2;
+              c.q_len = q_len;
+              c.lens = ragged_lens(bs, small ? 130 : 300, &rng);
+              c.seed = fd_test_next(&rng);
+              check_case(c, &w);
+              ++cases;
+            }
+  report("sweep", cases, w);
+}
+
+/* bf16 q beyond f16's range (|q| ~ 1e6) and far below its normal range
+ * (~1e-8), with sm_scale keeping the logits O(1): the kernel scales each q
+ * row by a power of two into f16's range and folds it into the row's logit
+ * scale. */
+void test_bf16_q_range(void **state) {
+  (void)state;
+  fd_test_rng rng = {11};
+  Worst w;
+  int cases = 0;
+  for (float amp : {1e6f, 1e-8f})
+    for (bool dm : {false, true}) {
+      Case c;
+      c.q_dtype = FD_DTYPE_BF16;
+      c.dim = 128;
+      c.bs = 16;
+      c.dim_major = dm;
+      c.group = 4;
+      c.q_amp = amp;
+      c.sm_scale = 3.f / (amp * std::sqrt(128.f));
+      c.lens = ragged_lens(16, 200, &rng);
+      c.seed = fd_test_next(&rng);
+      check_case(c, &w);
+      ++cases;
+    }
+  report("bf16 q at 1e6 and 1e-8", cases, w);
+}
+
+/* Long rows: split-KV across many CTAs. */
+void test_long_rows(void **state) {
+  (void)state;
+  if (reduced()) skip();
+  Worst w;
+  int cases = 0;
+  const struct {
+    int32_t qd;
+    uint32_t dim, bs, hkv, group;
+    std::vector<int32_t> lens;
+  } longs[] = {{FD_DTYPE_BF16, 128, 16, 2, 4, {12000, 777, 0}},
+               {FD_DTYPE_F16, 64, 32, 2, 8, {9000, 4097}},
+               {FD_DTYPE_BF16, 128, 8, 1, 8, {6000}}};
+  for (const auto &l : longs)
+    for (bool dm : {false, true}) {
+      Case c;
+      c.q_dtype = l.qd;
+      c.dim = l.dim;
+      c.bs = l.bs;
+      c.hkv = l.hkv;
+      c.group = l.group;
+      c.lens = l.lens;
+      c.dim_major = dm;
+      c.seed = 99 + static_cast<uint64_t>(cases);
+      check_case(c, &w);
+      ++cases;
+    }
+  report("long rows", cases, w);
+}
+
+/* A CUDA graph of FP8 decode calls replays to the same bits. */
+void test_graph_capture(void **state) {
+  (void)state;
+  fd_test_rng rng = {5};
+  Case c;
+  c.lens = ragged_lens(16, 700, &rng);
+  c.q_len = 2;
+  const Host h = make_host(c);
+  Dev d;
+  upload(h, d);
+  const fd_decode_params p = device_params(h, d, 0);
+  const std::vector<uint16_t> direct = run_gpu(h, d, p);
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, h.q.size() * 2));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal));
+  FD_ASSERT_OK(fd_decode(&p));
+  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, d.stream));
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  std::vector<uint16_t> replay(h.q.size());
+  CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, replay.size() * 2));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  assert_memory_equal(direct.data(), replay.data(), direct.size() * 2);
+}
+
+/* Combinations the CUDA kernels do not serve: FD_ERR_UNSUPPORTED naming the
+ * field. */
+void test_refusals(void **state) {
+  (void)state;
+  fd_test_rng rng = {3};
+  Case c;
+  c.lens = ragged_lens(16, 64, &rng);
+  const Host h = make_host(c);
+  Dev d;
+  upload(h, d);
+  fd_decode_params p = device_params(h, d, 1);
+  p.kv_dtype = FD_DTYPE_FP8_E5M2;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "kv_dtype");
+  p = device_params(h, d, 1);
+  p.out_dtype = FD_DTYPE_F16; /* q bf16 */
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "out_dtype");
+  p = device_params(h, d, 1);
+  p.q_dtype = FD_DTYPE_F32;
+  p.out_dtype = FD_DTYPE_F32;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "q_dtype");
+  /* A bf16 cache takes a bf16 q only. */
+  p = device_params(h, d, 1);
+  p.kv_dtype = FD_DTYPE_BF16;
+  p.q_dtype = p.out_dtype = FD_DTYPE_F16;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "q_dtype");
+}
+
+/* ---- Appends ---------------------------------------------------------- */
+
+/* Inputs with the special values of S1.1 (every 7th element, `specials`):
+ * NaN (both signs), +-inf, values past the largest finite code (saturate),
+ * subnormal and zero results, -0. Q gets none: its NaN payloads are not
+ * part of the FP8 semantics. */
+std::vector<uint16_t> special_inputs(size_t n, int32_t dtype, fd_test_rng *rng,
+                                     bool specials_too = true) {
+  const float specials[] = {NAN,   -NAN,  INFINITY, -INFINITY, 1e5f, -1e5f, 460.f,
+                            449.f, 1e-3f, -2e-4f,   0.f,       -0.f, 3e-6f};
+  std::vector<uint16_t> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = specials_too && (i % 7 == 3) ? specials[fd_test_range(rng, 0, 12)]
+                                                 : 40.f * fd_test_normal(rng);
+    fd_test_store(x.data(), i, dtype, v);
+  }
+  return x;
+}
+
+struct AppendSetup {
+  uint32_t tokens = 37, hkv = 2, hq = 8, dim = 128, bs = 16, blocks = 8;
+  bool dim_major = false;
+  int32_t dtype = FD_DTYPE_BF16;
+};
+
+void test_append_bytes(void **state) {
+  (void)state;
+  fd_test_rng rng = {21};
+  int checked = 0;
+  for (int32_t dt : {FD_DTYPE_BF16, FD_DTYPE_F16})
+    for (bool dm : {false, true})
+      for (uint32_t D : {64u, 128u})
+        for (bool rope : {false, true}) {
+          AppendSetup s;
+          s.dtype = dt;
+          s.dim_major = dm;
+          s.dim = D;
+          const size_t kvn = size_t(s.tokens) * s.hkv * s.dim, qn = size_t(s.tokens) * s.hq * s.dim;
+          const size_t cache = size_t(s.blocks) * s.hkv * s.bs * s.dim;
+          std::vector<uint16_t> k = special_inputs(kvn, dt, &rng),
+                                v = special_inputs(kvn, dt, &rng);
+          std::vector<uint16_t> q = special_inputs(qn, dt, &rng, false);
+          std::vector<int32_t> ids(s.tokens), offs(s.tokens), pos(s.tokens);
+          std::vector<int32_t> slots(size_t(s.blocks) * s.bs);
+          std::iota(slots.begin(), slots.end(), 0);
+          for (size_t i = slots.size(); i > 1; --i)
+            std::swap(slots[i - 1], slots[size_t(fd_test_range(&rng, 0, int64_t(i) - 1))]);
+          for (uint32_t t = 0; t < s.tokens; ++t) {
+            ids[t] = slots[t] / int32_t(s.bs);
+            offs[t] = slots[t] % int32_t(s.bs);
+            pos[t] = int32_t(fd_test_range(&rng, 0, 5000));
+          }
+          fd_kv_append_params p;
+          fd_kv_append_params_init(&p);
+          p.dtype = dt;
+          p.cache_dtype = FD_DTYPE_FP8_E4M3;
+          p.k_scale = 0.37f;
+          p.v_scale = 1.9f;
+          p.layout = dm ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
+          p.num_tokens = s.tokens;
+          p.num_kv_heads = s.hkv;
+          p.head_dim = s.dim;
+          p.block_size = s.bs;
+          p.num_blocks = s.blocks;
+          if (rope) {
+            p.num_q_heads = s.hq;
+            p.rotary_dim = s.dim;
+          }
+          /* Host run (CPU backend), then the same on the device. */
+          std::vector<uint8_t> hk(cache, 0x5a), hv(cache, 0x5a);
+          std::vector<uint16_t> hq_out(qn, 0);
+          p.k = k.data(), p.v = v.data(), p.k_cache = hk.data(), p.v_cache = hv.data();
+          p.block_ids = ids.data(), p.offsets = offs.data(), p.positions = pos.data();
+          p.q = q.data(), p.q_out = hq_out.data();
+          const fd_status cpu = rope ? fd_rope_kv_append(&p) : fd_kv_append(&p);
+          cudaStream_t stream;
+          CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+          void *dk, *dv, *dq, *dqo, *dkc, *dvc, *didx;
+          CUDA_OK(cudaMalloc(&dk, kvn * 2));
+          CUDA_OK(cudaMalloc(&dv, kvn * 2));
+          CUDA_OK(cudaMalloc(&dq, qn * 2));
+          CUDA_OK(cudaMalloc(&dqo, qn * 2));
+          CUDA_OK(cudaMalloc(&dkc, cache));
+          CUDA_OK(cudaMalloc(&dvc, cache));
+          CUDA_OK(cudaMalloc(&didx, 3 * s.tokens * 4));
+          CUDA_OK(fd_gpu_upload(stream, dk, k.data(), kvn * 2));
+          CUDA_OK(fd_gpu_upload(stream, dv, v.data(), kvn * 2));
+          CUDA_OK(fd_gpu_upload(stream, dq, q.data(), qn * 2));
+          CUDA_OK(fd_gpu_fill(stream, dkc, 0x5a, cache));
+          CUDA_OK(fd_gpu_fill(stream, dvc, 0x5a, cache));
+          CUDA_OK(fd_gpu_fill(stream, dqo, 0, qn * 2));
+          int32_t *idx = static_cast<int32_t *>(didx);
+          CUDA_OK(fd_gpu_upload(stream, idx, ids.data(), s.tokens * 4));
+          CUDA_OK(fd_gpu_upload(stream, idx + s.tokens, offs.data(), s.tokens * 4));
+          CUDA_OK(fd_gpu_upload(stream, idx + 2 * s.tokens, pos.data(), s.tokens * 4));
+          p.k = dk, p.v = dv, p.k_cache = dkc, p.v_cache = dvc;
+          p.block_ids = idx, p.offsets = idx + s.tokens, p.positions = idx + 2 * s.tokens;
+          p.q = dq, p.q_out = dqo;
+          p.device.type = FD_DEVICE_CUDA;
+          p.stream = reinterpret_cast<fd_stream>(stream);
+          FD_ASSERT_OK(rope ? fd_rope_kv_append(&p) : fd_kv_append(&p));
+          std::vector<uint8_t> gk(cache), gv(cache);
+          std::vector<uint16_t> gq(qn);
+          CUDA_OK(fd_gpu_download(stream, gk.data(), dkc, cache));
+          CUDA_OK(fd_gpu_download(stream, gv.data(), dvc, cache));
+          CUDA_OK(fd_gpu_download(stream, gq.data(), dqo, qn * 2));
+          for (void *x : {dk, dv, dq, dqo, dkc, dvc, didx}) CUDA_OK(cudaFree(x));
+          CUDA_OK(cudaStreamDestroy(stream));
+          /* The host conversion, element by element (plain append; V of the
+           * fused form). */
+          const int64_t sb = int64_t(s.hkv) * s.bs * s.dim, sh = int64_t(s.bs) * s.dim;
+          const int64_t st = dm ? 1 : s.dim, sd = dm ? s.bs : 1;
+          for (uint32_t t = 0; t < s.tokens; ++t)
+            for (uint32_t hh = 0; hh < s.hkv; ++hh)
+              for (uint32_t d = 0; d < s.dim; ++d) {
+                const size_t src = (size_t(t) * s.hkv + hh) * s.dim + d;
+                const size_t at = size_t(ids[t] * sb + hh * sh + offs[t] * st + d * sd);
+                const uint8_t ev = fd::f32_to_fp8_e4m3(fd_test_load(v.data(), src, dt) / p.v_scale);
+                if (gv[at] != ev) {
+                  print_error("V byte (token %u head %u dim %u): 0x%02x, host conversion 0x%02x\n",
+                              t, hh, d, gv[at], ev);
+                  fail();
+                }
+                if (rope) continue;
+                const uint8_t ek = fd::f32_to_fp8_e4m3(fd_test_load(k.data(), src, dt) / p.k_scale);
+                if (gk[at] != ek) {
+                  print_error("K byte (token %u head %u dim %u): 0x%02x, host conversion 0x%02x\n",
+                              t, hh, d, gk[at], ek);
+                  fail();
+                }
+              }
+          if (cpu == FD_OK) {
+            /* Every byte as the CPU backend stores it (untouched slots too). */
+            assert_memory_equal(hk.data(), gk.data(), cache);
+            assert_memory_equal(hv.data(), gv.data(), cache);
+            if (rope) assert_memory_equal(hq_out.data(), gq.data(), qn * 2);
+            ++checked;
+          } else {
+            print_message(
+                "gpu_fp8: the CPU backend refused %s FP8 append (%s): host conversion "
+                "only\n",
+                rope ? "the fused RoPE" : "the plain", fd_last_error_message());
+          }
+        }
+  print_message(
+      "gpu_fp8: FP8 appends stored the host conversion; %d of 16 configurations also "
+      "byte-equal to the CPU backend\n",
+      checked);
+}
+
+/* Layer writes of a CUDA FP8 cache (fd_tx_write_layer / _rope, one-token and
+ * multi-token transactions, scales changed between steps) store the bytes a
+ * CPU FP8 cache stores for the same calls. */
+void test_cache_writes(void **state) {
+  (void)state;
+  for (bool dm : {false, true}) {
+    const uint32_t L = 2, H = 2, HQ = 8, D = 64, BS = 8;
+    fd_cache *caches[2] = {nullptr, nullptr};
+    const float ks0[2] = {0.05f, 0.2f}, vs0[2] = {0.03f, 0.5f};
+    const float ks1[2] = {0.5f, 0.02f}, vs1[2] = {0.1f, 0.07f};
+    for (int dev = 0; dev < 2; ++dev) {
+      fd_cache_config c;
+      fd_cache_config_init(&c);
+      c.num_layers = L, c.num_kv_heads = H, c.head_dim = D, c.block_size = BS;
+      c.max_blocks = 32;
+      c.dtype = FD_DTYPE_FP8_E4M3;
+      c.input_dtype = FD_DTYPE_BF16;
+      c.layout = dm ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
+      c.k_scales = ks0;
+      c.v_scales = vs0;
+      c.device.type = dev == 0 ? FD_DEVICE_CPU : FD_DEVICE_CUDA;
+      const fd_status st = fd_cache_create(&c, &caches[dev]);
+      if (st != FD_OK) {
+        print_message("gpu_fp8: SKIPPED cache writes: an FP8 %s cache is refused (%s)\n",
+                      dev == 0 ? "CPU" : "CUDA", fd_last_error_message());
+        if (caches[0]) fd_cache_destroy(caches[0]);
+        if (dev == 1) fail(); /* the CUDA cache must be served */
+        return;
+      }
+    }
+    fd_test_rng rng = {17};
+    const uint64_t ids[3] = {1, 2, 3};
+    for (int dev = 0; dev < 2; ++dev)
+      for (uint64_t id : ids) FD_ASSERT_OK(fd_cache_add_request(caches[dev], id));
+    const uint32_t counts[3][3] = {{3, 1, 5}, {1, 1, 1}, {2, 9, 1}};
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2)
+        for (int dev = 0; dev < 2; ++dev)
+          FD_ASSERT_OK(fd_cache_set_kv_scales(caches[dev], ks1, vs1));
+      const uint32_t n = counts[step][0] + counts[step][1] + counts[step][2];
+      const size_t kvn = size_t(n) * H * D, qn = size_t(n) * HQ * D;
+      std::vector<uint16_t> k = special_inputs(kvn, FD_DTYPE_BF16, &rng);
+      std::vector<uint16_t> v = special_inputs(kvn, FD_DTYPE_BF16, &rng);
+      std::vector<uint16_t> q = special_inputs(qn, FD_DTYPE_BF16, &rng, false);
+      void *dk, *dv, *dq, *dqo;
+      CUDA_OK(cudaMalloc(&dk, kvn * 2));
+      CUDA_OK(cudaMalloc(&dv, kvn * 2));
+      CUDA_OK(cudaMalloc(&dq, qn * 2));
+      CUDA_OK(cudaMalloc(&dqo, qn * 2));
+      CUDA_OK(fd_gpu_upload(stream, dk, k.data(), kvn * 2));
+      CUDA_OK(fd_gpu_upload(stream, dv, v.data(), kvn * 2));
+      CUDA_OK(fd_gpu_upload(stream, dq, q.data(), qn * 2));
+      std::vector<uint16_t> hqo(qn), gqo(qn);
+      for (int dev = 0; dev < 2; ++dev) {
+        fd_tx tx;
+        if (step == 1)
+          FD_ASSERT_OK(fd_tx_begin(caches[dev], ids, 3, &tx));
+        else
+          FD_ASSERT_OK(fd_tx_begin_multi(caches[dev], ids, counts[step], 3, &tx));
+        const fd_stream s = dev == 0 ? nullptr : reinterpret_cast<fd_stream>(stream);
+        FD_ASSERT_OK(
+            fd_tx_write_layer(caches[dev], tx, 0, dev ? dk : k.data(), dev ? dv : v.data(), s));
+        FD_ASSERT_OK(fd_tx_write_layer_rope(caches[dev], tx, 1, dev ? dq : q.data(), HQ,
+                                            dev ? dk : k.data(), dev ? dv : v.data(), D, 10000.f,
+                                            dev ? dqo : hqo.data(), s));
+        FD_ASSERT_OK(fd_tx_commit(caches[dev], tx));
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));
+      CUDA_OK(fd_gpu_download(stream, gqo.data(), dqo, qn * 2));
+      assert_memory_equal(hqo.data(), gqo.data(), qn * 2);
+      for (void *x : {dk, dv, dq, dqo}) CUDA_OK(cudaFree(x));
+    }
+    FD_ASSERT_OK(fd_cache_async_error(caches[1]));
+    /* Every stored byte of every layer. */
+    const size_t layer_bytes = size_t(32) * H * BS * D;
+    for (uint32_t l = 0; l < L; ++l) {
+      void *hk, *hv, *gk, *gv;
+      int64_t hs[4], gs[4];
+      FD_ASSERT_OK(fd_cache_layer_storage(caches[0], l, &hk, &hv, hs));
+      FD_ASSERT_OK(fd_cache_layer_storage(caches[1], l, &gk, &gv, gs));
+      std::vector<uint8_t> bk(layer_bytes), bv(layer_bytes);
+      CUDA_OK(fd_gpu_download(stream, bk.data(), gk, layer_bytes));
+      CUDA_OK(fd_gpu_download(stream, bv.data(), gv, layer_bytes));
+      assert_memory_equal(hk, bk.data(), layer_bytes);
+      assert_memory_equal(hv, bv.data(), layer_bytes);
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+    fd_cache_destroy(caches[0]);
+    fd_cache_destroy(caches[1]);
+  }
+  print_message(
+      "gpu_fp8: CUDA FP8 cache layer writes equal the CPU cache's bytes (both layouts)\n");
+}
+
+}  // namespace
+
+int main(void) {
+  if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_decode_sweep), cmocka_unit_test(test_bf16_q_range),
+      cmocka_unit_test(test_long_rows),    cmocka_unit_test(test_graph_capture),
+      cmocka_unit_test(test_refusals),     cmocka_unit_test(test_append_bytes),
+      cmocka_unit_test(test_cache_writes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
