@@ -38,8 +38,9 @@ SONAME carries major and minor version, since a 0.x minor may change the ABI).
 the header's version rule to it.
 
 Enums mirror the header's C enums as ``int`` subclasses (members compare equal
-to the C values): :class:`DType` (F32, F16, BF16), :class:`Layout`
-(TOKEN_MAJOR, DIM_MAJOR), :class:`DeviceType` (CPU, CUDA),
+to the C values): :class:`DType` (F32, F16, BF16, and the stored-K/V types
+FP8_E4M3, FP8_E5M2), :class:`Layout` (TOKEN_MAJOR, DIM_MAJOR),
+:class:`DeviceType` (CPU, CUDA),
 :class:`RequestState`, :class:`TxState`, :class:`Status` (the fd_status codes)
 and the scheduler/engine/workload enums :class:`EngineRequestState`,
 :class:`StepOutcome`, :class:`ScheduleReason`, :class:`DecisionList`,

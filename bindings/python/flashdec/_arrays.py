@@ -27,8 +27,17 @@ _NUMPY_TO_DTYPE = {
     np.dtype(np.uint16): DType.BF16,  # bf16 travels as its raw bits
 }
 
-# dtype -> numpy dtype of arrays holding it
-NUMPY_DTYPE = {DType.F32: np.dtype(np.float32), DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
+# dtype -> numpy dtype of arrays holding it (FP8 as its raw bits, uint8)
+NUMPY_DTYPE = {
+    DType.F32: np.dtype(np.float32),
+    DType.F16: np.dtype(np.float16),
+    DType.BF16: np.dtype(np.uint16),
+    DType.FP8_E4M3: np.dtype(np.uint8),
+    DType.FP8_E5M2: np.dtype(np.uint8),
+}
+
+# What numpy (or torch) uint8 data is when a call expects an FP8 type: its raw bits.
+_RAW_FP8 = "uint8"
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -36,17 +45,32 @@ def is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
-def _torch_dtype_map() -> dict:
+def _torch_value_types() -> dict:
+    """DType -> torch dtype of the value types this torch has (the float8
+    types since torch 2.1)."""
     import torch  # only reached when a tensor was passed, so torch is present
 
-    return {
-        torch.float32: DType.F32,
-        torch.float16: DType.F16,
-        torch.bfloat16: DType.BF16,
-        torch.int32: "int32",
-        torch.int64: "int64",
-        torch.uint8: "uint8",
-    }
+    types = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
+    for dt, name in ((DType.FP8_E4M3, "float8_e4m3fn"), (DType.FP8_E5M2, "float8_e5m2")):
+        if hasattr(torch, name):
+            types[dt] = getattr(torch, name)
+    return types
+
+
+def torch_dtype(dtype: DType) -> Any:
+    """The torch dtype holding ``dtype`` (FP8: torch.float8_e4m3fn / float8_e5m2)."""
+    types = _torch_value_types()
+    if DType(dtype) not in types:
+        raise argument_error(f"this torch has no dtype for {DType(dtype).name}")
+    return types[DType(dtype)]
+
+
+def _torch_dtype_map() -> dict:
+    import torch
+
+    m: dict = {tdt: dt for dt, tdt in _torch_value_types().items()}
+    m.update({torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"})
+    return m
 
 
 @dataclass
@@ -138,15 +162,20 @@ def tensor(
     contiguous: bool = True,
     device: Optional[Device] = None,
 ) -> Buffer:
-    """Checks a value tensor (F32/F16/BF16 data) and returns its Buffer.
+    """Checks a value tensor (F32/F16/BF16/FP8 data) and returns its Buffer.
 
     ``shape`` entries of None accept any size. ``dtype`` None accepts any value
-    type (the caller then compares it with other arrays).
+    type (the caller then compares it with other arrays). uint8 data is raw
+    FP8 bits: accepted where ``dtype`` is an FP8 type, which it then is.
     """
     b = _describe(x, name)
+    if b.dtype == _RAW_FP8 and dtype is not None and DType(dtype).is_fp8:
+        b.dtype = DType(dtype)
     if not isinstance(b.dtype, DType):
+        hint = " (FP8 bits as uint8 need the format named: kv_dtype= / cache_dtype=)" if b.dtype == _RAW_FP8 else ""
         raise argument_error(
-            f"{name}: unsupported element type {b.dtype} (float32, float16, or bf16 as uint16/bfloat16)"
+            f"{name}: unsupported element type {b.dtype} (float32, float16, bf16 as uint16/bfloat16, "
+            f"FP8 as uint8 bits or torch.float8_e4m3fn/float8_e5m2){hint}"
         )
     if dtype is not None and b.dtype != dtype:
         raise argument_error(f"{name}: element type {b.dtype.name} does not match the expected {DType(dtype).name}")
@@ -246,7 +275,7 @@ def empty_like_dtype(shape: Sequence[int], dtype: DType, like: Any = None, strea
     if like is not None and is_torch_tensor(like):
         import torch
 
-        tdt = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dtype]
+        tdt = torch_dtype(dtype)
         if stream is not None and like.device.type == "cuda":
             from ._cuda import torch_stream
 

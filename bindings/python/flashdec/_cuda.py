@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ._arrays import stream_handle
+from ._arrays import stream_handle, torch_dtype
 from .errors import FlashDecError, Status
 from .types import DType
 
-# __cuda_array_interface__ has no bfloat16 typestr: bf16 travels as int16 bits
-# (a type every torch version accepts there) and is viewed as bfloat16 after.
-_TYPESTR = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: "<i2"}
-_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2}
+# __cuda_array_interface__ has no bfloat16 or float8 typestr: bf16 travels as
+# int16 bits and FP8 as uint8 bits (types every torch version accepts there)
+# and are viewed as their torch type after.
+_TYPESTR = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: "<i2", DType.FP8_E4M3: "|u1", DType.FP8_E5M2: "|u1"}
 
 
 def torch_module() -> Any:
@@ -68,7 +68,7 @@ class _DeviceArray:
     owner lives as long as any tensor made from this object."""
 
     def __init__(self, ptr: int, shape: Sequence[int], strides: Sequence[int], dtype: DType, owner: Any) -> None:
-        item = _ITEMSIZE[dtype]
+        item = DType(dtype).itemsize
         self.__cuda_array_interface__ = {
             "shape": tuple(int(n) for n in shape),
             "typestr": _TYPESTR[dtype],
@@ -88,9 +88,4 @@ def device_view(ptr: int, shape: Sequence[int], strides: Sequence[int], dtype: D
         t = torch.as_tensor(_DeviceArray(ptr, shape, strides, dtype, owner), device=device)
     if int(t.data_ptr()) != int(ptr):  # as_tensor copied: never hand out a stale copy
         raise FlashDecError(Status.INTERNAL, f"torch copied device memory at {int(ptr):#x} instead of viewing it")
-    return t.view(torch.bfloat16) if dtype == DType.BF16 else t
-
-
-def torch_dtype(dtype: DType) -> Any:
-    torch = torch_module()
-    return {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}[DType(dtype)]
+    return t if dtype in (DType.F32, DType.F16) else t.view(torch_dtype(dtype))

@@ -11,7 +11,7 @@ library (index ranges, strides), so a failing call leaves the caches and
 from __future__ import annotations
 
 import ctypes
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from . import _lib
 from ._arrays import Buffer, empty_like_dtype, host_index_array, index_tensor, stream_for, tensor
 from .errors import argument_error, check
 from .ops import _kv_geometry, _u32
-from .types import DeviceType, Layout
+from .types import DeviceType, DType, Layout
 
 
 def _index(x: Any, name: str, n: int, like: Buffer) -> Tuple[int, Any]:
@@ -46,9 +46,14 @@ def _build(
     offsets: Any,
     layout: Layout,
     stream: Any,
+    cache_dtype: Optional[DType],
+    k_scale: float,
+    v_scale: float,
 ) -> Tuple[Any, List[Any], Buffer]:
     """Checked fd_kv_append_params for K/V, the paged caches and the slots,
-    plus the objects that must stay alive during the call."""
+    plus the objects that must stay alive during the call. The caches' type
+    is ``cache_dtype``, else theirs (k's when they are not FP8-typed): the
+    library refuses a pair it does not convert."""
     layout = Layout(layout)
     kb = tensor(k, "k")
     if len(kb.shape) != 3:
@@ -56,8 +61,12 @@ def _build(
     n, hkv, d = kb.shape
     dev = kb.device
     vb = tensor(v, "v", dtype=kb.dtype, shape=kb.shape, device=dev)
-    kc = tensor(k_cache, "k_cache", dtype=kb.dtype, contiguous=False, writable=True, device=dev)
-    vc = tensor(v_cache, "v_cache", dtype=kb.dtype, contiguous=False, writable=True, device=dev)
+    kc = tensor(k_cache, "k_cache", dtype=cache_dtype, contiguous=False, writable=True, device=dev)
+    if cache_dtype is None and not kc.dtype.is_fp8 and kc.dtype != kb.dtype:
+        raise argument_error(
+            f"k_cache: element type {kc.dtype.name} does not match k's {kb.dtype.name} (caches are of k's type or FP8)"
+        )
+    vc = tensor(v_cache, "v_cache", dtype=kc.dtype, contiguous=False, writable=True, device=dev)
     if kc.shape != vc.shape or kc.strides != vc.strides:
         raise argument_error(
             f"v_cache: shape {list(vc.shape)} / strides {vc.strides} must equal k_cache's "
@@ -73,6 +82,8 @@ def _build(
     p = _lib.fd_kv_append_params()
     _lib.fd_kv_append_params_init(ctypes.byref(p))
     p.dtype = int(kb.dtype)
+    p.cache_dtype = int(kc.dtype)
+    p.k_scale, p.v_scale = float(k_scale), float(v_scale)
     p.layout = int(layout)
     p.num_tokens = _u32(n, "num_tokens")
     p.num_kv_heads = _u32(hkv, "num_kv_heads")
@@ -97,6 +108,9 @@ def kv_append(
     *,
     layout: Layout = Layout.TOKEN_MAJOR,
     stream: Any = None,
+    cache_dtype: Optional[DType] = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Writes token i's K and V into slot (block_ids[i], offsets[i]) of one
     layer's paged storage (fd_kv_append).
@@ -109,6 +123,16 @@ def kv_append(
             :func:`flashdec.decode` (token-major [num_blocks, num_kv_heads,
             block_size, head_dim], dim-major [.., head_dim, block_size]); any
             strides, equal for K and V, with the layout's contiguous axis at 1.
+            Of k's type, or FP8 (torch.float8_e4m3fn / float8_e5m2 tensors,
+            or uint8 arrays of raw bits with ``cache_dtype``): K and V are
+            then stored as saturate(x / scale) rounded to nearest even
+            (docs/semantics.md S1.1).
+        cache_dtype: the caches' type (fd_kv_append_params.cache_dtype);
+            None (default): the arrays' (k's for non-FP8 arrays). Needed for
+            FP8 held as uint8 bits.
+        k_scale, v_scale: quantisation scales, finite and > 0 (default 1;
+            other than 1 only into an FP8 cache), else the library's
+            INVALID_ARGUMENT naming the field.
         block_ids, offsets: one int32 per token; any integer sequence on the
             host, int32 tensors on the device for CUDA.
         stream: CUDA stream (an int handle, 0 for the legacy default stream,
@@ -123,7 +147,7 @@ def kv_append(
             index: nothing is written), UNSUPPORTED, NO_DEVICE, DEVICE.
     """
     # `keep` holds the arrays p points into until the call has returned.
-    p, keep, _ = _build(k, v, k_cache, v_cache, block_ids, offsets, layout, stream)
+    p, keep, _ = _build(k, v, k_cache, v_cache, block_ids, offsets, layout, stream, cache_dtype, k_scale, v_scale)
     check(_lib.fd_kv_append(ctypes.byref(p)))
 
 
@@ -142,6 +166,9 @@ def rope_kv_append(
     *,
     layout: Layout = Layout.TOKEN_MAJOR,
     stream: Any = None,
+    cache_dtype: Optional[DType] = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """Fused RoPE + append (fd_rope_kv_append): rotates q and k of token i at
     positions[i], writes rotated K and raw V into (block_ids[i], offsets[i])
@@ -149,11 +176,13 @@ def rope_kv_append(
 
     q: [num_tokens, num_q_heads, head_dim], num_q_heads a multiple of k's
     heads; positions: one non-negative int32 per token (on the device for
-    CUDA). Other arguments as :func:`kv_append` (streams included; ``q_out``,
-    allocated on ``stream`` when None, is ready when the stream gets there).
+    CUDA). Other arguments as :func:`kv_append` (streams, ``cache_dtype`` and
+    scales included: into an FP8 cache the rotated K is quantised from its
+    FP32 value; ``q_out``, of k's type and allocated on ``stream`` when
+    None, is ready when the stream gets there).
     On failure nothing is written, ``q_out`` included.
     """
-    p, keep, kb = _build(k, v, k_cache, v_cache, block_ids, offsets, layout, stream)
+    p, keep, kb = _build(k, v, k_cache, v_cache, block_ids, offsets, layout, stream, cache_dtype, k_scale, v_scale)
     n, _, d = kb.shape
     qb = tensor(q, "q", dtype=kb.dtype, shape=(n, None, d), device=kb.device)
     if q_out is None:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lib
-from ._arrays import Buffer, host_index_array, index_tensor, stream_for, tensor
+from ._arrays import Buffer, host_index_array, index_tensor, is_torch_tensor, stream_for, tensor
 from .errors import FlashDecError, Status, argument_error, check
 from .ops import decode as _decode
 from .ops import decode_workspace_size as _decode_workspace_size
@@ -136,6 +136,8 @@ class Cache:
         *,
         k_storage: Any = None,
         v_storage: Any = None,
+        k_scales: Optional[Sequence[float]] = None,
+        v_scales: Optional[Sequence[float]] = None,
         **overrides: Any,
     ) -> None:
         """Creates a cache from ``config`` (default: library defaults) with
@@ -148,6 +150,13 @@ class Cache:
         (dim-major: [.., head_dim, block_size]), any strides with the layout's
         contiguous axis at 1, equal for K and V. The cache does not clear
         them and keeps a reference to both until it closes.
+
+        FP8 caches (``dtype=DType.FP8_E4M3`` or ``FP8_E5M2``, with
+        ``input_dtype`` F16/BF16, or F32 on the CPU): ``k_scales`` and
+        ``v_scales`` are the per-layer dequantisation scales (num_layers
+        floats each, finite and > 0; None: all 1), copied at creation;
+        replace them later with :meth:`set_kv_scales`. Writes store
+        saturate(x / scale) rounded to nearest even (docs/semantics.md S1.1).
         """
         self._handle: Optional[int] = None
         self._lock = threading.RLock()
@@ -159,6 +168,8 @@ class Cache:
         c = cfg.to_c()
         if k_storage is not None or v_storage is not None:
             self._storage = _set_external_storage(c, cfg, k_storage, v_storage)
+        scales = [_scale_array(x, name, cfg.num_layers) for x, name in ((k_scales, "k_scales"), (v_scales, "v_scales"))]
+        c.k_scales, c.v_scales = (None if a is None else a.ctypes.data for a in scales)
         handle = ctypes.c_void_p()
         check(_lib.fd_cache_create(ctypes.byref(c), ctypes.byref(handle)))
         self._handle = handle.value
@@ -283,8 +294,9 @@ class Cache:
         or [max_blocks, num_kv_heads, head_dim, block_size] (dim-major), with
         the storage's strides (external storage: the caller's strides).
 
-        CPU cache: read-only numpy arrays (bf16 as uint16 bits). CUDA cache:
-        torch tensors on the cache's device (float32, float16 or bfloat16),
+        CPU cache: read-only numpy arrays (bf16 as uint16 bits, FP8 as uint8
+        bits). CUDA cache: torch tensors on the cache's device (float32,
+        float16, bfloat16, float8_e4m3fn or float8_e5m2),
         built through ``__cuda_array_interface__``; each keeps this Cache
         object alive while it lives. Writing through them bypasses the cache's
         bookkeeping: do not, except into blocks you own.
@@ -326,15 +338,38 @@ class Cache:
         return out[0], out[1]
 
     def _token_buffer(self, x: Any, name: str, rows: int) -> Any:
+        """K or V of ``rows`` tokens as layer writes take them (the cache's input_dtype)."""
         cfg = self._config
         return tensor(
-            x, name, dtype=cfg.dtype, shape=(rows, cfg.num_kv_heads, cfg.head_dim), device=cfg.device
+            x, name, dtype=cfg.resolved_input_dtype, shape=(rows, cfg.num_kv_heads, cfg.head_dim), device=cfg.device
         )
+
+    # -- FP8 scales --------------------------------------------------------
+    def kv_scales(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(k_scales, v_scales): the per-layer dequantisation scales, float32
+        [num_layers] each (fd_cache_get_kv_scales); all 1 for a cache that is
+        not FP8."""
+        n = self._config.num_layers
+        k, v = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+        self._call(_lib.fd_cache_get_kv_scales, k.ctypes.data, v.ctypes.data)
+        return k, v
+
+    def set_kv_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+        """Replaces an FP8 cache's per-layer scales (fd_cache_set_kv_scales),
+        num_layers floats each, finite and > 0: later writes quantise with
+        them and stored tokens are read with them (their bytes do not change).
+        Refused while a transaction is open (INVALID_STATE), for a cache that
+        is not FP8 (INVALID_STATE) and for a bad entry (INVALID_ARGUMENT
+        naming it); nothing changes then."""
+        n = self._config.num_layers
+        k = _scale_array(k_scales, "k_scales", n)
+        v = _scale_array(v_scales, "v_scales", n)
+        self._call(_lib.fd_cache_set_kv_scales, k.ctypes.data, v.ctypes.data)
 
     def append(self, request_ids: Sequence[int], k: Any, v: Any, stream: Any = None) -> None:
         """Legacy single-layer append (one token per request; num_layers == 1).
-        k, v: [len(request_ids), num_kv_heads, head_dim] in the cache's dtype
-        and device memory. CUDA: k and v are read on ``stream`` (default:
+        k, v: [len(request_ids), num_kv_heads, head_dim] in the cache's
+        input_dtype and device memory. CUDA: k and v are read on ``stream`` (default:
         torch's current stream of k), where the write is enqueued; the call
         returns without waiting."""
         ids = _ids(request_ids)
@@ -463,8 +498,7 @@ class Cache:
         stream: Any = None,
         **kwargs: Any,
     ) -> Any:
-        """Decode attention of ``q`` ([rows, num_q_heads, head_dim], the cache's
-        dtype) over this cache's ``layer`` for the listed requests' committed
+        """Decode attention of ``q`` ([rows, num_q_heads, head_dim]) over this cache's ``layer`` for the listed requests' committed
         tokens, or, with ``tx``, for the transaction's rows including their new
         token (effective_seq_lens). Returns ``out`` (allocated when None).
         Extra keyword arguments go to :func:`flashdec.decode`; on a CPU cache
@@ -472,6 +506,13 @@ class Cache:
         tokens: q is then [q_indptr[-1], num_q_heads, head_dim]); for a
         transaction from ``begin(..., token_counts=)`` that is its
         :meth:`Transaction.token_indptr_async` (attention over its tokens).
+
+        Element types: q's own (f32, f16 or bf16 on a CPU cache, over any
+        cache dtype; CUDA serves what its kernels do, e.g. q = out = the
+        cache's input_dtype over FP8 E4M3); out is q's unless ``out`` or
+        ``out_dtype=`` says otherwise. ``k_scale`` / ``v_scale`` default to
+        the layer's current scales (:meth:`kv_scales`; 1 for a cache that is
+        not FP8).
 
         CPU cache: q/out are host arrays; runs before return. CUDA cache: q/out
         are torch CUDA tensors on the cache's device; the block tables and
@@ -487,6 +528,7 @@ class Cache:
         """
         if (request_ids is None) == (tx is None):
             raise argument_error("pass exactly one of request_ids or tx")
+        kwargs = self._layer_decode_options(layer, kwargs)
         if self._config.device.type == DeviceType.CUDA:
             return self._decode_cuda(layer, q, request_ids, tx, out, stream, kwargs)
         k, v = self.layer_arrays(layer)
@@ -499,6 +541,18 @@ class Cache:
                 tables, lens = self.export(request_ids)  # type: ignore[arg-type]
             return _decode(q, k, v, tables, lens, out, layout=self._config.layout, stream=stream, **kwargs)
 
+    def _layer_decode_options(self, layer: int, kwargs: dict) -> dict:
+        """decode's keyword arguments with the cache's K/V type and, unless
+        given, the layer's scales."""
+        out = dict(kwargs, kv_dtype=self._config.dtype)
+        if "k_scale" not in out or "v_scale" not in out:
+            if not 0 <= int(layer) < self._config.num_layers:
+                raise argument_error(f"layer {layer} out of range [0, {self._config.num_layers})")
+            k, v = self.kv_scales()
+            out.setdefault("k_scale", float(k[int(layer)]))
+            out.setdefault("v_scale", float(v[int(layer)]))
+        return out
+
     def _decode_cuda(
         self, layer: int, q: Any, request_ids: Any, tx: Optional["Transaction"], out: Any, stream: Any, kwargs: dict
     ) -> Any:
@@ -506,7 +560,7 @@ class Cache:
 
         torch = torch_module()
         cfg = self._config
-        qb = tensor(q, "q", dtype=cfg.dtype, shape=(None, None, cfg.head_dim), device=cfg.device)
+        qb = tensor(q, "q", shape=(None, None, cfg.head_dim), device=cfg.device)
         device = torch.device("cuda", cfg.device.ordinal)
         s = torch_stream(stream, device)
         k, v = self.layer_arrays(layer)
@@ -526,7 +580,7 @@ class Cache:
             else:
                 self.export_async(ids, tables, lens, stream=s)
             if out is None:
-                out = torch.empty(qb.shape, dtype=torch_dtype(cfg.dtype), device=device)
+                out = torch.empty(qb.shape, dtype=torch_dtype(kwargs.get("out_dtype") or qb.dtype), device=device)
             workspace = kwargs.pop("workspace", None)
             if workspace is None:
                 size = _decode_workspace_size(
@@ -561,6 +615,19 @@ def _set_external_storage(c: Any, cfg: CacheConfig, k: Any, v: Any) -> Tuple[Any
     else:
         c.stride_dim, c.stride_token = s[3], s[4]
     return tuple(b.owner for b in bufs)
+
+
+def _scale_array(x: Any, name: str, num_layers: int) -> Optional[np.ndarray]:
+    """Per-layer scales as the float32 [num_layers] host array C reads (None
+    stays None); the values are the library's to check, naming the entry."""
+    if x is None:
+        return None
+    if is_torch_tensor(x):
+        x = x.detach().cpu().numpy()
+    arr = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if arr.shape[0] != num_layers:
+        raise argument_error(f"{name}: expected {num_layers} entries (one per layer), got {arr.shape[0]}")
+    return arr
 
 
 def _prefix_id(prefix_id: str) -> bytes:
@@ -637,14 +704,15 @@ class Transaction:
         cfg = c._config
         with c._lock:
             n = self._tokens()
-            qb = tensor(q, "q", dtype=cfg.dtype, shape=(n, None, cfg.head_dim), device=cfg.device)
+            idt = cfg.resolved_input_dtype
+            qb = tensor(q, "q", dtype=idt, shape=(n, None, cfg.head_dim), device=cfg.device)
             kb = c._token_buffer(k, "k", n)
             vb = c._token_buffer(v, "v", n)
             if q_out is None:
                 from ._arrays import empty_like_dtype
 
-                q_out = empty_like_dtype(qb.shape, cfg.dtype, like=q, stream=stream)
-            ob = tensor(q_out, "q_out", dtype=cfg.dtype, shape=qb.shape, writable=True, device=cfg.device)
+                q_out = empty_like_dtype(qb.shape, idt, like=q, stream=stream)
+            ob = tensor(q_out, "q_out", dtype=idt, shape=qb.shape, writable=True, device=cfg.device)
             c._call(
                 _lib.fd_tx_write_layer_rope, self._tx, int(layer), qb.ptr, qb.shape[1], kb.ptr, vb.ptr,
                 int(rotary_dim), float(rope_base), ob.ptr, stream_for([qb, kb, ob], stream),

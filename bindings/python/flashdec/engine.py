@@ -390,7 +390,9 @@ class Step:
         packed in row order ([token_count, heads, head_dim]; token_count =
         batch for one token per row; several tokens of a row attend
         causally). A failure aborts the whole step (library contract) and
-        raises.
+        raises. All four are of the cache's input_dtype (its dtype, or the
+        f16/bf16/f32 an FP8 cache takes; the engine reads the layer's K/V
+        scales at :meth:`Engine.begin_step`).
 
         CUDA cache: q, k, v and out are CUDA tensors, read and written on
         ``stream`` (default: torch's current stream of q; an int handle or a
@@ -400,13 +402,14 @@ class Step:
         or one ordered after it (the engine reuses its device scratch)."""
         e = self.engine
         cfg = e.cache._config
+        idt = cfg.resolved_input_dtype
         n = self.token_count
-        qb = tensor(q, "q", dtype=cfg.dtype, shape=(n, None, cfg.head_dim), device=cfg.device)
+        qb = tensor(q, "q", dtype=idt, shape=(n, None, cfg.head_dim), device=cfg.device)
         kb = e.cache._token_buffer(k, "k", n)
         vb = e.cache._token_buffer(v, "v", n)
         if out is None:
-            out = empty_like_dtype(qb.shape, cfg.dtype, like=q, stream=stream)
-        ob = tensor(out, "out", dtype=cfg.dtype, shape=qb.shape, writable=True, device=cfg.device)
+            out = empty_like_dtype(qb.shape, idt, like=q, stream=stream)
+        ob = tensor(out, "out", dtype=idt, shape=qb.shape, writable=True, device=cfg.device)
         try:
             e._call(_lib.fd_engine_step_layer, self._tx, int(layer), qb.ptr, kb.ptr, vb.ptr, ob.ptr,
                     stream_for([qb, kb, ob], stream))
@@ -511,7 +514,8 @@ class Engine(_Handle):
         return Step(self, raw, int(counts.sum()))
 
     def prefill(self, request_id: int, k: Any, v: Any, stream: Any = None) -> None:
-        """One prompt token, all layers: k, v [num_layers, num_kv_heads, head_dim].
+        """One prompt token, all layers: k, v [num_layers, num_kv_heads, head_dim]
+        in the cache's input_dtype.
 
         CUDA cache: k and v are CUDA tensors. The C call takes no stream: it
         reads them on the legacy default stream and synchronises that stream
@@ -538,8 +542,8 @@ class Engine(_Handle):
         """Checked prefill inputs (v shaped as k); a CUDA k's producer stream
         is ordered before the legacy stream the C call reads them on."""
         cfg = self.cache._config
-        kb = tensor(k, "k", dtype=cfg.dtype, shape=shape, device=cfg.device)
-        vb = tensor(v, "v", dtype=cfg.dtype, shape=kb.shape, device=cfg.device)
+        kb = tensor(k, "k", dtype=cfg.resolved_input_dtype, shape=shape, device=cfg.device)
+        vb = tensor(v, "v", dtype=cfg.resolved_input_dtype, shape=kb.shape, device=cfg.device)
         if kb.torch_stream is not None:  # a CUDA tensor: order its producer first
             from ._cuda import order_legacy_stream_after
 

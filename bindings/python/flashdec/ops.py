@@ -90,6 +90,9 @@ def _build_decode(
     out_dtype: Optional[DType] = None,
     q_indptr: Any = None,
     max_q_len_hint: int = 0,
+    kv_dtype: Optional[DType] = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     allocate_out: bool = True,
 ) -> Tuple[_Decode, Any]:
     """fd_decode_params from arrays. The element types come from the arrays
@@ -117,7 +120,7 @@ def _build_decode(
                 f"q: expected shape [{total}, num_q_heads, head_dim] (q_indptr[-1] = {total} query tokens), "
                 f"got {list(qb.shape)}"
             )
-    kb = tensor(k_cache, "k_cache", contiguous=False, device=dev)
+    kb = tensor(k_cache, "k_cache", dtype=kv_dtype, contiguous=False, device=dev)
     vb = tensor(v_cache, "v_cache", dtype=kb.dtype, contiguous=False, device=dev)
     if kb.shape != vb.shape or kb.strides != vb.strides:
         raise argument_error(
@@ -158,6 +161,7 @@ def _build_decode(
         p.q_indptr = qi.ptr
         dec.keep.append(qi)
     p.sm_scale = float(sm_scale)
+    p.k_scale, p.v_scale = float(k_scale), float(v_scale)
     p.flags = _lib.FD_DECODE_CHECK_INDICES if check_indices else 0
     p.max_seq_len_hint = int(max_seq_len_hint)
     p.max_q_len_hint = int(max_q_len_hint)
@@ -191,12 +195,17 @@ def decode(
     out_dtype: Optional[DType] = None,
     q_indptr: Any = None,
     max_q_len_hint: int = 0,
+    kv_dtype: Optional[DType] = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """Paged decode attention (fd_decode, docs/semantics.md S2). Returns ``out``.
 
     Element types come from the arrays: ``q_dtype`` from q, ``kv_dtype`` from
-    k_cache/v_cache, ``out_dtype`` from out. The library serves q, K/V and out
-    of one type (f16, bf16; f32 on the CPU); any other combination is
+    k_cache/v_cache, ``out_dtype`` from out. The CPU backend serves q and out
+    each f32, f16 or bf16 over K/V of any type (f32, f16, bf16, FP8 E4M3/E5M2);
+    CUDA serves what its kernels do (q, K/V and out of one type f16/bf16, and
+    q = out f16/bf16 over FP8 E4M3); any other combination is
     FlashDecError(UNSUPPORTED) naming the field.
 
     Args:
@@ -209,7 +218,15 @@ def decode(
             dim-major [num_blocks, num_kv_heads, head_dim, block_size]. Any
             strides (e.g. a transposed view of vLLM's NHD pages), equal for K
             and V (and one element type); the layout's contiguous axis needs
-            stride 1.
+            stride 1. FP8: torch.float8_e4m3fn / float8_e5m2 tensors, or
+            uint8 arrays of raw bits with ``kv_dtype``.
+        kv_dtype: the K/V type; None (default): the arrays'. Needed for FP8
+            held as uint8 bits (DType.FP8_E4M3 or FP8_E5M2); otherwise it
+            must match the arrays.
+        k_scale, v_scale: dequantisation scales (S1.1): attention reads K
+            as stored x k_scale and V as stored x v_scale; finite and > 0
+            (else the library's INVALID_ARGUMENT naming the field); default
+            1. Any kv_dtype takes them.
         block_tables: int32 [batch, max_blocks_per_seq], -1 for unused slots.
         seq_lens: int32 [batch], K/V tokens per row (the row's query tokens
             included).
@@ -249,7 +266,7 @@ def decode(
         layout=layout, sm_scale=sm_scale, num_splits=num_splits, workspace=workspace,
         cpu_threads=cpu_threads, max_seq_len_hint=max_seq_len_hint,
         check_indices=check_indices, stream=stream, out_dtype=out_dtype, q_indptr=q_indptr,
-        max_q_len_hint=max_q_len_hint,
+        max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     check(_lib.fd_decode(ctypes.byref(dec.params)))
     return out
@@ -269,6 +286,7 @@ def decode_workspace_size(
     out_dtype: Optional[DType] = None,
     q_indptr: Any = None,
     max_q_len_hint: int = 0,
+    kv_dtype: Optional[DType] = None,
 ) -> int:
     """Workspace bytes :func:`decode` needs for these arguments (host only:
     nothing is read from the arrays but a host ``q_indptr[-1]``, nothing
@@ -277,7 +295,7 @@ def decode_workspace_size(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=0.0, num_splits=num_splits, workspace=None, cpu_threads=0,
         max_seq_len_hint=max_seq_len_hint, check_indices=False, stream=None, out_dtype=out_dtype,
-        q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, allocate_out=False,
+        q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype, allocate_out=False,
     )  # fmt: skip
     n = ctypes.c_size_t(0)
     check(_lib.fd_decode_workspace_size(ctypes.byref(dec.params), ctypes.byref(n)))
@@ -349,12 +367,16 @@ class DecodePlan:
         out_dtype: Optional[DType] = None,
         q_indptr: Any = None,
         max_q_len_hint: int = 0,
+        kv_dtype: Optional[DType] = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         self._handle: Optional[int] = None
         self._options: Dict[str, Any] = dict(
             layout=Layout(layout), sm_scale=sm_scale, num_splits=num_splits, cpu_threads=cpu_threads,
             max_seq_len_hint=max_seq_len_hint, check_indices=check_indices, out_dtype=out_dtype,
-            q_indptr=q_indptr, max_q_len_hint=max_q_len_hint,
+            q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype, k_scale=k_scale,
+            v_scale=v_scale,
         )  # fmt: skip
         dec, _ = _build_decode(
             q, k_cache, v_cache, block_tables, seq_lens, out, workspace=None, stream=None,
@@ -407,12 +429,17 @@ class DecodePlan:
         workspace: Any = None,
         stream: Any = None,
         q_indptr: Any = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
     ) -> Any:
         """One decode call with this plan (fd_decode_run). Returns ``out``
         (allocated when None, as :func:`decode` does).
 
         ``q_indptr``: this run's query offsets (as in :func:`decode`); None:
         the plan's (None there too: one query token per row).
+
+        ``k_scale`` / ``v_scale``: this run's dequantisation scales (not
+        planned: each layer of an FP8 cache has its own); None: the plan's.
 
         ``workspace``: uint8 1-D scratch of at least :attr:`workspace_size`
         bytes on the arrays' device; when None and the plan needs one, it is
@@ -425,7 +452,8 @@ class DecodePlan:
             size = self.workspace_size
             if size:
                 workspace = _new_workspace(size, q, stream)
-        options = self._options if q_indptr is None else dict(self._options, q_indptr=q_indptr)
+        given = dict(q_indptr=q_indptr, k_scale=k_scale, v_scale=v_scale)
+        options = dict(self._options, **{name: x for name, x in given.items() if x is not None})
         dec, out = _build_decode(
             q, k_cache, v_cache, block_tables, seq_lens, out, workspace=workspace, stream=stream,
             **options,

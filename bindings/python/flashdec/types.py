@@ -11,7 +11,7 @@ import ctypes
 import enum
 import inspect
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from . import _lib
 
@@ -44,15 +44,29 @@ class CEnum(enum.IntEnum, metaclass=_CEnumType):
 
 
 class DType(CEnum):
-    """fd_dtype. BF16 data travels in numpy as uint16 arrays (raw bits)."""
+    """fd_dtype. BF16 data travels in numpy as uint16 arrays (raw bits).
+
+    FP8_E4M3 and FP8_E5M2 (OCP 8-bit floats, docs/semantics.md S1.1) are
+    types of stored K/V only: a cache's dtype, decode's K/V and append's
+    caches. numpy carries them as uint8 arrays of raw bits (the call then
+    names the format: the cache's dtype, ``kv_dtype=``, ``cache_dtype=``);
+    torch tensors of ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` carry
+    it themselves, zero-copy."""
 
     F32 = 0
     F16 = 1
     BF16 = 2
+    FP8_E4M3 = 3
+    FP8_E5M2 = 4
 
     @property
     def itemsize(self) -> int:
-        return 4 if self is DType.F32 else 2
+        return {DType.F32: 4, DType.F16: 2, DType.BF16: 2}.get(self, 1)
+
+    @property
+    def is_fp8(self) -> bool:
+        """True for the 8-bit stored-K/V types."""
+        return self in (DType.FP8_E4M3, DType.FP8_E5M2)
 
 
 class Layout(CEnum):
@@ -125,6 +139,12 @@ class CacheConfig:
 
     Defaults come from the library's fd_cache_config_init, so they follow the
     runtime rather than a copy in this binding.
+
+    ``input_dtype`` is the type of the K, V and Q given to layer writes and
+    of the engine's step tensors: None (default, C's -1) means ``dtype``; an
+    FP8 cache needs F16 or BF16 (or F32 on the CPU). The per-layer scales of
+    an FP8 cache are given to :class:`~flashdec.Cache` (``k_scales=``,
+    ``v_scales=``), not here: fd_cache_get_config does not report them.
     """
 
     num_layers: int = field(default_factory=lambda: _default_config().num_layers)
@@ -138,6 +158,12 @@ class CacheConfig:
     dtype: DType = field(default_factory=lambda: DType(_default_config().dtype))
     layout: Layout = field(default_factory=lambda: Layout(_default_config().layout))
     device: Device = field(default_factory=lambda: Device.from_c(_default_config().device))
+    input_dtype: Optional[DType] = None
+
+    @property
+    def resolved_input_dtype(self) -> DType:
+        """The type layer writes and engine steps take: input_dtype, else dtype."""
+        return DType(self.dtype if self.input_dtype is None else self.input_dtype)
 
     def to_c(self) -> _lib.fd_cache_config:
         c = _default_config()
@@ -158,6 +184,7 @@ class CacheConfig:
         c.dtype = int(self.dtype)
         c.layout = int(self.layout)
         c.device = self.device.to_c()
+        c.input_dtype = -1 if self.input_dtype is None else int(self.input_dtype)
         return c
 
     @staticmethod
@@ -172,6 +199,7 @@ class CacheConfig:
             dtype=DType(c.dtype),
             layout=Layout(c.layout),
             device=Device.from_c(c.device),
+            input_dtype=None if c.input_dtype < 0 else DType(c.input_dtype),
         )
 
     @property

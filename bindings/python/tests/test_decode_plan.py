@@ -1,6 +1,5 @@
 """DecodePlan on the CPU: plan + run gives fd_decode's bits; a run that
-differs from its plan is refused; mixed element types are UNSUPPORTED naming
-the field. Multi-token queries (q_indptr): test_decode_multi_token.py."""
+differs from its plan is refused; mixed element types are served on the CPU. Multi-token queries (q_indptr): test_decode_multi_token.py."""
 
 from __future__ import annotations
 
@@ -118,18 +117,17 @@ def test_raw_run_with_another_head_dim_is_refused(rng):
         _lib.fd_decode_plan_destroy(plan)
 
 
-def test_mixed_element_types_are_unsupported(rng):
+def test_mixed_element_types_on_the_cpu(rng):
+    """The CPU backend serves q and out each f32/f16/bf16 over any K/V type
+    (0.2, issue 15): the same attention as f32 over the same values."""
     q, kc, vc, tables, lens, _, _ = paged_problem(rng)
     q16, k16, v16 = to_bf16(q), kc.astype(np.float16), vc.astype(np.float16)  # q bf16, K/V f16
-    out = np.full(q.shape, 7, np.uint16)
-    for call in (fd.decode, fd.DecodePlan):
-        with pytest.raises(fd.FlashDecError) as e:
-            call(q16, k16, v16, tables, lens, out)
-        assert e.value.status == fd.Status.UNSUPPORTED and "kv_dtype" in e.value.message
-    assert (out == 7).all()
-    with pytest.raises(fd.FlashDecError) as e:  # out f32 with q, K/V f16
-        fd.decode(q.astype(np.float16), k16, v16, tables, lens, out_dtype=fd.DType.F32)
-    assert e.value.status == fd.Status.UNSUPPORTED and "out_dtype" in e.value.message
+    q32 = (q16.astype(np.uint32) << 16).view(np.float32)
+    want = fd.decode(q32, k16.astype(np.float32), v16.astype(np.float32), tables, lens)
+    for call in (fd.decode, lambda *a: fd.DecodePlan(*a).run(*a)):
+        got = call(q16, k16, v16, tables, lens, np.full(q.shape, 7, np.float32))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert fd.decode(q16, k16, v16, tables, lens).dtype == np.uint16  # out defaults to q's type
     with pytest.raises(fd.FlashDecError) as e:  # one K/V element type: the binding's check
         fd.decode(q, kc, v16, tables, lens)
     assert e.value.status == fd.Status.INVALID_ARGUMENT and "v_cache" in e.value.message

@@ -268,6 +268,42 @@ def busy(stream):
         torch.cuda._sleep(SLEEP_CYCLES)
 
 
+@pytest.mark.parametrize("layout", [fd.Layout.TOKEN_MAJOR, fd.Layout.DIM_MAJOR])
+def test_fp8_cuda_cache_views_and_decode(layout):
+    """An FP8 E4M3 CUDA cache (bf16 input, per-layer scales, issue 15): the
+    layer views are zero-copy torch.float8_e4m3fn tensors holding the CPU
+    backend's bytes, and Cache.decode (bf16 q and out) agrees with attention
+    over the dequantised cache within 5e-3."""
+    from test_fp8 import dequantise
+
+    lengths = [1, 17, 100]
+    ids = [1, 2, 3]
+    fp8 = dict(dtype=fd.DType.FP8_E4M3, input_dtype=fd.DType.BF16, layout=layout)
+    scales = dict(k_scales=[0.5, 0.03125], v_scales=[2.0, 0.25])
+    with fd.Cache(config(CUDA, **fp8), **scales) as gpu, fd.Cache(config(fd.Device.cpu(), **fp8), **scales) as cpu:
+        fill_both([gpu, cpu], lengths, seed=3)
+        cfg = gpu.config
+        g = torch.Generator(device="cuda").manual_seed(4)
+        q = (3.0 * torch.randn(len(ids), 8, cfg.head_dim, generator=g, device="cuda")).to(torch.bfloat16)
+        tables, lens = cpu.export(ids)
+        for layer in range(cfg.num_layers):
+            k, v = gpu.layer_arrays(layer)
+            st = gpu.layer_storage(layer)
+            assert k.dtype == v.dtype == torch.float8_e4m3fn and (k.data_ptr(), v.data_ptr()) == (st.k, st.v)
+            ck, cv = cpu.layer_arrays(layer)
+            np.testing.assert_array_equal(k.view(torch.uint8).cpu().numpy(), ck)
+            np.testing.assert_array_equal(v.view(torch.uint8).cpu().numpy(), cv)
+            ks, vs = (float(x[layer]) for x in gpu.kv_scales())
+            ref = numpy_attention(as_f32(host_bits(q)), dequantise(ck, cfg.dtype, ks), dequantise(cv, cfg.dtype, vs),
+                                  tables, lens, cfg.block_size, layout)
+            out = gpu.decode(layer, q, ids)
+            assert out.dtype == torch.bfloat16 and out.is_cuda
+            torch.cuda.synchronize()
+            err = worst_rel_error(out.float().cpu().numpy(), ref)
+            print(f"FP8 E4M3 Cache.decode cuda {layout.name} layer {layer}: worst row error {err:.2e}")
+            assert err <= 5e-3
+
+
 @pytest.mark.parametrize("how", ["current", "explicit"])
 def test_side_stream_writes_with_a_busy_default_stream(how):
     # Issue 11/12 reproduction: work pending on the default (legacy) stream
