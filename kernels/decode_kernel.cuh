@@ -619,47 +619,56 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     }
     if constexpr (kFp8) {
       if (p.q_bf16) {
-        // bf16 q over FP8 K/V: the mma runs in f16, so each row is scaled by
-        // 2^-e (exact) to put its largest |q| in [2^14, 2^15): f16 holds
-        // bf16's 8 mantissa bits down to 2^-28 of the row's maximum, and
-        // 2^e goes into the row's logit scale. NaN stays NaN; a row of
-        // zeros, infinities or NaN keeps e = 0.
+        // bf16 q over FP8 K/V: the mma runs in f16. A row whose largest |q|
+        // is in [2^-2, 2^15) converts as it is (f16 then holds bf16's 8
+        // mantissa bits for every element down to 2^-12 of the maximum, and
+        // smaller ones matter below f32 rounding of the dot product); any
+        // other row is scaled by 2^-e (exact) to put its maximum in [2^14,
+        // 2^15), and 2^e goes into the row's logit scale. The maximum is
+        // taken on the bits (bf16 magnitudes order as integers). A row with
+        // an infinity or NaN, or of zeros, keeps e = 0 (its output is NaN
+        // or uniform either way).
+        uint32_t bits0 = 0, bits1 = 0;  // per 16-bit half
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            uint32_t &m = (e & 1) ? bits1 : bits0;
+            m = __vmaxu2(m, qa[ks][e] & 0x7fff7fffu);
+          }
+        bits0 = max(bits0 & 0xffffu, bits0 >> 16);
+        bits1 = max(bits1 & 0xffffu, bits1 >> 16);
+        bits0 = max(bits0, __shfl_xor_sync(0xffffffffu, bits0, 1));
+        bits0 = max(bits0, __shfl_xor_sync(0xffffffffu, bits0, 2));
+        bits1 = max(bits1, __shfl_xor_sync(0xffffffffu, bits1, 1));
+        bits1 = max(bits1, __shfl_xor_sync(0xffffffffu, bits1, 2));
+        auto exponent = [](uint32_t b) {
+          if (b == 0 || b >= 0x7f80u || (b >= 0x3e80u && b < 0x4700u)) return 0;
+          const int biased = static_cast<int>(b >> 7);
+          const int e = (biased == 0 ? -126 : biased - 127) - 14;
+          return e < -112 ? -112 : (e > 112 ? 112 : e);  // 2^+-e stay normal floats
+        };
+        const int e0 = exponent(bits0), e1 = exponent(bits1);
         auto bf = [](uint32_t w, int half) {
           return __uint_as_float(half ? (w & 0xffff0000u) : (w << 16));
         };
-        float mx0 = 0.f, mx1 = 0.f;
+        auto convert = [&](float f0, float f1) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
+          for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float &mx = (e & 1) ? mx1 : mx0;
-            mx = fmaxf(mx, fmaxf(fabsf(bf(qa[ks][e], 0)), fabsf(bf(qa[ks][e], 1))));
-          }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // e = floor(log2(max)) - 14, within [-112, 112] (2^+-e stay normal
-        // floats; a subnormal max takes -112, enough for f16's range).
-        auto exponent = [](float mx) {
-          if (!(mx > 0.f) || mx == __int_as_float(0x7f800000)) return 0;
-          const int biased = (__float_as_int(mx) >> 23) & 0xff;
-          const int e = (biased == 0 ? -126 : biased - 127) - 14;
-          return e < -112 ? -112 : (e > 112 ? 112 : e);
+            for (int e = 0; e < 4; ++e) {
+              const float f = (e & 1) ? f1 : f0;
+              const __half2 h2 = __floats2half2_rn(bf(qa[ks][e], 0) * f, bf(qa[ks][e], 1) * f);
+              qa[ks][e] = *reinterpret_cast<const uint32_t *>(&h2);
+            }
         };
-        const int e0 = exponent(mx0), e1 = exponent(mx1);
-        const float down0 = __int_as_float((127 - e0) << 23),
-                    down1 = __int_as_float((127 - e1) << 23);
-        lsc0 *= __int_as_float((127 + e0) << 23);
-        lsc1 *= __int_as_float((127 + e1) << 23);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float f = (e & 1) ? down1 : down0;
-            const __half2 h2 = __floats2half2_rn(bf(qa[ks][e], 0) * f, bf(qa[ks][e], 1) * f);
-            qa[ks][e] = *reinterpret_cast<const uint32_t *>(&h2);
-          }
+        if (e0 == 0 && e1 == 0) {
+          convert(1.f, 1.f);  // (the compiler drops the multiplies)
+        } else {
+          convert(__int_as_float((127 - e0) << 23), __int_as_float((127 - e1) << 23));
+          lsc0 *= __int_as_float((127 + e0) << 23);
+          lsc1 *= __int_as_float((127 + e1) << 23);
+        }
       }
     }
   }
@@ -797,12 +806,16 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       pa[3] = M::pack(s[1][2], s[1][3]);
       l0 = l0 * corr0 + ((s[0][0] + s[0][1]) + (s[1][0] + s[1][1]));
       l1 = l1 * corr1 + ((s[0][2] + s[0][3]) + (s[1][2] + s[1][3]));
+      // FP8: the running max rarely moves after the first tiles, so the
+      // warp skips rescaling O when no row's max moved (corr is exactly 1).
+      if (!kFp8 || __any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][0] *= corr0;
-        o[n][1] *= corr0;
-        o[n][2] *= corr1;
-        o[n][3] *= corr1;
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][0] *= corr0;
+          o[n][1] *= corr0;
+          o[n][2] *= corr1;
+          o[n][3] *= corr1;
+        }
       }
 
       // O += P V.
