@@ -295,8 +295,9 @@ std::vector<uint16_t> run_gpu(const Host &h, Dev &d, const fd_decode_params &p) 
   return out;
 }
 
-/* Worst row-relative error of `got` (q_dtype bits) against `ref`; fails on
- * a non-finite output and on a non-zero output of a row that sees nothing. */
+/* Worst row-relative error of `got` (q_dtype bits) against `ref`: +inf for
+ * a non-finite output (the first one's place is printed) and for a non-zero
+ * output of a row that sees nothing. */
 double compare(const Host &h, const std::vector<uint16_t> &got, const std::vector<double> &ref) {
   double worst = 0;
   const uint32_t D = h.c.dim;
@@ -308,8 +309,9 @@ double compare(const Host &h, const std::vector<uint16_t> &got, const std::vecto
         for (uint32_t d = 0; d < D; ++d) {
           const double g = fd_test_load(got.data(), base + d, h.c.q_dtype);
           if (!std::isfinite(g)) {
-            print_error("non-finite output at row %u token %d head %u dim %u\n", r, j, hd, d);
-            fail();
+            print_error("non-finite output at row %u (seq_len %d) token %d head %u dim %u\n", r,
+                        h.lens[r], j, hd, d);
+            return INFINITY;
           }
           num += (g - ref[base + d]) * (g - ref[base + d]);
           den += ref[base + d] * ref[base + d];
@@ -317,7 +319,7 @@ double compare(const Host &h, const std::vector<uint16_t> &got, const std::vecto
         if (h.lens[r] - h.c.q_len + 1 + j <= 0) {
           if (num != 0) {
             print_error("row %u token %d (no visible key) head %u is not zero\n", r, j, hd);
-            fail();
+            return INFINITY;
           }
           continue;
         }
@@ -329,6 +331,7 @@ double compare(const Host &h, const std::vector<uint16_t> &got, const std::vecto
 struct Worst {
   double dequant = 0, unquant = 0, cpu = 0;
   int cpu_cases = 0, cpu_refused = 0;
+  int failures = 0;  // (case, split mode) pairs over the tolerance: named, failed at the end
 };
 
 constexpr double kTolerance = 5e-3;
@@ -351,15 +354,16 @@ void check_case(const Case &c, Worst *w) {
     const std::vector<uint16_t> got = run_gpu(h, d, p);
     const double err = compare(h, got, ref);
     w->dequant = std::max(w->dequant, err);
-    w->unquant = std::max(w->unquant, compare(h, got, ref_unq));
     if (!(err <= kTolerance)) {
       print_error(
           "%s q, D=%u bs=%u %s group=%u kv=%u batch=%u q_len=%d q_amp=%g splits=%d: rel "
           "error %.3g > %.3g\n",
           dtype_str(c.q_dtype), c.dim, c.bs, c.dim_major ? "dim-major" : "token-major", c.group,
           c.hkv, h.batch, c.q_len, static_cast<double>(c.q_amp), splits, err, kTolerance);
-      fail();
+      ++w->failures;
+      continue;
     }
+    w->unquant = std::max(w->unquant, compare(h, got, ref_unq));
     if (splits == 0) {
       const std::vector<uint16_t> again = run_gpu(h, d, p);
       assert_memory_equal(got.data(), again.data(), got.size() * 2);
@@ -388,6 +392,11 @@ std::vector<int32_t> ragged_lens(uint32_t bs, uint32_t max_len, fd_test_rng *rng
 }
 
 void report(const char *what, int cases, const Worst &w) {
+  if (w.failures > 0) {
+    print_error("gpu_fp8: %s: %d (case, split mode) pairs failed of %d x 3\n", what, w.failures,
+                cases);
+    fail();
+  }
   print_message(
       "gpu_fp8: %s: %d cases x 3 split modes passed; worst row-relative error %.3g against "
       "the dequantised cache (<= %.0e), %.3g against the unquantised bf16 values\n",
@@ -568,10 +577,45 @@ struct AppendSetup {
   int32_t dtype = FD_DTYPE_BF16;
 };
 
+/* Equal FP8 codes, or neighbours of one sign (one rounding step apart);
+ * returns how many were not equal. */
+size_t expect_fp8_close(const std::vector<uint8_t> &got, const std::vector<uint8_t> &want,
+                        const char *what) {
+  size_t inexact = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const bool nan = (got[i] & 0x7f) == 0x7f || (want[i] & 0x7f) == 0x7f;
+    if (nan || (got[i] & 0x80) != (want[i] & 0x80) || std::abs(int(got[i]) - int(want[i])) > 1) {
+      print_error("%s[%zu]: gpu 0x%02x cpu 0x%02x\n", what, i, got[i], want[i]);
+      fail();
+    }
+    ++inexact;
+  }
+  return inexact;
+}
+
+/* Equal bits, or values within one unit in the last place of the dtype. */
+size_t expect_ulp_close(const std::vector<uint16_t> &got, const std::vector<uint16_t> &want,
+                        int32_t dtype, const char *what) {
+  const float rel = dtype == FD_DTYPE_BF16 ? 0x1p-7f : 0x1p-10f;
+  size_t inexact = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const float g = fd_test_load(got.data(), i, dtype), w = fd_test_load(want.data(), i, dtype);
+    if (!(std::fabs(g - w) <= rel * std::fmax(std::fabs(w), 1e-3f))) {
+      print_error("%s[%zu]: gpu %g cpu %g\n", what, i, (double)g, (double)w);
+      fail();
+    }
+    ++inexact;
+  }
+  return inexact;
+}
+
 void test_append_bytes(void **state) {
   (void)state;
   fd_test_rng rng = {21};
   int checked = 0;
+  size_t inexact = 0;
   for (int32_t dt : {FD_DTYPE_BF16, FD_DTYPE_F16})
     for (bool dm : {false, true})
       for (uint32_t D : {64u, 128u})
@@ -675,10 +719,17 @@ void test_append_bytes(void **state) {
                 }
               }
           if (cpu == FD_OK) {
-            /* Every byte as the CPU backend stores it (untouched slots too). */
-            assert_memory_equal(hk.data(), gk.data(), cache);
+            /* Every byte as the CPU backend stores it (untouched slots too);
+             * a rotated K and q_out within one code / ulp (the device's
+             * cos/sin may differ from the CPU's by an FP32 ulp, as in
+             * gpu_append). */
             assert_memory_equal(hv.data(), gv.data(), cache);
-            if (rope) assert_memory_equal(hq_out.data(), gq.data(), qn * 2);
+            if (rope) {
+              inexact += expect_fp8_close(gk, hk, "k_cache");
+              inexact += expect_ulp_close(gq, hq_out, dt, "q_out");
+            } else {
+              assert_memory_equal(hk.data(), gk.data(), cache);
+            }
             ++checked;
           } else {
             print_message(
@@ -689,8 +740,8 @@ void test_append_bytes(void **state) {
         }
   print_message(
       "gpu_fp8: FP8 appends stored the host conversion; %d of 16 configurations also "
-      "byte-equal to the CPU backend\n",
-      checked);
+      "equal to the CPU backend (%zu rotated K codes / q_out elements one step apart)\n",
+      checked, inexact);
 }
 
 /* Layer writes of a CUDA FP8 cache (fd_tx_write_layer / _rope, one-token and
@@ -764,7 +815,7 @@ void test_cache_writes(void **state) {
       }
       CUDA_OK(cudaStreamSynchronize(stream));
       CUDA_OK(fd_gpu_download(stream, gqo.data(), dqo, qn * 2));
-      assert_memory_equal(hqo.data(), gqo.data(), qn * 2);
+      expect_ulp_close(gqo, hqo, FD_DTYPE_BF16, "q_out");
       for (void *x : {dk, dv, dq, dqo}) CUDA_OK(cudaFree(x));
     }
     FD_ASSERT_OK(fd_cache_async_error(caches[1]));
@@ -778,8 +829,14 @@ void test_cache_writes(void **state) {
       std::vector<uint8_t> bk(layer_bytes), bv(layer_bytes);
       CUDA_OK(fd_gpu_download(stream, bk.data(), gk, layer_bytes));
       CUDA_OK(fd_gpu_download(stream, bv.data(), gv, layer_bytes));
-      assert_memory_equal(hk, bk.data(), layer_bytes);
+      /* V exact; K exact for the plain writes (layer 0), within one code
+       * for the rotated ones (layer 1). */
       assert_memory_equal(hv, bv.data(), layer_bytes);
+      const uint8_t *hk8 = static_cast<const uint8_t *>(hk);
+      if (l == 0)
+        assert_memory_equal(hk8, bk.data(), layer_bytes);
+      else
+        expect_fp8_close(bk, std::vector<uint8_t>(hk8, hk8 + layer_bytes), "layer 1 K");
     }
     CUDA_OK(cudaStreamDestroy(stream));
     fd_cache_destroy(caches[0]);
