@@ -3,7 +3,7 @@
 //! caller-owned paged storage, with no allocator or request state.
 use crate::error::{check, Error, Result};
 use crate::sizes::elem_count;
-use crate::types::{Element, Layout};
+use crate::types::{Element, KvElement, Layout};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
 
@@ -11,9 +11,10 @@ use std::mem::MaybeUninit;
 /// `layout`: token-major [num_blocks, num_kv_heads, block_size, head_dim] or
 /// dim-major [num_blocks, num_kv_heads, head_dim, block_size]. For custom
 /// strides or device memory fill `sys::fd_kv_append_params` and call
-/// [`run_kv_append`].
+/// [`run_kv_append`]. `T` is the K/V type of the new tokens or an FP8 type
+/// ([`crate::Fp8E4m3`], [`crate::Fp8E5m2`]: the append quantises).
 #[derive(Debug)]
-pub struct PagedKvMut<'a, T: Element> {
+pub struct PagedKvMut<'a, T: KvElement> {
     pub k: &'a mut [T],
     pub v: &'a mut [T],
     pub num_kv_heads: u32,
@@ -53,13 +54,15 @@ fn u32_of(n: usize, what: &str) -> Result<u32> {
 }
 
 /// Checks the slices against each other and fills the shared fields. The
-/// token count is block_ids.len().
-fn base_params<T: Element>(
-    pages: &mut PagedKvMut<'_, T>,
+/// token count is block_ids.len(); `dtype` is the inputs' type, `cache_dtype`
+/// the pages'.
+fn base_params<T: Element, C: KvElement>(
+    pages: &mut PagedKvMut<'_, C>,
     k: &[T],
     v: &[T],
     block_ids: &[i32],
     offsets: &[i32],
+    scales: (f32, f32),
 ) -> Result<sys::fd_kv_append_params> {
     let n = block_ids.len();
     if n == 0 {
@@ -94,6 +97,8 @@ fn base_params<T: Element>(
     }
     let mut p = default_kv_append_params();
     p.dtype = T::DTYPE.raw();
+    p.cache_dtype = C::DTYPE.raw();
+    (p.k_scale, p.v_scale) = scales;
     p.layout = pages.layout.raw();
     p.num_tokens = u32_of(n, "num_tokens")?;
     p.num_kv_heads = pages.num_kv_heads;
@@ -110,10 +115,28 @@ fn base_params<T: Element>(
 }
 
 /// Writes token i's K and V ([n, num_kv_heads, head_dim], n =
-/// block_ids.len()) into slot (block_ids\[i\], offsets\[i\]) of `pages`.
-/// Every index is checked first: on Err nothing is written.
-pub fn kv_append<T: Element>(pages: &mut PagedKvMut<'_, T>, k: &[T], v: &[T], block_ids: &[i32], offsets: &[i32]) -> Result<()> {
-    let p = base_params(pages, k, v, block_ids, offsets)?;
+/// block_ids.len()) into slot (block_ids\[i\], offsets\[i\]) of `pages`,
+/// of k's type or FP8 (stored as saturate(x) rounded to nearest even: see
+/// [`kv_append_scaled`] for scales). Every index is checked first: on Err
+/// nothing is written.
+pub fn kv_append<T: Element, C: KvElement>(pages: &mut PagedKvMut<'_, C>, k: &[T], v: &[T], block_ids: &[i32], offsets: &[i32]) -> Result<()> {
+    kv_append_scaled(pages, k, v, block_ids, offsets, 1.0, 1.0)
+}
+
+/// [`kv_append`] with quantisation scales (`fd_kv_append_params.k_scale` /
+/// `v_scale`): K is stored as saturate(k / k_scale), V likewise
+/// (docs/semantics.md S1.1). Each finite and > 0, other than 1 only into FP8
+/// pages, else `InvalidArgument` naming the field.
+pub fn kv_append_scaled<T: Element, C: KvElement>(
+    pages: &mut PagedKvMut<'_, C>,
+    k: &[T],
+    v: &[T],
+    block_ids: &[i32],
+    offsets: &[i32],
+    k_scale: f32,
+    v_scale: f32,
+) -> Result<()> {
+    let p = base_params(pages, k, v, block_ids, offsets, (k_scale, v_scale))?;
     // SAFETY: every slice was checked against the shapes in p (packed
     // strides), and the library range-checks the host index arrays.
     unsafe { run_kv_append(&p) }
@@ -122,10 +145,12 @@ pub fn kv_append<T: Element>(pages: &mut PagedKvMut<'_, T>, k: &[T], v: &[T], bl
 /// Fused RoPE + append: rotates q ([n, num_q_heads, head_dim]) and k of
 /// token i at positions\[i\], writes rotated K and raw V into
 /// (block_ids\[i\], offsets\[i\]) and the rotated Q into `q_out` (q's length).
-/// On Err nothing is written, `q_out` included.
+/// On Err nothing is written, `q_out` included. Pages of k's type or FP8
+/// (the rotated K quantised from its FP32 value; scales:
+/// [`rope_kv_append_scaled`]).
 #[allow(clippy::too_many_arguments)]
-pub fn rope_kv_append<T: Element>(
-    pages: &mut PagedKvMut<'_, T>,
+pub fn rope_kv_append<T: Element, C: KvElement>(
+    pages: &mut PagedKvMut<'_, C>,
     q: &[T],
     num_q_heads: u32,
     k: &[T],
@@ -137,7 +162,27 @@ pub fn rope_kv_append<T: Element>(
     rope_base: f32,
     q_out: &mut [T],
 ) -> Result<()> {
-    let mut p = base_params(pages, k, v, block_ids, offsets)?;
+    rope_kv_append_scaled(pages, q, num_q_heads, k, v, block_ids, offsets, positions, rotary_dim, rope_base, q_out, 1.0, 1.0)
+}
+
+/// [`rope_kv_append`] with quantisation scales, as [`kv_append_scaled`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_append_scaled<T: Element, C: KvElement>(
+    pages: &mut PagedKvMut<'_, C>,
+    q: &[T],
+    num_q_heads: u32,
+    k: &[T],
+    v: &[T],
+    block_ids: &[i32],
+    offsets: &[i32],
+    positions: &[i32],
+    rotary_dim: u32,
+    rope_base: f32,
+    q_out: &mut [T],
+    k_scale: f32,
+    v_scale: f32,
+) -> Result<()> {
+    let mut p = base_params(pages, k, v, block_ids, offsets, (k_scale, v_scale))?;
     let n = block_ids.len();
     if positions.len() != n {
         return Err(Error::invalid(format!("positions: expected {n} entries (one per token), got {}", positions.len())));

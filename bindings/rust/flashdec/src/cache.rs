@@ -1,7 +1,7 @@
 //! The paged KV cache, transactions and shared prefixes.
 use crate::error::{check, Error, Result};
 use crate::ops::{decode_params_base, run_decode};
-use crate::types::{DType, Device, Element, Layout};
+use crate::types::{DType, Device, Element, KvElement, Layout};
 use flashdec_sys as sys;
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
@@ -11,6 +11,12 @@ use std::ptr::{self, NonNull};
 
 /// Parameters of [`Cache::new`] (`fd_cache_config`). `Default` takes the
 /// library's defaults from `fd_cache_config_init`.
+///
+/// An FP8 cache (`dtype` [`DType::Fp8E4m3`] or [`DType::Fp8E5m2`]) stores
+/// K/V in one byte and takes them (and Q, for RoPE writes) in `input_dtype`:
+/// F16 or Bf16, or F32 on the CPU. Its per-layer scales are given to
+/// [`Cache::with_kv_scales`] (all 1 with [`Cache::new`]) and changed with
+/// [`Cache::set_kv_scales`].
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct CacheConfig {
     pub num_layers: u32,
@@ -22,6 +28,9 @@ pub struct CacheConfig {
     pub dtype: DType,
     pub layout: Layout,
     pub device: Device,
+    /// Type of the K, V and Q given to layer writes and of the engine's step
+    /// tensors; `None` (default, C's -1): `dtype`.
+    pub input_dtype: Option<DType>,
 }
 
 impl Default for CacheConfig {
@@ -45,6 +54,7 @@ impl CacheConfig {
             dtype: DType::from_raw(c.dtype).unwrap_or(DType::F16),
             layout: Layout::from_raw(c.layout).unwrap_or(Layout::TokenMajor),
             device: Device::from_raw(c.device),
+            input_dtype: DType::from_raw(c.input_dtype),
         }
     }
 
@@ -61,7 +71,13 @@ impl CacheConfig {
         c.dtype = self.dtype.raw();
         c.layout = self.layout.raw();
         c.device = self.device.raw();
+        c.input_dtype = self.input_dtype.map_or(-1, DType::raw);
         c
+    }
+
+    /// The type layer writes and engine steps take: `input_dtype`, else `dtype`.
+    pub fn resolved_input_dtype(&self) -> DType {
+        self.input_dtype.unwrap_or(self.dtype)
     }
 
     /// Elements of one token's K or V for one layer: num_kv_heads * head_dim.
@@ -182,6 +198,17 @@ pub(crate) fn row_counts(counts: &[u32], rows: usize, what: &str) -> Result<u32>
     u32_len(rows, what)
 }
 
+/// Per-layer scale arrays of a call on a cache of `num_layers` layers: C
+/// reads num_layers entries of each (their values are the library's to check).
+fn check_scales(k_scales: &[f32], v_scales: &[f32], num_layers: u32) -> Result<()> {
+    for (s, what) in [(k_scales, "k_scales"), (v_scales, "v_scales")] {
+        if s.len() != num_layers as usize {
+            return Err(Error::invalid(format!("{what}: expected {num_layers} entries (one per layer), got {}", s.len())));
+        }
+    }
+    Ok(())
+}
+
 fn prefix_cstring(id: &str) -> Result<CString> {
     CString::new(id).map_err(|_| Error::invalid("prefix_id must not contain NUL characters"))
 }
@@ -190,6 +217,19 @@ impl Cache {
     /// Creates a cache with zero-initialised storage.
     pub fn new(config: &CacheConfig) -> Result<Cache> {
         Cache::create(&config.to_raw())
+    }
+
+    /// Creates an FP8 cache with per-layer K and V dequantisation scales
+    /// (`fd_cache_config.k_scales` / `v_scales`, num_layers each, each finite
+    /// and positive, copied): writes store saturate(x / scale) rounded to
+    /// nearest even (docs/semantics.md S1.1). A bad entry is
+    /// `InvalidArgument` naming it; scales for a cache that is not FP8 too.
+    pub fn with_kv_scales(config: &CacheConfig, k_scales: &[f32], v_scales: &[f32]) -> Result<Cache> {
+        check_scales(k_scales, v_scales, config.num_layers)?;
+        let mut c = config.to_raw();
+        c.k_scales = k_scales.as_ptr();
+        c.v_scales = v_scales.as_ptr();
+        Cache::create(&c)
     }
 
     /// Creates a cache that manages blocks inside caller memory instead of
@@ -314,13 +354,35 @@ impl Cache {
         Ok((k, v, strides))
     }
 
-    fn check_tokens<T: Element>(&self, x: &[T], rows: usize, what: &str) -> Result<()> {
-        if T::DTYPE != self.config.dtype {
-            return Err(Error::invalid(format!(
-                "{what}: element type {:?} does not match the cache's {:?}",
-                T::DTYPE,
-                self.config.dtype
-            )));
+    /// Replaces an FP8 cache's per-layer K and V scales
+    /// (`fd_cache_set_kv_scales`): later writes quantise with them and stored
+    /// tokens are read with them (their bytes do not change). `InvalidState`
+    /// for a cache that is not FP8 or while a transaction is open (which the
+    /// borrow of a [`Transaction`] already rules out); `InvalidArgument`
+    /// naming a bad entry. Nothing changes on Err.
+    pub fn set_kv_scales(&mut self, k_scales: &[f32], v_scales: &[f32]) -> Result<()> {
+        check_scales(k_scales, v_scales, self.config.num_layers)?;
+        check(unsafe { sys::fd_cache_set_kv_scales(self.raw.as_ptr(), k_scales.as_ptr(), v_scales.as_ptr()) })
+    }
+
+    /// The per-layer (K, V) dequantisation scales (`fd_cache_get_kv_scales`);
+    /// all 1 for a cache that is not FP8.
+    pub fn kv_scales(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = self.config.num_layers as usize;
+        let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+        check(unsafe { sys::fd_cache_get_kv_scales(self.raw.as_ptr(), k.as_mut_ptr(), v.as_mut_ptr()) })?;
+        Ok((k, v))
+    }
+
+    /// Checks K/V (or Q) of `rows` tokens given to a layer write: the
+    /// cache's input type, host memory, the token shape.
+    fn check_tokens<T: KvElement>(&self, x: &[T], rows: usize, what: &str) -> Result<()> {
+        self.check_elems(x, self.config.resolved_input_dtype(), rows, what)
+    }
+
+    fn check_elems<T: KvElement>(&self, x: &[T], dtype: DType, rows: usize, what: &str) -> Result<()> {
+        if T::DTYPE != dtype {
+            return Err(Error::invalid(format!("{what}: element type {:?} does not match the cache's {:?}", T::DTYPE, dtype)));
         }
         if self.config.device != Device::Cpu {
             return Err(Error::invalid(format!("{what}: host slices need a CPU cache; use the sys crate for device memory")));
@@ -337,7 +399,8 @@ impl Cache {
         Ok(())
     }
 
-    /// Legacy single-layer append (num_layers == 1): one token per request.
+    /// Legacy single-layer append (num_layers == 1): one token per request,
+    /// k and v in the cache's input type.
     pub fn append<T: Element>(&mut self, ids: &[u64], k: &[T], v: &[T]) -> Result<()> {
         self.check_tokens(k, ids.len(), "k")?;
         self.check_tokens(v, ids.len(), "v")?;
@@ -437,10 +500,11 @@ impl Cache {
     }
 
     /// Registers a shared prefix: k_blocks/v_blocks are
-    /// [num_layers, n, num_kv_heads, block_size, head_dim] (n inferred).
-    pub fn register_prefix<T: Element>(&mut self, id: &str, k_blocks: &[T], v_blocks: &[T]) -> Result<()> {
+    /// [num_layers, n, num_kv_heads, block_size, head_dim] (n inferred), in
+    /// the cache's storage type (FP8 bytes for an FP8 cache).
+    pub fn register_prefix<T: KvElement>(&mut self, id: &str, k_blocks: &[T], v_blocks: &[T]) -> Result<()> {
         let rows = k_blocks.len() / self.config.token_elems().max(1);
-        self.check_tokens(k_blocks, rows, "k_blocks")?;
+        self.check_elems(k_blocks, self.config.dtype, rows, "k_blocks")?;
         let n = self.prefix_shape_elems(k_blocks.len(), "k_blocks")?;
         if v_blocks.len() != k_blocks.len() {
             return Err(Error::invalid(format!("v_blocks: expected {} elements, got {}", k_blocks.len(), v_blocks.len())));
@@ -478,27 +542,30 @@ impl Cache {
 
     /// Decode attention of `q` ([rows, num_q_heads, head_dim]) over `layer`
     /// of this CPU cache, with the given block tables and seq_lens (from
-    /// [`Cache::export`] or [`Transaction::block_tables`]). `out` has q's shape.
+    /// [`Cache::export`] or [`Transaction::block_tables`]). `out` has q's
+    /// shape. q and out are each f32, F16 or Bf16 (the CPU backend converts),
+    /// whatever the cache's type; the K/V are read with the layer's scales
+    /// ([`Cache::kv_scales`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn decode_layer<T: Element>(
+    pub fn decode_layer<Q: Element, O: Element>(
         &self,
         layer: u32,
-        q: &[T],
+        q: &[Q],
         num_q_heads: u32,
         block_tables: &[i32],
         seq_lens: &[i32],
-        out: &mut [T],
+        out: &mut [O],
         cpu_threads: u32,
     ) -> Result<()> {
         let cfg = self.config;
         if cfg.device != Device::Cpu {
             return Err(Error::invalid("decode_layer needs a CPU cache"));
         }
-        if T::DTYPE != cfg.dtype {
-            return Err(Error::invalid(format!("q: element type {:?} does not match the cache's {:?}", T::DTYPE, cfg.dtype)));
-        }
         let (k, v, strides) = self.layer_storage(layer)?;
+        let (k_scales, v_scales) = self.kv_scales()?;
         let mut p = decode_params_base(q, num_q_heads, cfg.num_kv_heads, cfg.head_dim, block_tables, seq_lens, out)?;
+        p.k_scale = k_scales[layer as usize];
+        p.v_scale = v_scales[layer as usize];
         p.kv_dtype = cfg.dtype.raw();
         p.layout = cfg.layout.raw();
         p.block_size = cfg.block_size;
@@ -639,7 +706,8 @@ impl<'c> Transaction<'c> {
     }
 
     /// Writes `layer`'s K and V, each [token_count, num_kv_heads, head_dim]:
-    /// the new tokens packed in row order (token_count = batch for [`Cache::begin`]).
+    /// the new tokens packed in row order (token_count = batch for [`Cache::begin`]),
+    /// in the cache's input type (an FP8 cache quantises them with the layer's scales).
     pub fn write_layer<T: Element>(&mut self, layer: u32, k: &[T], v: &[T]) -> Result<()> {
         let rows = self.info()?.token_count as usize;
         self.cache.check_tokens(k, rows, "k")?;

@@ -1,7 +1,7 @@
 //! Block-aware scheduler (S9), decode engine (S8) and workload drivers (S10).
 use crate::cache::{row_counts, Cache};
 use crate::error::{check, Error, Result};
-use crate::types::Element;
+use crate::types::{Element, KvElement};
 use flashdec_sys as sys;
 use std::ffi::{CStr, CString};
 use std::mem::{size_of, MaybeUninit};
@@ -334,12 +334,21 @@ impl<'c> Engine<'c> {
         StepOutcome::Opened(Step { engine: self, raw: s, tokens, finished: false })
     }
 
-    /// One prompt token through every layer: k, v [num_layers, num_kv_heads, head_dim].
+    /// Replaces the FP8 cache's per-layer K and V scales between steps
+    /// ([`Cache::set_kv_scales`]; the engine reads them at every
+    /// `begin_step`, so they apply from the next step on).
+    pub fn set_kv_scales(&mut self, k_scales: &[f32], v_scales: &[f32]) -> Result<()> {
+        self.cache.set_kv_scales(k_scales, v_scales)
+    }
+
+    /// One prompt token through every layer: k, v [num_layers, num_kv_heads,
+    /// head_dim] in the cache's input type.
     pub fn prefill<T: Element>(&mut self, id: u64, k: &[T], v: &[T]) -> Result<()> {
         let cfg = *self.cache.config();
         let want = cfg.num_layers as usize * cfg.token_elems();
-        if T::DTYPE != cfg.dtype || k.len() != want || v.len() != want {
-            return Err(Error::invalid(format!("k/v: expected {want} {:?} elements, got {} and {} {:?}", cfg.dtype, k.len(), v.len(), T::DTYPE)));
+        let dtype = cfg.resolved_input_dtype();
+        if T::DTYPE != dtype || k.len() != want || v.len() != want {
+            return Err(Error::invalid(format!("k/v: expected {want} {dtype:?} elements, got {} and {} {:?}", k.len(), v.len(), T::DTYPE)));
         }
         check(unsafe { sys::fd_engine_prefill_request_layers(self.raw.as_ptr(), id, k.as_ptr().cast(), v.as_ptr().cast()) })
     }
@@ -351,10 +360,11 @@ impl<'c> Engine<'c> {
     pub fn prefill_tokens<T: Element>(&mut self, id: u64, k: &[T], v: &[T]) -> Result<()> {
         let cfg = *self.cache.config();
         let per_token = cfg.num_layers as usize * cfg.token_elems();
-        if T::DTYPE != cfg.dtype || per_token == 0 || k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
+        let dtype = cfg.resolved_input_dtype();
+        if T::DTYPE != dtype || per_token == 0 || k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
             return Err(Error::invalid(format!(
                 "k/v: need equal positive multiples of num_layers * num_kv_heads * head_dim = {per_token} {:?} elements, got {} and {} {:?}",
-                cfg.dtype,
+                dtype,
                 k.len(),
                 v.len(),
                 T::DTYPE
@@ -369,7 +379,8 @@ impl<'c> Engine<'c> {
         check(unsafe { sys::fd_engine_submit_request(self.raw.as_ptr(), &s) })
     }
 
-    pub fn register_prefix<T: Element>(&mut self, id: &str, k_blocks: &[T], v_blocks: &[T]) -> Result<()> {
+    /// As [`crate::Cache::register_prefix`]: blocks in the cache's storage type.
+    pub fn register_prefix<T: KvElement>(&mut self, id: &str, k_blocks: &[T], v_blocks: &[T]) -> Result<()> {
         let cfg = *self.cache.config();
         let per_block = cfg.num_layers as usize * cfg.token_elems() * cfg.block_size as usize;
         if T::DTYPE != cfg.dtype || per_block == 0 || k_blocks.is_empty() || k_blocks.len() % per_block != 0 || v_blocks.len() != k_blocks.len() {
@@ -442,13 +453,16 @@ impl Step<'_, '_> {
     /// output with q's shape [token_count, num_q_heads, head_dim] (k, v:
     /// [token_count, num_kv_heads, head_dim]; the tokens packed in row order,
     /// token_count = batch for [`Engine::begin_step`]). A failure aborts the
-    /// whole step (library contract).
+    /// whole step (library contract). All four are of the cache's input type
+    /// (its dtype, or what an FP8 cache takes: F16, Bf16 or F32 on the CPU;
+    /// the engine reads the layer scales at `begin_step`).
     pub fn layer<T: Element>(&mut self, layer: u32, q: &[T], k: &[T], v: &[T], out: &mut [T]) -> Result<()> {
         let cfg = *self.engine.cache.config();
         let rows = self.tokens as usize;
         let kv = rows * cfg.token_elems();
-        if T::DTYPE != cfg.dtype {
-            return Err(Error::invalid(format!("element type {:?} does not match the cache's {:?}", T::DTYPE, cfg.dtype)));
+        let dtype = cfg.resolved_input_dtype();
+        if T::DTYPE != dtype {
+            return Err(Error::invalid(format!("element type {:?} does not match the cache's input type {:?}", T::DTYPE, dtype)));
         }
         if k.len() != kv || v.len() != kv {
             return Err(Error::invalid(format!("k/v: expected {kv} elements, got {} and {}", k.len(), v.len())));

@@ -28,7 +28,9 @@ mod ops;
 mod sizes;
 mod types;
 
-pub use append::{default_kv_append_params, kv_append, rope_kv_append, run_kv_append, run_rope_kv_append, PagedKvMut};
+pub use append::{
+    default_kv_append_params, kv_append, kv_append_scaled, rope_kv_append, rope_kv_append_scaled, run_kv_append, run_rope_kv_append, PagedKvMut,
+};
 pub use cache::{Cache, CacheConfig, CacheMetrics, Export, ExternalStorage, PrefixInfo, RequestState, Transaction, TxInfo, TxRows, TxTokens};
 pub use engine::{
     engine_config_default, run_workload, run_workload_with_progress, scheduler_config_default, snapshot_info_default, workload_cases, Decision,
@@ -40,7 +42,7 @@ pub use ops::{
     cuda_device_count, decode, decode_multi, default_decode_params, default_reference_params, reference_attention,
     reference_attention_dense, rope_apply, run_decode, DecodeOptions, DecodePlan, PagedKv, ReferenceOptions,
 };
-pub use types::{Bf16, DType, Device, Element, Layout, F16};
+pub use types::{Bf16, DType, Device, Element, Fp8E4m3, Fp8E5m2, KvElement, Layout, F16};
 
 /// Turns a raw status from a `sys` call into a Result (reads the
 /// thread-local message: call it right after the C call, on the same thread).

@@ -1,7 +1,7 @@
 //! Stateless operations: paged decode, RoPE, dense reference, devices.
 use crate::error::{check, Error, Result};
 use crate::sizes::{elem_count, to_u32};
-use crate::types::{Element, Layout};
+use crate::types::{Element, KvElement, Layout};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -135,8 +135,11 @@ fn check_query_tokens(q_len: usize, q_indptr: Option<&[i32]>, batch: usize, num_
 /// Paged K/V storage of one layer in host memory, packed in `layout`:
 /// token-major [num_blocks, num_kv_heads, block_size, head_dim] or dim-major
 /// [num_blocks, num_kv_heads, head_dim, block_size].
+///
+/// `T` may be an FP8 type ([`crate::Fp8E4m3`], [`crate::Fp8E5m2`]): the
+/// stored bytes, read as stored x `DecodeOptions::k_scale` / `v_scale`.
 #[derive(Copy, Clone, Debug)]
-pub struct PagedKv<'a, T: Element> {
+pub struct PagedKv<'a, T: KvElement> {
     pub k: &'a [T],
     pub v: &'a [T],
     pub num_kv_heads: u32,
@@ -145,7 +148,7 @@ pub struct PagedKv<'a, T: Element> {
     pub layout: Layout,
 }
 
-impl<T: Element> PagedKv<'_, T> {
+impl<T: KvElement> PagedKv<'_, T> {
     /// Checks k/v against the block shape (before anything else, so an
     /// overflowing block is reported as such); returns the block count.
     fn num_blocks(&self) -> Result<u32> {
@@ -172,8 +175,9 @@ impl<T: Element> PagedKv<'_, T> {
 }
 
 /// Options of [`decode`], [`decode_multi`] and [`DecodePlan`]; `Default` =
-/// automatic scale/splits, all threads, no bound on query tokens per row.
-#[derive(Copy, Clone, Debug, Default)]
+/// automatic scale/splits, all threads, no bound on query tokens per row,
+/// K/V scales 1.
+#[derive(Copy, Clone, Debug)]
 pub struct DecodeOptions {
     pub sm_scale: f32,
     pub num_splits: i32,
@@ -186,10 +190,25 @@ pub struct DecodeOptions {
     /// launch (a row of more query tokens than one tile holds runs as
     /// several query tiles).
     pub max_q_len_hint: i32,
+    /// Dequantisation scale of the stored K (docs/semantics.md S1.1):
+    /// attention reads K as stored x k_scale. Finite and > 0 (else
+    /// `Status::InvalidArgument` naming the field); any K/V type takes it.
+    /// Not planned: a [`DecodePlan`] run uses the run's options.
+    pub k_scale: f32,
+    /// Dequantisation scale of the stored V, as `k_scale`.
+    pub v_scale: f32,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions { sm_scale: 0.0, num_splits: 0, cpu_threads: 0, max_seq_len_hint: 0, max_q_len_hint: 0, k_scale: 1.0, v_scale: 1.0 }
+    }
 }
 
 impl DecodeOptions {
     fn fill(&self, p: &mut sys::fd_decode_params) {
+        p.k_scale = self.k_scale;
+        p.v_scale = self.v_scale;
         p.sm_scale = self.sm_scale;
         p.num_splits = self.num_splits;
         p.cpu_threads = self.cpu_threads;
@@ -204,9 +223,11 @@ impl DecodeOptions {
 /// block_tables: [batch, max_blocks_per_seq].
 ///
 /// The element types are the slices' (`q_dtype`, `kv_dtype`, `out_dtype`):
-/// the library serves q, K/V and out of one type (f32, F16, Bf16); another
-/// combination is `Status::Unsupported` with a message naming the field.
-pub fn decode<Q: Element, KV: Element, O: Element>(
+/// the CPU backend serves q and out each f32, F16 or Bf16 over K/V of any
+/// type (f32, F16, Bf16, [`crate::Fp8E4m3`], [`crate::Fp8E5m2`], read with
+/// `options.k_scale` / `v_scale`); another combination is
+/// `Status::Unsupported` with a message naming the field.
+pub fn decode<Q: Element, KV: KvElement, O: Element>(
     q: &[Q],
     num_q_heads: u32,
     kv: &PagedKv<'_, KV>,
@@ -234,7 +255,7 @@ pub fn decode<Q: Element, KV: Element, O: Element>(
 /// per row through `q_indptr` gives the bits of [`decode`]. Element types as
 /// in [`decode`].
 #[allow(clippy::too_many_arguments)]
-pub fn decode_multi<Q: Element, KV: Element, O: Element>(
+pub fn decode_multi<Q: Element, KV: KvElement, O: Element>(
     q: &[Q],
     q_indptr: &[i32],
     num_q_heads: u32,
@@ -248,7 +269,7 @@ pub fn decode_multi<Q: Element, KV: Element, O: Element>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn decode_queries<Q: Element, KV: Element, O: Element>(
+fn decode_queries<Q: Element, KV: KvElement, O: Element>(
     q: &[Q],
     q_indptr: Option<&[i32]>,
     num_q_heads: u32,
@@ -303,7 +324,7 @@ impl DecodePlan {
     /// split-KV layout is chosen from them; with `None`, from
     /// `options.max_seq_len_hint`, as [`decode`] does.
     #[allow(clippy::too_many_arguments)]
-    pub fn new<Q: Element, KV: Element, O: Element>(
+    pub fn new<Q: Element, KV: KvElement, O: Element>(
         q: &[Q],
         num_q_heads: u32,
         kv: &PagedKv<'_, KV>,
@@ -323,7 +344,7 @@ impl DecodePlan {
     /// q and out of `q_indptr[batch]` tokens and attends as [`decode_multi`]
     /// does.
     #[allow(clippy::too_many_arguments)]
-    pub fn new_multi<Q: Element, KV: Element, O: Element>(
+    pub fn new_multi<Q: Element, KV: KvElement, O: Element>(
         q: &[Q],
         q_indptr: &[i32],
         num_q_heads: u32,
@@ -338,7 +359,7 @@ impl DecodePlan {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn plan_queries<Q: Element, KV: Element, O: Element>(
+    fn plan_queries<Q: Element, KV: KvElement, O: Element>(
         q: &[Q],
         q_indptr: Option<&[i32]>,
         num_q_heads: u32,
@@ -406,7 +427,7 @@ impl DecodePlan {
     /// must give the planned shape and element types: a call that differs in
     /// a planned field (for example more K/V blocks) is
     /// `Status::InvalidArgument` naming the field.
-    pub fn run<Q: Element, KV: Element, O: Element>(
+    pub fn run<Q: Element, KV: KvElement, O: Element>(
         &self,
         q: &[Q],
         num_q_heads: u32,
@@ -415,10 +436,28 @@ impl DecodePlan {
         seq_lens: &[i32],
         out: &mut [O],
     ) -> Result<()> {
+        self.run_scaled(q, num_q_heads, kv, block_tables, seq_lens, out, self.options.k_scale, self.options.v_scale)
+    }
+
+    /// [`DecodePlan::run`] with this run's K/V dequantisation scales instead
+    /// of the plan's options' (scales are not planned: each layer of an FP8
+    /// cache has its own).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_scaled<Q: Element, KV: KvElement, O: Element>(
+        &self,
+        q: &[Q],
+        num_q_heads: u32,
+        kv: &PagedKv<'_, KV>,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &mut [O],
+        k_scale: f32,
+        v_scale: f32,
+    ) -> Result<()> {
         let num_blocks = kv.num_blocks()?;
         let mut p = decode_params_queries(q, self.q_indptr(), num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
         kv.fill(&mut p, num_blocks);
-        self.options.fill(&mut p);
+        DecodeOptions { k_scale, v_scale, ..self.options }.fill(&mut p);
         let bytes = self.workspace_size()?;
         let mut workspace = vec![0u64; bytes.div_ceil(8)];
         if bytes > 0 {

@@ -1,12 +1,18 @@
 //! Element types, layouts and devices.
 use flashdec_sys as sys;
 
-/// Element type of Q, K, V and outputs (`fd_dtype`).
+/// Element type of Q, K, V and outputs (`fd_dtype`). The FP8 types are
+/// types of stored K/V only (a cache's dtype, decode's K/V, append's caches;
+/// docs/semantics.md S1.1).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum DType {
     F32,
     F16,
     Bf16,
+    /// OCP FP8 E4M3: largest finite 448, NaN 0x7f/0xff, no infinity.
+    Fp8E4m3,
+    /// OCP FP8 E5M2: largest finite 57344.
+    Fp8E5m2,
 }
 
 impl DType {
@@ -15,6 +21,8 @@ impl DType {
             DType::F32 => sys::FD_DTYPE_F32,
             DType::F16 => sys::FD_DTYPE_F16,
             DType::Bf16 => sys::FD_DTYPE_BF16,
+            DType::Fp8E4m3 => sys::FD_DTYPE_FP8_E4M3,
+            DType::Fp8E5m2 => sys::FD_DTYPE_FP8_E5M2,
         }
     }
     pub fn from_raw(raw: i32) -> Option<DType> {
@@ -22,8 +30,22 @@ impl DType {
             sys::FD_DTYPE_F32 => Some(DType::F32),
             sys::FD_DTYPE_F16 => Some(DType::F16),
             sys::FD_DTYPE_BF16 => Some(DType::Bf16),
+            sys::FD_DTYPE_FP8_E4M3 => Some(DType::Fp8E4m3),
+            sys::FD_DTYPE_FP8_E5M2 => Some(DType::Fp8E5m2),
             _ => None,
         }
+    }
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+            DType::Fp8E4m3 | DType::Fp8E5m2 => 1,
+        }
+    }
+    /// True for the stored-K/V types FP8 E4M3 and E5M2.
+    pub fn is_fp8(self) -> bool {
+        matches!(self, DType::Fp8E4m3 | DType::Fp8E5m2)
     }
 }
 
@@ -133,22 +155,82 @@ impl F16 {
     }
 }
 
-/// Element types FlashDec reads and writes. Sealed: only f32, F16 and Bf16.
-pub trait Element: Copy + private::Sealed {
+/// OCP FP8 E4M3, stored as its bits (a K/V type only: [`DType::Fp8E4m3`]).
+#[repr(transparent)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fp8E4m3(pub u8);
+
+/// OCP FP8 E5M2, stored as its bits (a K/V type only: [`DType::Fp8E5m2`]).
+#[repr(transparent)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fp8E5m2(pub u8);
+
+/// The value of FP8 bits with `mant` mantissa bits and exponent bias `bias`
+/// (exact in f32); `ieee_top`: the top exponent holds infinity and NaN
+/// (E5M2) rather than finite values and one NaN (E4M3).
+fn fp8_to_f32(bits: u8, mant: u32, bias: i32, ieee_top: bool) -> f32 {
+    let top = (1u32 << (7 - mant)) - 1;
+    let e = (bits as u32 >> mant) & top;
+    let m = bits as u32 & ((1 << mant) - 1);
+    let mag = if ieee_top && e == top {
+        if m == 0 { f32::INFINITY } else { f32::NAN }
+    } else if !ieee_top && e == top && m == (1 << mant) - 1 {
+        f32::NAN
+    } else if e == 0 {
+        m as f32 * 2f32.powi(1 - bias - mant as i32)
+    } else {
+        (1.0 + m as f32 / (1 << mant) as f32) * 2f32.powi(e as i32 - bias)
+    };
+    if bits & 0x80 != 0 { -mag } else { mag }
+}
+
+impl Fp8E4m3 {
+    /// The value these bits stand for (before a scale); NaN for 0x7f / 0xff.
+    pub fn to_f32(self) -> f32 {
+        fp8_to_f32(self.0, 3, 7, false)
+    }
+}
+
+impl Fp8E5m2 {
+    /// The value these bits stand for (before a scale); +-inf, NaN as IEEE.
+    pub fn to_f32(self) -> f32 {
+        fp8_to_f32(self.0, 2, 15, true)
+    }
+}
+
+/// Element types of stored K/V: every [`Element`] plus [`Fp8E4m3`] and
+/// [`Fp8E5m2`]. Sealed.
+pub trait KvElement: Copy + private::Sealed {
     const DTYPE: DType;
 }
-impl Element for f32 {
+
+/// Element types FlashDec computes with (queries, outputs, inputs of
+/// writes). Sealed: only f32, F16 and Bf16.
+pub trait Element: KvElement {}
+
+impl KvElement for f32 {
     const DTYPE: DType = DType::F32;
 }
-impl Element for F16 {
+impl KvElement for F16 {
     const DTYPE: DType = DType::F16;
 }
-impl Element for Bf16 {
+impl KvElement for Bf16 {
     const DTYPE: DType = DType::Bf16;
 }
+impl KvElement for Fp8E4m3 {
+    const DTYPE: DType = DType::Fp8E4m3;
+}
+impl KvElement for Fp8E5m2 {
+    const DTYPE: DType = DType::Fp8E5m2;
+}
+impl Element for f32 {}
+impl Element for F16 {}
+impl Element for Bf16 {}
 mod private {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for super::F16 {}
     impl Sealed for super::Bf16 {}
+    impl Sealed for super::Fp8E4m3 {}
+    impl Sealed for super::Fp8E5m2 {}
 }

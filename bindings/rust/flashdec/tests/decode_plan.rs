@@ -1,6 +1,6 @@
 //! Decode plans on the CPU: plan + run gives fd_decode's bits, a run that
-//! differs from its plan is refused, and mixed element types are
-//! `Unsupported` naming the field. Multi-token queries (`decode_multi`,
+//! differs from its plan is refused, and mixed element types are served on
+//! the CPU. Multi-token queries (`decode_multi`,
 //! `DecodePlan::new_multi`): causal attention against an f64 reference, the
 //! binding's length checks, the library's offset checks, and CUDA's need of
 //! max_q_len_hint with q_indptr (raw parameters).
@@ -27,7 +27,7 @@ fn layer(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (q, k, v)
 }
 
-fn paged<'a, T: Element>(k: &'a [T], v: &'a [T]) -> PagedKv<'a, T> {
+fn paged<'a, T: KvElement>(k: &'a [T], v: &'a [T]) -> PagedKv<'a, T> {
     PagedKv { k, v, num_kv_heads: HKV, head_dim: D, block_size: BS, layout: Layout::TokenMajor }
 }
 
@@ -300,16 +300,22 @@ fn cuda_device_needs_max_q_len_hint_with_q_indptr() {
 }
 
 #[test]
-fn mixed_element_types_are_unsupported() {
+fn mixed_element_types_on_the_cpu() {
+    // The CPU backend serves q and out each f32/F16/Bf16 over any K/V type
+    // (0.2, issue 15): the attention of f32 over the same values.
     let (q, k, v) = layer(7);
     let q: Vec<Bf16> = q.iter().map(|&x| Bf16::from_f32(x)).collect();
     let (k, v): (Vec<F16>, Vec<F16>) = (k.iter().map(|&x| F16::from_f32(x)).collect(), v.iter().map(|&x| F16::from_f32(x)).collect());
-    let mut out = vec![Bf16(7); q.len()];
-    let e = decode(&q, HQ, &paged(&k, &v), &TABLES, &LENS, &mut out, DecodeOptions::default()).unwrap_err();
-    assert_eq!(e.status, Status::Unsupported);
-    assert!(e.message.contains("kv_dtype"), "{}", e.message);
-    assert!(out.iter().all(|&x| x == Bf16(7)));
-    let e = DecodePlan::new(&q, HQ, &paged(&k, &v), &TABLES, &LENS, &out, DecodeOptions::default(), None).unwrap_err();
-    assert_eq!(e.status, Status::Unsupported);
-    assert!(e.message.contains("kv_dtype"), "{}", e.message);
+    let (q32, k32, v32): (Vec<f32>, Vec<f32>, Vec<f32>) =
+        (q.iter().map(|x| x.to_f32()).collect(), k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
+    let mut want = vec![0f32; q.len()];
+    decode(&q32, HQ, &paged(&k32, &v32), &TABLES, &LENS, &mut want, DecodeOptions::default()).unwrap();
+    let mut out = vec![7f32; q.len()];
+    decode(&q, HQ, &paged(&k, &v), &TABLES, &LENS, &mut out, DecodeOptions::default()).unwrap();
+    let mut planned = vec![7f32; q.len()];
+    let plan = DecodePlan::new(&q, HQ, &paged(&k, &v), &TABLES, &LENS, &planned, DecodeOptions::default(), None).unwrap();
+    plan.run(&q, HQ, &paged(&k, &v), &TABLES, &LENS, &mut planned).unwrap();
+    for (got, w) in [(&out, &want), (&planned, &want)] {
+        assert!(got.iter().zip(w.iter()).all(|(a, b)| (a - b).abs() <= 1e-6 + 1e-5 * b.abs()), "{got:?} vs {w:?}");
+    }
 }
