@@ -1087,9 +1087,13 @@ __global__ void __launch_bounds__(256, 1)
     for (int k = 0; k < 4; ++k) mx = fmaxf(mx, m[k]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    // A query token that sees no key (several query tokens per row, a row
+    // shorter than its tokens) has only empty partials (max -inf): weights
+    // exp2(-inf - 0) = 0 and a zero output, not exp2(-inf + inf) = NaN.
+    const float use = mx == neg_inf() ? 0.f : mx;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      m[k] = exp2f(m[k] - mx);  // now the weight of split lane + 32k
+      m[k] = exp2f(m[k] - use);  // now the weight of split lane + 32k
       total += m[k] * l[k];
     }
 #pragma unroll
