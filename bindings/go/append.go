@@ -35,18 +35,32 @@ import "runtime"
 
 // KVPages is writable paged K/V storage of one layer in Go slices, packed in
 // Layout: token-major [num_blocks, NumKVHeads, BlockSize, HeadDim] or
-// dim-major [num_blocks, NumKVHeads, HeadDim, BlockSize].
+// dim-major [num_blocks, NumKVHeads, HeadDim, BlockSize]. Of the appended
+// K/V's type, or FP8 bits (uint8) with KVAppendTyped / RopeKVAppendTyped.
 type KVPages[T Elem] struct {
 	K, V                           []T
 	NumKVHeads, HeadDim, BlockSize uint32
 	Layout                         Layout
 }
 
+// AppendOptions are the optional parts of KVAppendTyped / RopeKVAppendTyped:
+// the quantisation scales fd_kv_append_params.k_scale / v_scale (K is stored
+// as saturate(k / KScale), V likewise; 0: 1). Otherwise finite and > 0, and
+// other than 1 only into FP8 pages, else the library's InvalidArgument
+// naming the field.
+type AppendOptions struct {
+	KScale, VScale float32
+}
+
 // appendShape checks the slices against each other and returns the
 // pointer-free part of the parameters; the token count is len(blockIDs).
-func appendShape[T Elem](dtype DType, pages KVPages[T], k, v []T, blockIDs, offsets []int32) (C.fd_kv_append_params, error) {
+func appendShape[T, S Elem](dtype, cacheDType DType, pages KVPages[S], k, v []T, blockIDs, offsets []int32,
+	opt AppendOptions) (C.fd_kv_append_params, error) {
 	var p C.fd_kv_append_params
 	if err := checkElem[T](dtype, "k"); err != nil {
+		return p, err
+	}
+	if err := checkElem[S](cacheDType, "pages"); err != nil {
 		return p, err
 	}
 	n := len(blockIDs)
@@ -80,7 +94,8 @@ func appendShape[T Elem](dtype DType, pages KVPages[T], k, v []T, blockIDs, offs
 		return p, invalid("pages.V: expected %d elements like pages.K, got %d", len(pages.K), len(pages.V))
 	}
 	C.fd_kv_append_params_init(&p)
-	p.dtype, p.layout = C.int32_t(dtype), C.int32_t(pages.Layout)
+	p.dtype, p.cache_dtype, p.layout = C.int32_t(dtype), C.int32_t(cacheDType), C.int32_t(pages.Layout)
+	p.k_scale, p.v_scale = C.float(orOne(opt.KScale)), C.float(orOne(opt.VScale))
 	p.num_tokens, p.num_kv_heads, p.head_dim = C.uint32_t(n), C.uint32_t(pages.NumKVHeads), C.uint32_t(pages.HeadDim)
 	p.block_size, p.num_blocks = C.uint32_t(pages.BlockSize), C.uint32_t(len(pages.K)/block)
 	return p, nil
@@ -90,7 +105,15 @@ func appendShape[T Elem](dtype DType, pages KVPages[T], k, v []T, blockIDs, offs
 // len(blockIDs)) into slot (blockIDs[i], offsets[i]) of pages. Every index is
 // checked first: on error nothing is written.
 func KVAppend[T Elem](dtype DType, pages KVPages[T], k, v []T, blockIDs, offsets []int32) error {
-	p, err := appendShape(dtype, pages, k, v, blockIDs, offsets)
+	return KVAppendTyped(dtype, dtype, pages, k, v, blockIDs, offsets, AppendOptions{})
+}
+
+// KVAppendTyped is KVAppend into pages of cacheDType (fd_kv_append_params.
+// cache_dtype): dtype itself, or FP8E4M3 / FP8E5M2 (uint8 pages), where K
+// and V are stored as saturate(x / scale) rounded to nearest even
+// (docs/semantics.md S1.1) with opt's scales.
+func KVAppendTyped[T, S Elem](dtype, cacheDType DType, pages KVPages[S], k, v []T, blockIDs, offsets []int32, opt AppendOptions) error {
+	p, err := appendShape(dtype, cacheDType, pages, k, v, blockIDs, offsets, opt)
 	if err != nil {
 		return err
 	}
@@ -113,7 +136,16 @@ func KVAppend[T Elem](dtype DType, pages KVPages[T], k, v []T, blockIDs, offsets
 // may be q itself). On error nothing is written, qOut included.
 func RopeKVAppend[T Elem](dtype DType, pages KVPages[T], q []T, numQHeads uint32, k, v []T, blockIDs, offsets, positions []int32,
 	rotaryDim uint32, ropeBase float32, qOut []T) error {
-	p, err := appendShape(dtype, pages, k, v, blockIDs, offsets)
+	return RopeKVAppendTyped(dtype, dtype, pages, q, numQHeads, k, v, blockIDs, offsets, positions, rotaryDim, ropeBase, qOut,
+		AppendOptions{})
+}
+
+// RopeKVAppendTyped is RopeKVAppend into pages of cacheDType, as
+// KVAppendTyped (the rotated K quantised from its FP32 value); q and qOut
+// are of dtype.
+func RopeKVAppendTyped[T, S Elem](dtype, cacheDType DType, pages KVPages[S], q []T, numQHeads uint32, k, v []T,
+	blockIDs, offsets, positions []int32, rotaryDim uint32, ropeBase float32, qOut []T, opt AppendOptions) error {
+	p, err := appendShape(dtype, cacheDType, pages, k, v, blockIDs, offsets, opt)
 	if err != nil {
 		return err
 	}

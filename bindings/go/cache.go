@@ -25,6 +25,15 @@ import (
 // (elements) follow fd_cache_config: block/head/token/dim all 0 (packed) or
 // all > 0 with the layout's contiguous axis at 1; StrideLayer 0 means
 // MaxBlocks * block stride. All must be 0 without external storage.
+//
+// FP8 storage (DType FP8E4M3 or FP8E5M2, docs/semantics.md S1.1): InputDType
+// is the type of the K, V and Q given to layer writes and of the engine's
+// step tensors (F16 or BF16, or F32 on the CPU); DTypeDefault (-1, what
+// DefaultCacheConfig gives) means DType, the only value besides DType itself
+// a cache that is not FP8 takes. KScales and VScales are the per-layer
+// dequantisation scales (NumLayers each, finite and > 0; nil: all 1), copied
+// at creation (NewCache stages them in C memory); Cache.Config reports them
+// nil, as fd_cache_get_config does: read them with Cache.KVScales.
 type CacheConfig struct {
 	NumLayers, NumKVHeads, HeadDim, BlockSize, MaxBlocks uint32
 	PrefixCacheCapacityBlocks                            uint32
@@ -34,9 +43,21 @@ type CacheConfig struct {
 	KStorage, VStorage                                   unsafe.Pointer
 	StrideLayer, StrideBlock, StrideHead                 int64
 	StrideToken, StrideDim                               int64
+	InputDType                                           DType
+	KScales, VScales                                     []float32
 }
 
-// DefaultCacheConfig returns fd_cache_config_init's defaults.
+// ResolvedInputDType is the type layer writes and engine steps take:
+// InputDType, or DType for DTypeDefault.
+func (cfg CacheConfig) ResolvedInputDType() DType {
+	if cfg.InputDType < 0 {
+		return cfg.DType
+	}
+	return cfg.InputDType
+}
+
+// DefaultCacheConfig returns fd_cache_config_init's defaults (InputDType
+// DTypeDefault).
 func DefaultCacheConfig() CacheConfig {
 	var c C.fd_cache_config
 	C.fd_cache_config_init(&c)
@@ -53,6 +74,7 @@ func configFromC(c *C.fd_cache_config) CacheConfig {
 		KStorage: c.k_storage, VStorage: c.v_storage,
 		StrideLayer: int64(c.stride_layer), StrideBlock: int64(c.stride_block), StrideHead: int64(c.stride_head),
 		StrideToken: int64(c.stride_token), StrideDim: int64(c.stride_dim),
+		InputDType: DType(c.input_dtype),
 	}
 }
 
@@ -67,6 +89,7 @@ func (cfg CacheConfig) toC() C.fd_cache_config {
 	c.k_storage, c.v_storage = cfg.KStorage, cfg.VStorage
 	c.stride_layer, c.stride_block, c.stride_head = C.int64_t(cfg.StrideLayer), C.int64_t(cfg.StrideBlock), C.int64_t(cfg.StrideHead)
 	c.stride_token, c.stride_dim = C.int64_t(cfg.StrideToken), C.int64_t(cfg.StrideDim)
+	c.input_dtype = C.int32_t(cfg.InputDType)
 	return c
 }
 
@@ -86,6 +109,24 @@ type Cache struct {
 // NewCache creates a cache with zero-initialised storage.
 func NewCache(cfg CacheConfig) (*Cache, error) {
 	c := cfg.toC()
+	// fd_cache_config must not hold Go pointers: the scales go to C memory.
+	var a cArena
+	defer a.free()
+	for _, s := range []struct {
+		x    []float32
+		dst  **C.float
+		name string
+	}{{cfg.KScales, &c.k_scales, "k_scales"}, {cfg.VScales, &c.v_scales, "v_scales"}} {
+		if s.x == nil {
+			continue
+		}
+		if err := checkScales(s.x, cfg.NumLayers, s.name); err != nil {
+			return nil, err
+		}
+		if len(s.x) > 0 {
+			*s.dst = (*C.float)(a.copyIn(unsafe.Pointer(&s.x[0]), len(s.x)*4))
+		}
+	}
 	var h *C.fd_cache
 	if err := call(func() C.fd_status { return C.fd_cache_create(&c, &h) }); err != nil {
 		return nil, err
@@ -260,9 +301,61 @@ func (c *Cache) checkTokens(elemBytes int, n int, rows int, what string) error {
 	return nil
 }
 
-// Append is the legacy single-layer append (num_layers == 1).
+// checkScales refuses a per-layer scale array whose length is not the
+// cache's layer count (C reads numLayers entries); the values are the
+// library's to check, naming the entry.
+func checkScales(x []float32, numLayers uint32, what string) error {
+	if len(x) != int(numLayers) {
+		return invalid("%s: expected %d entries (one per layer), got %d", what, numLayers, len(x))
+	}
+	return nil
+}
+
+// SetKVScales replaces an FP8 cache's per-layer K and V dequantisation
+// scales (fd_cache_set_kv_scales; NumLayers each, finite and > 0): later
+// writes quantise with them, stored tokens are read with them (their bytes
+// do not change). InvalidState for a cache that is not FP8 or while a
+// transaction is open; InvalidArgument naming a bad entry. Nothing changes
+// on error.
+func (c *Cache) SetKVScales(kScales, vScales []float32) error {
+	if err := checkScales(kScales, c.cfg.NumLayers, "k_scales"); err != nil {
+		return err
+	}
+	if err := checkScales(vScales, c.cfg.NumLayers, "v_scales"); err != nil {
+		return err
+	}
+	err := c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_set_kv_scales(h, f32Ptr(kScales), f32Ptr(vScales))
+	})
+	runtime.KeepAlive(kScales)
+	runtime.KeepAlive(vScales)
+	return err
+}
+
+// KVScales returns the per-layer K and V dequantisation scales
+// (fd_cache_get_kv_scales); all 1 for a cache that is not FP8.
+func (c *Cache) KVScales() (kScales, vScales []float32, err error) {
+	kScales, vScales = make([]float32, c.cfg.NumLayers), make([]float32, c.cfg.NumLayers)
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_get_kv_scales(h, f32Ptr(kScales), f32Ptr(vScales))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return kScales, vScales, nil
+}
+
+func f32Ptr(x []float32) *C.float {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.float)(unsafe.Pointer(&x[0]))
+}
+
+// Append is the legacy single-layer append (num_layers == 1); k and v in the
+// cache's input type (ResolvedInputDType).
 func Append[T Elem](c *Cache, ids []uint64, k, v []T) error {
-	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+	if err := checkElem[T](c.cfg.ResolvedInputDType(), "k"); err != nil {
 		return err
 	}
 	if err := c.checkTokens(elemSize[T](), len(k), len(ids), "k"); err != nil {
@@ -378,7 +471,8 @@ func prefixCString(id string) (*C.char, error) {
 }
 
 // RegisterPrefix registers a shared prefix: kBlocks/vBlocks hold
-// [num_layers, n, num_kv_heads, block_size, head_dim] elements (n inferred).
+// [num_layers, n, num_kv_heads, block_size, head_dim] elements (n inferred)
+// of the cache's storage DType (uint8 bits for an FP8 cache).
 func RegisterPrefix[T Elem](c *Cache, id string, kBlocks, vBlocks []T) error {
 	if err := checkElem[T](c.cfg.DType, "k_blocks"); err != nil {
 		return err
@@ -603,10 +697,12 @@ func (t *Tx) TokenIndptrAsync(indptr, stream unsafe.Pointer) error {
 }
 
 // WriteLayer writes one layer's K and V ([token_count, num_kv_heads, head_dim]
-// each: the new tokens packed in row order; token_count = batch for Begin).
+// each: the new tokens packed in row order; token_count = batch for Begin),
+// of the cache's input type (an FP8 cache quantises them with the layer's
+// scales).
 func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
 	c := t.cache
-	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+	if err := checkElem[T](c.cfg.ResolvedInputDType(), "k"); err != nil {
 		return err
 	}
 	info, err := t.Info()
@@ -632,7 +728,7 @@ func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
 // numQHeads, head_dim]).
 func WriteLayerRope[T Elem](t *Tx, layer uint32, q []T, numQHeads uint32, k, v []T, rotaryDim uint32, ropeBase float32, qOut []T) error {
 	c := t.cache
-	if err := checkElem[T](c.cfg.DType, "q"); err != nil {
+	if err := checkElem[T](c.cfg.ResolvedInputDType(), "q"); err != nil {
 		return err
 	}
 	info, err := t.Info()

@@ -268,19 +268,34 @@ func TestDecodeMultiTokenChecks(t *testing.T) {
 	}
 }
 
-// Element types are separate fields; q bf16 with K/V f16 is not served.
-func TestDecodeMixedDTypesUnsupported(t *testing.T) {
+// Element types are separate fields; the CPU backend serves q and out of
+// any compute type over any K/V type (0.2, issue 15): bf16 q over f32 K/V
+// is f32 attention of the same values. FP8 is a K/V type only.
+func TestDecodeMixedDTypesOnCPU(t *testing.T) {
 	p := newPlanProblem(8)
-	q, kv, out := make([]uint16, len(p.q)), make([]uint16, len(p.k)), make([]uint16, len(p.q))
-	mixed := DecodeDTypes{Q: BF16, KV: F16, Out: BF16}
-	err := DecodeTyped(mixed, q, p.hq, kv, kv, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out, DecodeOptions{})
-	asError(t, err, Unsupported, "kv_dtype")
-	shape := p.shape(F16)
+	q, q32 := make([]uint16, len(p.q)), make([]float32, len(p.q))
+	for i, x := range p.q {
+		q[i] = uint16(math.Float32bits(x) >> 16)
+		q32[i] = math.Float32frombits(uint32(q[i]) << 16)
+	}
+	want, got := make([]float32, len(p.q)), make([]float32, len(p.q))
+	must(t, Decode(F32, q32, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, want, DecodeOptions{}))
+	mixed := DecodeDTypes{Q: BF16, KV: F32, Out: F32}
+	must(t, DecodeTyped(mixed, q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, got, DecodeOptions{}))
+	sameBits(t, "bf16 q over f32 K/V", got, want)
+	shape := p.shape(F32)
 	shape.DTypes = mixed
-	_, err = NewDecodePlan(shape, nil, DecodeOptions{})
-	asError(t, err, Unsupported, "kv_dtype")
+	plan, err := NewDecodePlan(shape, nil, DecodeOptions{})
+	must(t, err)
+	defer plan.Close()
+	must(t, RunDecodePlan(plan, q, p.k, p.v, p.tables, p.lens, got))
+	sameBits(t, "planned", got, want)
+	q8 := make([]uint8, len(p.q))
+	err = DecodeTyped(DecodeDTypes{Q: FP8E4M3, KV: F32, Out: F32}, q8, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens,
+		got, DecodeOptions{})
+	asError(t, err, InvalidArgument, "q_dtype")
 	// A Go element type that cannot hold the dtype is the binding's refusal.
-	err = DecodeTyped(DecodeDTypes{Q: F32, KV: F16, Out: F16}, q, p.hq, kv, kv, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, out,
+	err = DecodeTyped(DecodeDTypes{Q: F32, KV: F32, Out: F32}, q, p.hq, p.k, p.v, p.hkv, p.d, p.bs, TokenMajor, p.tables, p.lens, got,
 		DecodeOptions{})
 	asError(t, err, InvalidArgument, "q: Go element type")
 }

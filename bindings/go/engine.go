@@ -234,14 +234,16 @@ func (s *Step) checkOpened() error {
 // position, append, paged decode. q and out are [tokens, num_q_heads,
 // head_dim], k and v [tokens, num_kv_heads, head_dim], the step's Tokens
 // packed in row order (Tokens = Batch for BeginStep); out is written on
-// success only. Any library failure aborts the whole step.
+// success only. Any library failure aborts the whole step. All four are of
+// the cache's input type (ResolvedInputDType: an FP8 cache's F16/BF16/F32;
+// the engine reads the layer scales at BeginStep).
 func StepLayer[T Elem](s *Step, layer uint32, q, k, v, out []T) error {
 	if err := s.checkOpened(); err != nil {
 		return err
 	}
 	e := s.engine
 	c := e.cache
-	if err := checkElem[T](c.cfg.DType, "q"); err != nil {
+	if err := checkElem[T](c.cfg.ResolvedInputDType(), "q"); err != nil {
 		return err
 	}
 	if err := c.checkTokens(elemSize[T](), len(k), int(s.Tokens), "k"); err != nil {
@@ -295,10 +297,10 @@ func (s *Step) Abort() error {
 }
 
 // Prefill appends one prompt token to an active request through every layer:
-// k and v are [num_layers, num_kv_heads, head_dim].
+// k and v are [num_layers, num_kv_heads, head_dim] in the cache's input type.
 func Prefill[T Elem](e *Engine, id uint64, k, v []T) error {
 	c := e.cache
-	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+	if err := checkElem[T](c.cfg.ResolvedInputDType(), "k"); err != nil {
 		return err
 	}
 	if err := c.checkTokens(elemSize[T](), len(k), int(c.cfg.NumLayers), "k"); err != nil {
@@ -321,7 +323,7 @@ func Prefill[T Elem](e *Engine, id uint64, k, v []T) error {
 // position seq_len + j; all published at once or none.
 func PrefillTokens[T Elem](e *Engine, id uint64, k, v []T) error {
 	c := e.cache
-	if err := checkElem[T](c.cfg.DType, "k"); err != nil {
+	if err := checkElem[T](c.cfg.ResolvedInputDType(), "k"); err != nil {
 		return err
 	}
 	per := int(c.cfg.NumLayers) * int(c.cfg.NumKVHeads) * int(c.cfg.HeadDim)

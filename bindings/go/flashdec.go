@@ -9,7 +9,8 @@
 // and Cache.Close closes the cache's engines first. Scheduler, Decision and a
 // built Snapshot are immutable and may be shared between goroutines.
 // Generic functions (StepLayer, Prefill, WriteLayer, ...) take float32 slices
-// for F32 caches and uint16 bit patterns for F16/BF16.
+// for F32 caches and uint16 bit patterns for F16/BF16; FP8 K/V (a cache's
+// storage, decode's K/V, append's pages) travel as uint8 bit patterns.
 //
 // Build: the header and library come from pkg-config (flashdec.pc, installed
 // by `cmake --install`): PKG_CONFIG_PATH=<prefix>/lib/pkgconfig go build.
@@ -108,14 +109,65 @@ func CudaDeviceCount() (int, error) {
 	return int(n), err
 }
 
-// DType is an fd_dtype.
+// DType is an fd_dtype. FP8E4M3 and FP8E5M2 (OCP 8-bit floats, uint8 bits
+// in Go) are types of stored K/V only: a cache's DType, decode's K/V and
+// append's pages (docs/semantics.md S1.1).
 type DType int32
 
 const (
-	F32  DType = C.FD_DTYPE_F32
-	F16  DType = C.FD_DTYPE_F16
-	BF16 DType = C.FD_DTYPE_BF16
+	F32     DType = C.FD_DTYPE_F32
+	F16     DType = C.FD_DTYPE_F16
+	BF16    DType = C.FD_DTYPE_BF16
+	FP8E4M3 DType = C.FD_DTYPE_FP8_E4M3 // largest finite 448, NaN 0x7f/0xff, no infinity
+	FP8E5M2 DType = C.FD_DTYPE_FP8_E5M2 // largest finite 57344
+	// DTypeDefault is CacheConfig.InputDType's default (C's -1): the cache's DType.
+	DTypeDefault DType = -1
 )
+
+// Size is the bytes of one element (0 for a value that is not an fd_dtype).
+func (d DType) Size() int {
+	switch d {
+	case F32:
+		return 4
+	case F16, BF16:
+		return 2
+	case FP8E4M3, FP8E5M2:
+		return 1
+	}
+	return 0
+}
+
+// IsFP8 reports the stored-K/V types FP8E4M3 and FP8E5M2.
+func (d DType) IsFP8() bool { return d == FP8E4M3 || d == FP8E5M2 }
+
+// FP8ToFloat32 is the value FP8 bits of dtype FP8E4M3 or FP8E5M2 stand for
+// (before a scale): exact, NaN for NaN codes, +-Inf for E5M2's infinities.
+// Any other dtype gives NaN.
+func FP8ToFloat32(dtype DType, bits uint8) float32 {
+	mant, bias := 3, 7
+	if dtype == FP8E5M2 {
+		mant, bias = 2, 15
+	} else if dtype != FP8E4M3 {
+		return float32(math.NaN())
+	}
+	top := 1<<(7-mant) - 1
+	e, m := int(bits>>mant)&top, int(bits)&(1<<mant-1)
+	var mag float64
+	switch {
+	case dtype == FP8E5M2 && e == top && m == 0:
+		mag = math.Inf(1)
+	case (dtype == FP8E5M2 && e == top) || (dtype == FP8E4M3 && e == top && m == 1<<mant-1):
+		mag = math.NaN()
+	case e == 0:
+		mag = math.Ldexp(float64(m), 1-bias-mant)
+	default:
+		mag = math.Ldexp(float64(1<<mant+m), e-bias-mant)
+	}
+	if bits&0x80 != 0 {
+		mag = -mag
+	}
+	return float32(mag)
+}
 
 // Layout is an fd_kv_layout.
 type Layout int32
@@ -125,18 +177,20 @@ const (
 	DimMajor   Layout = C.FD_LAYOUT_DIM_MAJOR
 )
 
-// Elem is a Go type FlashDec can read: float32, or uint16 bits of f16/bf16.
-type Elem interface{ ~float32 | ~uint16 }
+// Elem is a Go type FlashDec can read: float32, uint16 bits of f16/bf16, or
+// uint8 bits of FP8 (K/V only).
+type Elem interface{ ~float32 | ~uint16 | ~uint8 }
 
 func elemSize[T Elem]() int {
 	var z T
 	return int(unsafe.Sizeof(z))
 }
 
-// checkElem rejects a Go element type that cannot hold dtype.
+// checkElem rejects a Go element type that cannot hold dtype (a value that
+// is not an fd_dtype is left to the library).
 func checkElem[T Elem](dtype DType, what string) error {
-	if (dtype == F32) != (elemSize[T]() == 4) {
-		return invalid("%s: Go element type does not match dtype %d (float32 for F32, uint16 bits for F16/BF16)", what, dtype)
+	if size := dtype.Size(); size != 0 && size != elemSize[T]() {
+		return invalid("%s: Go element type does not match dtype %d (float32 for F32, uint16 bits for F16/BF16, uint8 bits for FP8)", what, dtype)
 	}
 	return nil
 }

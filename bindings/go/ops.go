@@ -64,12 +64,29 @@ type DecodeOptions struct {
 	// the library (InvalidArgument naming the row). nil: one query token per
 	// row. One token per row through QIndptr gives the bits of nil.
 	QIndptr []int32
+	// KScale and VScale dequantise the stored K/V (fd_decode_params.k_scale
+	// / v_scale, docs/semantics.md S1.1): attention reads K as stored x
+	// KScale and V as stored x VScale, for any K/V type. 0: 1 (DecodeLayer:
+	// the layer's current scale, Cache.KVScales). Otherwise finite and > 0,
+	// else the library's InvalidArgument naming the field. Not planned: see
+	// RunDecodePlanScaled.
+	KScale, VScale float32
+}
+
+// orOne is a scale option with 0 meaning 1.
+func orOne(x float32) float32 {
+	if x == 0 {
+		return 1
+	}
+	return x
 }
 
 // DecodeDTypes are the element types of a decode call: fd_decode_params
-// q_dtype, kv_dtype and out_dtype. The library serves q, K/V and out of one
-// type (F16, BF16; F32 on the CPU); any other combination is Unsupported,
-// with a message naming the field.
+// q_dtype, kv_dtype and out_dtype. The CPU backend serves Q and Out each
+// F32, F16 or BF16 over KV of any type (F32, F16, BF16, FP8E4M3, FP8E5M2 as
+// uint8 bits); CUDA what its kernels do. Any other combination is
+// Unsupported (an FP8 Q or Out: InvalidArgument), with a message naming the
+// field.
 type DecodeDTypes struct{ Q, KV, Out DType }
 
 // SameDTypes is q, K/V and out all of dtype (what Decode takes).
@@ -102,15 +119,21 @@ func fillDecodeShape(p *C.fd_decode_params, dt DecodeDTypes, batch, maxBlocksPer
 	p.block_size, p.num_blocks, p.max_blocks_per_seq = C.uint32_t(g.blockSize), C.uint32_t(g.numBlocks), C.uint32_t(maxBlocksPerSeq)
 	p.stride_block, p.stride_head, p.stride_token, p.stride_dim = C.int64_t(g.strides[0]), C.int64_t(g.strides[1]), C.int64_t(g.strides[2]), C.int64_t(g.strides[3])
 	p.sm_scale = C.float(opt.SmScale)
+	p.k_scale, p.v_scale = C.float(orOne(opt.KScale)), C.float(orOne(opt.VScale))
 	p.max_seq_len_hint, p.max_q_len_hint = C.int32_t(opt.MaxSeqLenHint), C.int32_t(opt.MaxQLenHint)
 	p.num_splits, p.cpu_threads = C.int32_t(opt.NumSplits), C.uint32_t(opt.CPUThreads)
 }
 
 // decodeCall checks the slices, stages q, tables, lens (and q_indptr) in C
 // memory and runs fd_decode, or fd_decode_run with plan when it is not nil.
-func decodeCall[Q, KV, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, lens []int32, out []O, opt DecodeOptions,
+// The K/V are g's C memory already, of dt.KV (the callers check their Go
+// type where they had one).
+func decodeCall[Q, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, lens []int32, out []O, opt DecodeOptions,
 	plan *C.fd_decode_plan) error {
-	if err := checkDTypes[Q, KV, O](dt); err != nil {
+	if err := checkElem[Q](dt.Q, "q"); err != nil {
+		return err
+	}
+	if err := checkElem[O](dt.Out, "out"); err != nil {
 		return err
 	}
 	batch := len(lens)
@@ -200,10 +223,26 @@ func queryTokens(qIndptr []int32, batch int) (int, error) {
 // DecodeLayer runs paged decode attention of q ([rows, numQHeads, head_dim],
 // or [opt.QIndptr[rows], ...] with multi-token queries) over layer `layer` of
 // a CPU cache with the given block tables and seq_lens. q and out have the
-// cache's dtype.
+// cache's input type (ResolvedInputDType: its DType, or what an FP8 cache
+// takes); the K/V are read with the layer's scales unless opt gives them.
 func DecodeLayer[T Elem](c *Cache, layer uint32, q []T, numQHeads uint32, tables, lens []int32, out []T, opt DecodeOptions) error {
 	if c.cfg.DeviceType != 0 {
 		return invalid("DecodeLayer needs a CPU cache")
+	}
+	if opt.KScale == 0 || opt.VScale == 0 {
+		ks, vs, err := c.KVScales()
+		if err != nil {
+			return err
+		}
+		if layer >= c.cfg.NumLayers {
+			return invalid("layer %d out of range [0, %d)", layer, c.cfg.NumLayers)
+		}
+		if opt.KScale == 0 {
+			opt.KScale = ks[layer]
+		}
+		if opt.VScale == 0 {
+			opt.VScale = vs[layer]
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -218,7 +257,8 @@ func DecodeLayer[T Elem](c *Cache, layer uint32, q []T, numQHeads uint32, tables
 	}); err != nil {
 		return err
 	}
-	err = decodeCall[T, T, T](SameDTypes(c.cfg.DType), q, g, tables, lens, out, opt, nil)
+	in := c.cfg.ResolvedInputDType()
+	err = decodeCall[T, T](DecodeDTypes{Q: in, KV: c.cfg.DType, Out: in}, q, g, tables, lens, out, opt, nil)
 	runtime.KeepAlive(c)
 	return err
 }
@@ -266,7 +306,7 @@ func DecodeTyped[Q, KV, O Elem](dt DecodeDTypes, q []Q, numQHeads uint32, k, v [
 	if err != nil {
 		return err
 	}
-	return decodeCall[Q, KV, O](dt, q, g, tables, lens, out, opt, nil)
+	return decodeCall[Q, O](dt, q, g, tables, lens, out, opt, nil)
 }
 
 // DecodeShape is what a DecodePlan fixes of the calls it runs: the shape,
@@ -364,9 +404,25 @@ func (p *DecodePlan) WorkspaceSize() (int, error) {
 // (for example more K/V blocks than planned) is refused with InvalidArgument
 // naming the field.
 func RunDecodePlan[Q, KV, O Elem](plan *DecodePlan, q []Q, k, v []KV, tables, lens []int32, out []O) error {
+	return runDecodePlan(plan, nil, q, k, v, tables, lens, out)
+}
+
+// RunDecodePlanScaled is RunDecodePlan with this run's K/V dequantisation
+// scales (0: 1) instead of the plan's options': scales are not planned, and
+// each layer of an FP8 cache has its own.
+func RunDecodePlanScaled[Q, KV, O Elem](plan *DecodePlan, kScale, vScale float32, q []Q, k, v []KV, tables, lens []int32, out []O) error {
+	return runDecodePlan(plan, &[2]float32{kScale, vScale}, q, k, v, tables, lens, out)
+}
+
+// runDecodePlan runs plan with its options, or with scales (K, V) when not nil.
+func runDecodePlan[Q, KV, O Elem](plan *DecodePlan, scales *[2]float32, q []Q, k, v []KV, tables, lens []int32, out []O) error {
 	h, err := plan.handle()
 	if err != nil {
 		return err
+	}
+	opt := plan.opt
+	if scales != nil {
+		opt.KScale, opt.VScale = scales[0], scales[1]
 	}
 	s := plan.shape
 	if err := checkDTypes[Q, KV, O](s.DTypes); err != nil {
@@ -378,7 +434,7 @@ func RunDecodePlan[Q, KV, O Elem](plan *DecodePlan, q []Q, k, v []KV, tables, le
 	if err != nil {
 		return err
 	}
-	err = decodeCall[Q, KV, O](s.DTypes, q, g, tables, lens, out, plan.opt, h)
+	err = decodeCall[Q, O](s.DTypes, q, g, tables, lens, out, opt, h)
 	runtime.KeepAlive(plan)
 	return err
 }
