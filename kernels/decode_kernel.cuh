@@ -201,19 +201,16 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, bool va
 }
 
 // FP8 E4M3 -> f16, exact (every E4M3 value, NaN included, is an f16 value):
-// the low / high two bytes of x as an f16 pair (the lower byte in the lower
-// half), one cvt each.
-__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t x) {
-  uint32_t r;
-  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t}"
-      : "=r"(r)
-      : "r"(x));
-  return r;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t x) {
-  uint32_t r;
-  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, h;\n\t}"
-      : "=r"(r)
+// the low and the high two bytes of x as f16 pairs (the lower byte in the
+// lower half), one cvt each.
+struct F16x2x2 {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ F16x2x2 e4m3x4(uint32_t x) {
+  F16x2x2 r;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+      : "=r"(r.lo), "=r"(r.hi)
       : "r"(x));
   return r;
 }
@@ -229,9 +226,9 @@ __device__ __forceinline__ uint32_t pair_bytes(uint32_t x) {
 // second into c1.
 __device__ __forceinline__ void mma_f8_pairs(float c0[4], float c1[4], const uint32_t a[4],
                                              uint32_t w0, uint32_t w1) {
-  const uint32_t x0 = pair_bytes(w0), x1 = pair_bytes(w1);
-  Mma<__half>::run(c0, a, e4m3x2_lo(x0), e4m3x2_lo(x1));
-  Mma<__half>::run(c1, a, e4m3x2_hi(x0), e4m3x2_hi(x1));
+  const F16x2x2 x0 = e4m3x4(pair_bytes(w0)), x1 = e4m3x4(pair_bytes(w1));
+  Mma<__half>::run(c0, a, x0.lo, x1.lo);
+  Mma<__half>::run(c1, a, x0.hi, x1.hi);
 }
 
 // FP8 token-major staging: rows of D bytes in 16-byte chunks; a 128-byte
@@ -730,8 +727,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
             uint32_t b[4];
             ldsm_x4(sk_u + f8_tm_offset<D>(t0 + nt * 8 + rr, c4 * 4 + mi), b);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              M::run(s[nt], qa[c4 * 4 + i], e4m3x2_lo(b[i]), e4m3x2_hi(b[i]));
+            for (int i = 0; i < 4; ++i) {
+              const F16x2x2 x = e4m3x4(b[i]);
+              M::run(s[nt], qa[c4 * 4 + i], x.lo, x.hi);
+            }
           }
       } else if constexpr (kFp8) {
         // Matrix mi: dims 32 kp + 8 mi .. +7 (rows) of the step's 16 tokens
@@ -842,8 +841,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
           ldsm_x4(sv_u + f8_dm_offset<D>(step, n4 * 32 + mi * 8 + rr), b);
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
-            const uint32_t x = pair_bytes(b[m]);
-            M::run(o[n4 * 4 + m], pa, e4m3x2_lo(x), e4m3x2_hi(x));
+            const F16x2x2 x = e4m3x4(pair_bytes(b[m]));
+            M::run(o[n4 * 4 + m], pa, x.lo, x.hi);
           }
         }
       } else {
