@@ -786,6 +786,20 @@ void test_plan_errors(void **state) {
   fd_decode_plan_destroy(plan);
 }
 
+/* Whether an armed failure reaches the shared library's allocations: a
+ * cache is always made with operator new. */
+bool injection_reaches_library() {
+  fd_cache_config cfg;
+  fd_cache_config_init(&cfg);
+  cfg.num_kv_heads = 1, cfg.head_dim = 8, cfg.max_blocks = 2;
+  fd_cache *cache = NULL;
+  fd_alloc_fail_arm(0);
+  const fd_status st = fd_cache_create(&cfg, &cache);
+  const bool fired = fd_alloc_fail_disarm();
+  if (st == FD_OK) fd_cache_destroy(cache);
+  return fired;
+}
+
 /* A plan that cannot be allocated: FD_ERR_OUT_OF_MEMORY naming it, the out
  * handle untouched; every allocation of the call is failed in turn until
  * one run needs no more. */
@@ -803,6 +817,12 @@ void test_plan_create_out_of_memory(void **state) {
     if (!used) {
       FD_ASSERT_OK(st);
       fd_decode_plan_destroy(plan);
+      if (k == 0 && !injection_reaches_library()) {
+        print_message(
+            "NOTE: this binary's operator new does not reach libflashdec here (the "
+            "toolchain binds the library's allocations inside it); skipped\n");
+        return;
+      }
       break;
     }
     assert_int_equal(st, FD_ERR_OUT_OF_MEMORY);
