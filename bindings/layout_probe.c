@@ -38,6 +38,8 @@ int main(void) {
   OFF(fd_cache_config, reserved1);
   OFF(fd_cache_config, k_scales);
   OFF(fd_cache_config, v_scales);
+  OFF(fd_cache_config, rope_style);
+  OFF(fd_cache_config, reserved2);
   SIZE(fd_cache_metrics);
   OFF(fd_cache_metrics, struct_size);
   OFF(fd_cache_metrics, reserved0);
@@ -177,6 +179,8 @@ int main(void) {
   OFF(fd_kv_append_params, k_scale);
   OFF(fd_kv_append_params, v_scale);
   OFF(fd_kv_append_params, reserved1);
+  OFF(fd_kv_append_params, rope_style);
+  OFF(fd_kv_append_params, reserved2);
   SIZE(fd_reference_params);
   OFF(fd_reference_params, struct_size);
   OFF(fd_reference_params, dtype);

@@ -184,6 +184,32 @@ typedef enum fd_kv_layout {
   FD_LAYOUT_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a layout. */
 } fd_kv_layout;
 
+/**
+ * @brief Which dims of a head RoPE rotates together (docs/semantics.md
+ * S3.1; appended in 0.2). Values pinned.
+ *
+ * Both styles use the same frequencies, inv_freq[i] = rope_base^(-2i /
+ * rotary_dim) for pair i < rotary_dim / 2, and leave the dims from
+ * rotary_dim on unchanged (partial rotation). They differ only in where
+ * pair i lives, so a checkpoint's Q/K projection weights fix the style: a
+ * model trained with one gives wrong attention under the other.
+ */
+typedef enum fd_rope_style {
+  /** Pair i is (dim i, dim i + rotary_dim/2): the two halves of the rotated
+   *  dims rotate against each other ("rotate_half", GPT-NeoX style). The
+   *  default, and the layout most Hugging Face checkpoints use: Llama,
+   *  Mistral, Qwen, Gemma, Phi, GPT-NeoX / Pythia (the last two with
+   *  rotary_dim below head_dim). */
+  FD_ROPE_SPLIT_HALF = 0,
+  /** Pair i is (dim 2i, dim 2i + 1): neighbouring dims rotate together, as a
+   *  complex number (GPT-J style). Used by GPT-J and CodeGen (rotary_dim 64
+   *  of a larger head), ChatGLM / GLM (half of each head), and by
+   *  checkpoints kept in Meta's original Llama layout, whose Q/K weights are
+   *  not permuted for rotate_half. */
+  FD_ROPE_INTERLEAVED = 1,
+  FD_ROPE_STYLE_FORCE_32BIT = 0x7fffffff /**< Forces 32 bits; not a style. */
+} fd_rope_style;
+
 /** @brief Kind of device that holds memory or runs work. Values pinned. */
 typedef enum fd_device_type {
   FD_DEVICE_CPU = 0,                 /**< Host memory; work runs on the CPU backend. */
@@ -280,6 +306,11 @@ typedef struct fd_cache_config {
                               Host memory, copied at creation; FP8 caches only (others:
                               NULL). Change later with ::fd_cache_set_kv_scales. */
   const float *v_scales; /**< [num_layers] V scales, as k_scales. */
+  /* Appended in 0.2: the RoPE convention of the cache's fused writes. */
+  int32_t rope_style; /**< ::fd_rope_style with which ::fd_tx_write_layer_rope (and so the
+                           engine's steps and prefill) rotates Q and K. Default
+                           ::FD_ROPE_SPLIT_HALF. */
+  uint32_t reserved2; /**< Must be 0. */
 } fd_cache_config;
 
 /**
@@ -745,8 +776,8 @@ FD_API fd_status fd_tx_write_layer(fd_cache *cache, fd_tx tx, uint32_t layer, co
 
 /**
  * @brief As ::fd_tx_write_layer, but first rotates Q and K with RoPE (S3.1),
- * each token at its own position; writes rotated K and raw V; returns rotated
- * Q.
+ * in the cache's fd_cache_config.rope_style, each token at its own position;
+ * writes rotated K and raw V; returns rotated Q.
  *
  * @param[in,out] cache Borrowed for the call; not NULL.
  * @param tx Handle from ::fd_tx_begin on this cache.
@@ -1312,8 +1343,9 @@ FD_API fd_status fd_decode_plan_workspace_size(const fd_decode_plan *plan, size_
 FD_API fd_status fd_decode_run(const fd_decode_plan *plan, const fd_decode_params *params);
 
 /**
- * @brief Applies RoPE (S3.1, split-half form) in place to @p x, host memory
- * [num_tokens, num_heads, head_dim], token i rotated at positions[i].
+ * @brief Applies RoPE (S3.1, split-half form; ::fd_rope_apply_style takes the
+ * convention) in place to @p x, host memory [num_tokens, num_heads,
+ * head_dim], token i rotated at positions[i].
  *
  * Runs on the CPU. FP32 math; results are rounded back to @p dtype.
  * @param dtype ::fd_dtype of @p x.
@@ -1333,6 +1365,31 @@ FD_API fd_status fd_decode_run(const fd_decode_plan *plan, const fd_decode_param
 FD_API fd_status fd_rope_apply(int32_t dtype, void *x, uint32_t num_tokens, uint32_t num_heads,
                                uint32_t head_dim, const int32_t *positions, uint32_t rotary_dim,
                                float rope_base);
+
+/**
+ * @brief As ::fd_rope_apply, in the RoPE convention @p rope_style (appended
+ * in 0.2): ::FD_ROPE_SPLIT_HALF gives ::fd_rope_apply's bits,
+ * ::FD_ROPE_INTERLEAVED rotates the pairs (2i, 2i + 1) (S3.1).
+ *
+ * @param dtype ::fd_dtype of @p x.
+ * @param[in,out] x Host memory, [num_tokens, num_heads, head_dim]; borrowed
+ *   for the call; not NULL.
+ * @param num_tokens Tokens, >= 1.
+ * @param num_heads Heads per token, >= 1.
+ * @param head_dim Elements per head, >= 1.
+ * @param[in] positions Host memory, [num_tokens] positions, each >= 0;
+ *   borrowed for the call; not NULL.
+ * @param rotary_dim Rotated dims per head: even, 0 < rotary_dim <= head_dim;
+ *   the dims from rotary_dim on stay unchanged in either style.
+ * @param rope_base Finite, > 0 (e.g. 10000).
+ * @param rope_style An ::fd_rope_style value.
+ * @return As ::fd_rope_apply; ::FD_ERR_INVALID_ARGUMENT also for an unknown
+ *   @p rope_style (nothing is written).
+ */
+FD_API fd_status fd_rope_apply_style(int32_t dtype, void *x, uint32_t num_tokens,
+                                     uint32_t num_heads, uint32_t head_dim,
+                                     const int32_t *positions, uint32_t rotary_dim, float rope_base,
+                                     int32_t rope_style);
 
 /**
  * @brief Dense reference attention on the CPU (S2, implementation 1): K/V of
@@ -1407,6 +1464,10 @@ typedef struct fd_kv_append_params {
   float k_scale;       /**< K is stored as saturate(k / k_scale); finite, > 0; default 1. */
   float v_scale;       /**< V likewise; finite, > 0; default 1. */
   uint32_t reserved1;  /**< Must be 0. */
+  /* Appended in 0.2: the RoPE convention. */
+  int32_t rope_style; /**< ::fd_rope_kv_append: ::fd_rope_style of the rotation. Default
+                           ::FD_ROPE_SPLIT_HALF. */
+  uint32_t reserved2; /**< Must be 0. */
 } fd_kv_append_params;
 
 /** @brief Fills @p params with defaults (CPU device, token-major, bf16, packed
@@ -1440,9 +1501,10 @@ FD_API fd_status fd_kv_append(const fd_kv_append_params *params);
  * at positions[i] in one pass, writes rotated K and raw V into
  * (block_ids[i], offsets[i]) and rotated Q into q_out.
  *
- * FP32 math with inv_freq[j] = powf(rope_base, -2j / rotary_dim), as
- * ::fd_rope_apply, so CPU and CUDA results agree within one rounding of
- * @p dtype. Checks and synchronisation as ::fd_kv_append, plus positions >= 0.
+ * FP32 math with inv_freq[j] = powf(rope_base, -2j / rotary_dim), in the
+ * convention rope_style, as ::fd_rope_apply_style, so CPU and CUDA results
+ * agree within one rounding of @p dtype. Checks and synchronisation as
+ * ::fd_kv_append, plus positions >= 0 and a known rope_style.
  * @param[in] params Borrowed for the call; not NULL. As ::fd_kv_append;
  *   q_out is written too.
  * @return As ::fd_kv_append.
@@ -1843,7 +1905,8 @@ typedef struct fd_engine_config {
   uint32_t struct_size; /**< sizeof(fd_engine_config) as compiled by the caller. */
   uint32_t num_q_heads; /**< Query heads, a positive multiple of the cache's num_kv_heads; 0
                            (default) = num_kv_heads. */
-  uint32_t rotary_dim;  /**< RoPE dims, even and <= head_dim; 0 (default) = head_dim. */
+  uint32_t rotary_dim;  /**< RoPE dims, even and <= head_dim; 0 (default) = head_dim. The
+                             convention is the cache's fd_cache_config.rope_style. */
   float rope_base;      /**< RoPE base, finite and > 0. Default 10000. */
   float sm_scale;       /**< Softmax scale; 0 (default) = 1/sqrt(head_dim). */
   uint32_t cpu_threads; /**< CPU decode threads (as in ::fd_decode_params); 0

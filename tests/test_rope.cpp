@@ -1,5 +1,8 @@
-/* fd_rope_apply (S3.1, split-half RoPE) against an independent double
- * computation of the formula, and its error paths. */
+/* fd_rope_apply and fd_rope_apply_style (S3.1: split-half and interleaved
+ * pairs, full and partial rotary_dim, f32/f16/bf16) against an independent
+ * double computation of the formula, a hand-worked example of each style,
+ * fd_rope_apply == fd_rope_apply_style(split-half) bit for bit, and every
+ * error path of both. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -9,6 +12,7 @@ extern "C" {
 }
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -22,12 +26,13 @@ struct Rope {
   float base;
   std::vector<int32_t> positions;
   std::vector<uint8_t> x;
+  int32_t style;
 };
 
 Rope make_rope(uint64_t seed, int32_t dtype, uint32_t tokens, uint32_t heads, uint32_t dim,
-               uint32_t rotary, float base, int32_t max_pos) {
+               uint32_t rotary, float base, int32_t max_pos, int32_t style = FD_ROPE_SPLIT_HALF) {
   fd_test_rng rng = {seed};
-  Rope r{dtype, tokens, heads, dim, rotary, base, {}, {}};
+  Rope r{dtype, tokens, heads, dim, rotary, base, {}, {}, style};
   for (uint32_t t = 0; t < tokens; ++t)
     r.positions.push_back(t == 0 ? max_pos : (int32_t)fd_test_range(&rng, 0, max_pos));
   const size_t n = (size_t)tokens * heads * dim;
@@ -37,11 +42,12 @@ Rope make_rope(uint64_t seed, int32_t dtype, uint32_t tokens, uint32_t heads, ui
 }
 
 fd_status apply(Rope &r) {
-  return fd_rope_apply(r.dtype, r.x.data(), r.tokens, r.heads, r.dim, r.positions.data(), r.rotary,
-                       r.base);
+  return fd_rope_apply_style(r.dtype, r.x.data(), r.tokens, r.heads, r.dim, r.positions.data(),
+                             r.rotary, r.base, r.style);
 }
 
 /* Rotates `in` by the S3.1 formula in double and checks `out` element by element.
+ * Pair i is (i, i + R/2) split-half and (2i, 2i + 1) interleaved.
  * The library computes the angle in FP32, so its error grows with the angle:
  * the bound allows a few FP32 ulps of the angle plus the output rounding. */
 void check_rotation(const Rope &in, const Rope &out) {
@@ -55,19 +61,22 @@ void check_rotation(const Rope &in, const Rope &out) {
       for (uint32_t i = 0; i < half; ++i) {
         const double inv_freq = std::pow((double)in.base, -2.0 * i / in.rotary);
         const double angle = in.positions[t] * inv_freq;
-        const double x1 = fd_test_load(in.x.data(), row + i, in.dtype);
-        const double x2 = fd_test_load(in.x.data(), row + half + i, in.dtype);
+        const size_t d1 = in.style == FD_ROPE_INTERLEAVED ? 2 * (size_t)i : i;
+        const size_t d2 = in.style == FD_ROPE_INTERLEAVED ? d1 + 1 : half + (size_t)i;
+        const double x1 = fd_test_load(in.x.data(), row + d1, in.dtype);
+        const double x2 = fd_test_load(in.x.data(), row + d2, in.dtype);
         const double want1 = x1 * std::cos(angle) - x2 * std::sin(angle);
         const double want2 = x2 * std::cos(angle) + x1 * std::sin(angle);
-        const double got1 = fd_test_load(out.x.data(), row + i, in.dtype);
-        const double got2 = fd_test_load(out.x.data(), row + half + i, in.dtype);
+        const double got1 = fd_test_load(out.x.data(), row + d1, in.dtype);
+        const double got2 = fd_test_load(out.x.data(), row + d2, in.dtype);
         const double mag = std::fabs(x1) + std::fabs(x2);
         const double angle_err = mag * (8.0 * 0x1p-24 * (std::fabs(angle) + 1.0));
         const double tol1 = 2 * ulp * std::fabs(want1) + angle_err + 1e-30;
         const double tol2 = 2 * ulp * std::fabs(want2) + angle_err + 1e-30;
         if (!(std::fabs(got1 - want1) <= tol1) || !(std::fabs(got2 - want2) <= tol2)) {
-          print_error("dtype %d token %u head %u i %u pos %d: got (%g, %g), want (%g, %g)\n",
-                      in.dtype, t, h, i, in.positions[t], got1, got2, want1, want2);
+          print_error(
+              "style %d dtype %d token %u head %u i %u pos %d: got (%g, %g), want (%g, %g)\n",
+              in.style, in.dtype, t, h, i, in.positions[t], got1, got2, want1, want2);
           fail();
         }
       }
@@ -95,42 +104,105 @@ void test_matches_double(void **state) {
                 {3, 1, 512, 512, 10000.f, 65536}};
   const int32_t dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
   uint64_t seed = 11;
+  /* Both styles over every shape: full (rotary == dim) and partial rotary. */
+  for (int32_t style : {FD_ROPE_SPLIT_HALF, FD_ROPE_INTERLEAVED})
+    for (const auto &s : shapes)
+      for (int32_t dtype : dtypes) {
+        const Rope in =
+            make_rope(seed++, dtype, s.tokens, s.heads, s.dim, s.rotary, s.base, s.max_pos, style);
+        Rope out = in;
+        FD_ASSERT_OK(apply(out));
+        check_rotation(in, out);
+        /* The rotation really moved something (the test could otherwise pass vacuously). */
+        assert_true(memcmp(in.x.data(), out.x.data(), in.x.size()) != 0);
+      }
+}
+
+/* One head by hand: x = (1, 0, 1, 0, 5, 7), R = 4, position 1, base 100,
+ * so inv_freq = (1, 0.1). Interleaved pairs (x0, x1) = (1, 0) at angle 1 and
+ * (x2, x3) = (1, 0) at 0.1: (cos 1, sin 1, cos 0.1, sin 0.1). Split-half pairs
+ * (x0, x2) = (1, 1) at angle 1 and (x1, x3) = (0, 0) at 0.1: (cos 1 - sin 1,
+ * 0, cos 1 + sin 1, 0). Dims 4 and 5 stay as they are in both. */
+void test_worked_example(void **state) {
+  (void)state;
+  const float c1 = std::cos(1.0f), s1 = std::sin(1.0f), c01 = std::cos(0.1f), s01 = std::sin(0.1f);
+  const struct {
+    int32_t style;
+    float want[6];
+  } cases[] = {{FD_ROPE_INTERLEAVED, {c1, s1, c01, s01, 5.f, 7.f}},
+               {FD_ROPE_SPLIT_HALF, {c1 - s1, 0.f, c1 + s1, 0.f, 5.f, 7.f}}};
+  for (const auto &c : cases) {
+    float x[6] = {1.f, 0.f, 1.f, 0.f, 5.f, 7.f};
+    const int32_t pos = 1;
+    FD_ASSERT_OK(fd_rope_apply_style(FD_DTYPE_F32, x, 1, 1, 6, &pos, 4, 100.f, c.style));
+    for (int d = 0; d < 6; ++d)
+      if (!(std::fabs(x[d] - c.want[d]) <= 1e-6f)) {
+        print_error("style %d dim %d: got %.9g, want %.9g\n", c.style, d, (double)x[d],
+                    (double)c.want[d]);
+        fail();
+      }
+  }
+}
+
+/* fd_rope_apply is fd_rope_apply_style with FD_ROPE_SPLIT_HALF, bit for bit;
+ * the interleaved style gives other bits. */
+void test_split_half_is_rope_apply(void **state) {
+  (void)state;
+  const int32_t dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  const uint32_t shapes[][4] = {{5, 4, 128, 128}, {3, 2, 64, 24}, {2, 3, 272, 258}};
+  uint64_t seed = 100;
   for (const auto &s : shapes)
     for (int32_t dtype : dtypes) {
-      const Rope in =
-          make_rope(seed++, dtype, s.tokens, s.heads, s.dim, s.rotary, s.base, s.max_pos);
-      Rope out = in;
-      FD_ASSERT_OK(apply(out));
-      check_rotation(in, out);
-      /* The rotation really moved something (the test could otherwise pass vacuously). */
-      assert_true(memcmp(in.x.data(), out.x.data(), in.x.size()) != 0);
+      const Rope in = make_rope(seed++, dtype, s[0], s[1], s[2], s[3], 10000.f, 9000);
+      Rope plain = in, split = in, inter = in;
+      FD_ASSERT_OK(fd_rope_apply(dtype, plain.x.data(), in.tokens, in.heads, in.dim,
+                                 in.positions.data(), in.rotary, in.base));
+      FD_ASSERT_OK(fd_rope_apply_style(dtype, split.x.data(), in.tokens, in.heads, in.dim,
+                                       in.positions.data(), in.rotary, in.base,
+                                       FD_ROPE_SPLIT_HALF));
+      FD_ASSERT_OK(fd_rope_apply_style(dtype, inter.x.data(), in.tokens, in.heads, in.dim,
+                                       in.positions.data(), in.rotary, in.base,
+                                       FD_ROPE_INTERLEAVED));
+      assert_memory_equal(plain.x.data(), split.x.data(), in.x.size());
+      assert_true(memcmp(plain.x.data(), inter.x.data(), in.x.size()) != 0);
     }
 }
 
 void test_position_zero_is_identity(void **state) {
   (void)state;
   const int32_t dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
-  for (int32_t dtype : dtypes) {
-    const Rope in = make_rope(3, dtype, 4, 2, 64, 48, 10000.f, 0);
-    Rope out = in;
-    FD_ASSERT_OK(apply(out));
-    assert_memory_equal(in.x.data(), out.x.data(), in.x.size());
-  }
+  for (int32_t style : {FD_ROPE_SPLIT_HALF, FD_ROPE_INTERLEAVED})
+    for (int32_t dtype : dtypes) {
+      const Rope in = make_rope(3, dtype, 4, 2, 64, 48, 10000.f, 0, style);
+      Rope out = in;
+      FD_ASSERT_OK(apply(out));
+      assert_memory_equal(in.x.data(), out.x.data(), in.x.size());
+    }
 }
 
-/* Every error path: status, message, and x left untouched. */
+/* Every error path of both functions (fd_rope_apply_style in each style):
+ * status, message, and x left untouched. */
 void test_errors(void **state) {
   (void)state;
   const Rope base = make_rope(9, FD_DTYPE_BF16, 3, 2, 16, 8, 10000.f, 50);
-#define EXPECT_ROPE_FAILS(mutate, substring)                                                    \
-  do {                                                                                          \
-    Rope r = base;                                                                              \
-    void *x = r.x.data();                                                                       \
-    const int32_t *pos = r.positions.data();                                                    \
-    mutate;                                                                                     \
-    FD_ASSERT_FAILS(fd_rope_apply(r.dtype, x, r.tokens, r.heads, r.dim, pos, r.rotary, r.base), \
-                    FD_ERR_INVALID_ARGUMENT, substring);                                        \
-    assert_memory_equal(r.x.data(), base.x.data(), base.x.size());                              \
+#define EXPECT_ROPE_FAILS(mutate, substring)                                                     \
+  do {                                                                                           \
+    for (int32_t style_ = -1; style_ <= FD_ROPE_INTERLEAVED; ++style_) {                         \
+      Rope r = base;                                                                             \
+      void *x = r.x.data();                                                                      \
+      const int32_t *pos = r.positions.data();                                                   \
+      mutate;                                                                                    \
+      if (style_ < 0) {                                                                          \
+        FD_ASSERT_FAILS(                                                                         \
+            fd_rope_apply(r.dtype, x, r.tokens, r.heads, r.dim, pos, r.rotary, r.base),          \
+            FD_ERR_INVALID_ARGUMENT, substring);                                                 \
+      } else {                                                                                   \
+        FD_ASSERT_FAILS(fd_rope_apply_style(r.dtype, x, r.tokens, r.heads, r.dim, pos, r.rotary, \
+                                            r.base, style_),                                     \
+                        FD_ERR_INVALID_ARGUMENT, substring);                                     \
+      }                                                                                          \
+      assert_memory_equal(r.x.data(), base.x.data(), base.x.size());                             \
+    }                                                                                            \
   } while (0)
   EXPECT_ROPE_FAILS(r.dtype = 5, "dtype 5");
   EXPECT_ROPE_FAILS(x = NULL, "x must not be NULL");
@@ -158,6 +230,17 @@ void test_errors(void **state) {
   EXPECT_ROPE_FAILS(pos = (const int32_t *)((const char *)pos + 2), "positions (");
   EXPECT_ROPE_FAILS(pos = (const int32_t *)((const char *)pos + 2), "must be aligned to 4 bytes");
 #undef EXPECT_ROPE_FAILS
+  /* An unknown style, with every other argument valid. */
+  for (int32_t style : {2, -1, 0x7fffffff, INT32_MIN}) {
+    Rope r = base;
+    FD_ASSERT_FAILS(fd_rope_apply_style(r.dtype, r.x.data(), r.tokens, r.heads, r.dim,
+                                        r.positions.data(), r.rotary, r.base, style),
+                    FD_ERR_INVALID_ARGUMENT, "is not an fd_rope_style");
+    char want[64];
+    snprintf(want, sizeof want, "rope_style %d is not", (int)style);
+    assert_non_null(strstr(fd_last_error_message(), want));
+    assert_memory_equal(r.x.data(), base.x.data(), base.x.size());
+  }
 }
 
 }  // namespace
@@ -165,6 +248,8 @@ void test_errors(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matches_double),
+      cmocka_unit_test(test_worked_example),
+      cmocka_unit_test(test_split_half_is_rope_apply),
       cmocka_unit_test(test_position_zero_is_identity),
       cmocka_unit_test(test_errors),
   };

@@ -78,11 +78,11 @@ class CpuKvStorage final : public KvStorage {
       k = k_rot_.data();
     }
     rope_rotate(rot_dtype, k, k_rot_.data(), num_rows, g_.num_kv_heads, g_.head_dim, positions,
-                rotary_dim, rope_base, rope_scratch_.data());
+                rotary_dim, rope_base, g_.rope_style, rope_scratch_.data());
     scatter(k_base_, layer, rows, num_rows, k_rot_.data(), rot_dtype, key_scale(layer));
     scatter(v_base_, layer, rows, num_rows, v, g_.input_dtype, value_scale(layer));
     rope_rotate(g_.input_dtype, q, q_out, num_rows, num_q_heads, g_.head_dim, positions, rotary_dim,
-                rope_base, rope_scratch_.data());
+                rope_base, g_.rope_style, rope_scratch_.data());
   }
 
   void copy_blocks_in(const int32_t *blocks, size_t num_blocks, const void *k_blocks,

@@ -9,6 +9,7 @@
 #include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "ops/rope.hpp"
 
 namespace fd {
 
@@ -182,6 +183,10 @@ KvGeometry resolve_kv_geometry(const fd_cache_config &c) {
   g.ext_k = c.k_storage;
   g.ext_v = c.v_storage;
   g.input_dtype = resolve_input_dtype(c);
+  check_rope_style(c.rope_style, "config.rope_style");
+  if (c.reserved2 != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "config.reserved2 must be 0, got %u", c.reserved2);
+  g.rope_style = c.rope_style;
   return g;
 }
 

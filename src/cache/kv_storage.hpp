@@ -29,6 +29,8 @@ struct KvGeometry : PagedKv {
   // f16/bf16/f32 over an FP8 storage, which quantises with the layer's
   // scales (KvStorage::k_scale / v_scale).
   int32_t input_dtype = FD_DTYPE_BF16;
+  // fd_rope_style of write_layer_rope (fd_cache_config.rope_style).
+  int32_t rope_style = FD_ROPE_SPLIT_HALF;
   int64_t stride_layer = 0;  // elements between layers (resolved)
   // External storage: null k means owned.
   void *ext_k = nullptr;
@@ -110,7 +112,8 @@ class KvStorage {
   virtual void write_layer(uint32_t layer, const RowLocation *rows, size_t num_rows, const void *k,
                            const void *v, fd_stream stream) = 0;
 
-  // As write_layer, but K is first rotated with RoPE at `positions` (S3.1);
+  // As write_layer, but K is first rotated with RoPE at `positions` (S3.1,
+  // in the geometry's rope_style);
   // V is written raw and the rotated Q ([rows, num_q_heads, head_dim]) goes to
   // q_out (which may equal q). Arguments are valid.
   virtual void write_layer_rope(uint32_t layer, const RowLocation *rows, const int32_t *positions,

@@ -107,6 +107,8 @@ struct VersionedFieldEnds<fd_cache_config> {
       FD_FIELD_END(fd_cache_config, reserved1),
       FD_FIELD_END(fd_cache_config, k_scales),
       FD_FIELD_END(fd_cache_config, v_scales),
+      FD_FIELD_END(fd_cache_config, rope_style),
+      FD_FIELD_END(fd_cache_config, reserved2),
   };
   static constexpr size_t count = sizeof ends / sizeof ends[0];
 };

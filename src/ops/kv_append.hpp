@@ -26,6 +26,7 @@ struct AppendProblem {
   uint32_t num_q_heads = 0;  // 0 for the plain append
   uint32_t rotary_dim = 0;   // 0: no rotation (plain append)
   float rope_base = 0.f;
+  int32_t rope_style = FD_ROPE_SPLIT_HALF;  // fd_rope_style of the rotation
   const void *q = nullptr;
   void *q_out = nullptr;
   const void *k = nullptr;

@@ -82,6 +82,8 @@ int32_t resolve_dtypes(const fd_kv_append_params &p) {
   }
   if (p.reserved1 != 0)
     fail(FD_ERR_INVALID_ARGUMENT, "params->reserved1 must be 0, got %u", p.reserved1);
+  if (p.reserved2 != 0)
+    fail(FD_ERR_INVALID_ARGUMENT, "params->reserved2 must be 0, got %u", p.reserved2);
   return cache;
 }
 
@@ -127,6 +129,7 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
            "params->num_q_heads %u must be a positive multiple of num_kv_heads %u", p.num_q_heads,
            p.num_kv_heads);
     check_rope_args(p.head_dim, p.rotary_dim, p.rope_base);
+    check_rope_style(p.rope_style, "params->rope_style");
   }
   if (p.device.type == FD_DEVICE_CPU) {
     if (p.device.ordinal != 0)
@@ -181,6 +184,7 @@ AppendProblem resolve(const fd_kv_append_params *params, bool rope) {
   pb.num_q_heads = rope ? p.num_q_heads : 0;
   pb.rotary_dim = rope ? p.rotary_dim : 0;
   pb.rope_base = p.rope_base;
+  pb.rope_style = rope ? p.rope_style : FD_ROPE_SPLIT_HALF;
   pb.q = rope ? p.q : nullptr;
   pb.q_out = rope ? p.q_out : nullptr;
   pb.k = p.k;

@@ -52,11 +52,11 @@ void kv_append_cpu(const AppendProblem &p) {
     k = k_rot.data();
   }
   rope_rotate(rot_dtype, k, k_rot.data(), p.num_tokens, kv.num_kv_heads, kv.head_dim, p.positions,
-              p.rotary_dim, p.rope_base, tables.data());
+              p.rotary_dim, p.rope_base, p.rope_style, tables.data());
   scatter(p, p.k_cache, k_rot.data(), rot_dtype, k_scale);
   scatter(p, p.v_cache, p.v, p.src_dtype, v_scale);
   rope_rotate(p.src_dtype, p.q, p.q_out, p.num_tokens, p.num_q_heads, kv.head_dim, p.positions,
-              p.rotary_dim, p.rope_base, tables.data());
+              p.rotary_dim, p.rope_base, p.rope_style, tables.data());
 }
 
 }  // namespace fd

@@ -84,6 +84,11 @@ ENUMS: Dict[str, List[Tuple[str, int]]] = {
         ('FD_LAYOUT_DIM_MAJOR', 1),
         ('FD_LAYOUT_FORCE_32BIT', 2147483647),
     ],
+    'fd_rope_style': [
+        ('FD_ROPE_SPLIT_HALF', 0),
+        ('FD_ROPE_INTERLEAVED', 1),
+        ('FD_ROPE_STYLE_FORCE_32BIT', 2147483647),
+    ],
     'fd_device_type': [
         ('FD_DEVICE_CPU', 0),
         ('FD_DEVICE_CUDA', 1),
@@ -171,6 +176,9 @@ FD_DTYPE_FORCE_32BIT = 2147483647
 FD_LAYOUT_TOKEN_MAJOR = 0
 FD_LAYOUT_DIM_MAJOR = 1
 FD_LAYOUT_FORCE_32BIT = 2147483647
+FD_ROPE_SPLIT_HALF = 0
+FD_ROPE_INTERLEAVED = 1
+FD_ROPE_STYLE_FORCE_32BIT = 2147483647
 FD_DEVICE_CPU = 0
 FD_DEVICE_CUDA = 1
 FD_DEVICE_FORCE_32BIT = 2147483647
@@ -220,6 +228,7 @@ FD_POLICY_FORCE_32BIT = 2147483647
 fd_status = c_int32
 fd_dtype = c_int32
 fd_kv_layout = c_int32
+fd_rope_style = c_int32
 fd_device_type = c_int32
 fd_request_state = c_int32
 fd_tx_state = c_int32
@@ -267,6 +276,8 @@ class fd_cache_config(Structure):
         ('reserved1', c_uint32),  # uint32_t
         ('k_scales', c_void_p),  # float *
         ('v_scales', c_void_p),  # float *
+        ('rope_style', c_int32),  # int32_t
+        ('reserved2', c_uint32),  # uint32_t
     ]
 
 
@@ -430,6 +441,8 @@ class fd_kv_append_params(Structure):
         ('k_scale', c_float),  # float
         ('v_scale', c_float),  # float
         ('reserved1', c_uint32),  # uint32_t
+        ('rope_style', c_int32),  # int32_t
+        ('reserved2', c_uint32),  # uint32_t
     ]
 
 
@@ -703,6 +716,7 @@ SIGNATURES: Dict[str, Tuple[Optional[type], Sequence[type]]] = {
     'fd_decode_plan_workspace_size': (fd_status, [c_void_p, _ptr(c_size_t)]),
     'fd_decode_run': (fd_status, [c_void_p, POINTER(fd_decode_params)]),
     'fd_rope_apply': (fd_status, [c_int32, c_void_p, c_uint32, c_uint32, c_uint32, _ptr(c_int32), c_uint32, c_float]),
+    'fd_rope_apply_style': (fd_status, [c_int32, c_void_p, c_uint32, c_uint32, c_uint32, _ptr(c_int32), c_uint32, c_float, c_int32]),
     'fd_reference_attention_dense': (fd_status, [c_int32, c_uint32, c_uint32, c_uint32, c_uint32, c_uint32, c_void_p, c_void_p, c_void_p, _ptr(c_int32), c_float, c_void_p]),
     'fd_kv_append_params_init': (None, [POINTER(fd_kv_append_params)]),
     'fd_kv_append': (fd_status, [POINTER(fd_kv_append_params)]),
@@ -812,6 +826,7 @@ PARAMETERS: Dict[str, Tuple[str, ...]] = {
     'fd_decode_plan_workspace_size': ('plan', 'bytes'),
     'fd_decode_run': ('plan', 'params'),
     'fd_rope_apply': ('dtype', 'x', 'num_tokens', 'num_heads', 'head_dim', 'positions', 'rotary_dim', 'rope_base'),
+    'fd_rope_apply_style': ('dtype', 'x', 'num_tokens', 'num_heads', 'head_dim', 'positions', 'rotary_dim', 'rope_base', 'rope_style'),
     'fd_reference_attention_dense': ('dtype', 'batch', 'num_q_heads', 'num_kv_heads', 'head_dim', 'max_seq_len', 'q', 'k', 'v', 'seq_lens', 'sm_scale', 'out'),
     'fd_kv_append_params_init': ('params',),
     'fd_kv_append': ('params',),

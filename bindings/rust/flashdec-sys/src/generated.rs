@@ -49,6 +49,10 @@ pub const FD_LAYOUT_TOKEN_MAJOR: fd_kv_layout = 0;
 pub const FD_LAYOUT_DIM_MAJOR: fd_kv_layout = 1;
 pub const FD_LAYOUT_FORCE_32BIT: fd_kv_layout = 2147483647;
 pub type fd_kv_layout = ::std::os::raw::c_int;
+pub const FD_ROPE_SPLIT_HALF: fd_rope_style = 0;
+pub const FD_ROPE_INTERLEAVED: fd_rope_style = 1;
+pub const FD_ROPE_STYLE_FORCE_32BIT: fd_rope_style = 2147483647;
+pub type fd_rope_style = ::std::os::raw::c_int;
 pub const FD_DEVICE_CPU: fd_device_type = 0;
 pub const FD_DEVICE_CUDA: fd_device_type = 1;
 pub const FD_DEVICE_FORCE_32BIT: fd_device_type = 2147483647;
@@ -145,12 +149,14 @@ pub struct fd_cache_config {
     pub reserved1: u32,
     pub k_scales: *const f32,
     pub v_scales: *const f32,
+    pub rope_style: i32,
+    pub reserved2: u32,
 }
 #[test]
 fn bindgen_test_layout_fd_cache_config() {
     assert_eq!(
         ::std::mem::size_of::<fd_cache_config>(),
-        128usize,
+        136usize,
         concat!("Size of: ", stringify!(fd_cache_config))
     );
     assert_eq!(
@@ -532,6 +538,40 @@ fn bindgen_test_layout_fd_cache_config() {
         );
     }
     test_field_v_scales();
+    fn test_field_rope_style() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_cache_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rope_style) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_cache_config),
+                "::",
+                stringify!(rope_style)
+            )
+        );
+    }
+    test_field_rope_style();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_cache_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            132usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_cache_config),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 extern "C" {
     pub fn fd_cache_config_init(config: *mut fd_cache_config);
@@ -2773,6 +2813,19 @@ extern "C" {
     ) -> fd_status;
 }
 extern "C" {
+    pub fn fd_rope_apply_style(
+        dtype: i32,
+        x: *mut ::std::os::raw::c_void,
+        num_tokens: u32,
+        num_heads: u32,
+        head_dim: u32,
+        positions: *const i32,
+        rotary_dim: u32,
+        rope_base: f32,
+        rope_style: i32,
+    ) -> fd_status;
+}
+extern "C" {
     pub fn fd_reference_attention_dense(
         dtype: i32,
         batch: u32,
@@ -2822,12 +2875,14 @@ pub struct fd_kv_append_params {
     pub k_scale: f32,
     pub v_scale: f32,
     pub reserved1: u32,
+    pub rope_style: i32,
+    pub reserved2: u32,
 }
 #[test]
 fn bindgen_test_layout_fd_kv_append_params() {
     assert_eq!(
         ::std::mem::size_of::<fd_kv_append_params>(),
-        184usize,
+        192usize,
         concat!("Size of: ", stringify!(fd_kv_append_params))
     );
     assert_eq!(
@@ -3362,6 +3417,40 @@ fn bindgen_test_layout_fd_kv_append_params() {
         );
     }
     test_field_reserved1();
+    fn test_field_rope_style() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_kv_append_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rope_style) as usize - ptr as usize
+            },
+            184usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_kv_append_params),
+                "::",
+                stringify!(rope_style)
+            )
+        );
+    }
+    test_field_rope_style();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<fd_kv_append_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            188usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(fd_kv_append_params),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 extern "C" {
     pub fn fd_kv_append_params_init(params: *mut fd_kv_append_params);
