@@ -23,11 +23,20 @@
 // a row shorter than the plan's longest leaves only empty items (they exit at
 // once) in the later tiles. With q_tiles == 1 the list is the one of plain
 // decode.
+//
+// Sliding window (attention/variant.hpp): a (row, query tile) sees keys only
+// from the first position its earliest query token sees, so its tiles are
+// counted from the tile holding that position (first_key_tile), not from 0:
+// the splits cover only the visible span and the tiles before it are never
+// copied or walked. The span is recomputed from each run's window and the
+// device lengths, so the plan (which sizes tiles_per_split from the longest
+// span it knows) stays correct for any run; a longer span costs speed.
 #pragma once
 
 #include <cstdint>
 
 #include "attention/host_device.hpp"
+#include "attention/variant.hpp"
 
 namespace fd {
 
@@ -83,6 +92,11 @@ struct DecodeWorkList {
   // One past the last query token of query tile k in a row of q_len tokens
   // (<= 0: the tile is empty); the tile starts at max(0, end - q_tile_tokens).
   FD_HD int32_t q_tile_end(int32_t q_len, int32_t k) const { return q_len - k * q_tile_tokens; }
+  // First query token of query tile k (0 for the row's first tile).
+  FD_HD int32_t q_tile_begin(int32_t q_len, int32_t k) const {
+    const int32_t b = q_tile_end(q_len, k) - q_tile_tokens;
+    return b < 0 ? 0 : b;
+  }
   // The query tile holding token j (0 <= j < q_len) of a row of q_len tokens.
   FD_HD int32_t q_tile_of(int32_t q_len, int32_t j) const {
     return (q_len - 1 - j) / q_tile_tokens;
@@ -94,13 +108,29 @@ struct DecodeWorkList {
     return n < 0 ? 0 : n;
   }
 
+  // First tile of the keys that query tokens j0.. of a row of seq_len keys
+  // and q_len query tokens see: the tile holding the first position token
+  // j0 (at seq_len - q_len + j0) attends; 0 without a sliding window.
+  FD_HD int32_t first_key_tile(const VariantPolicy &v, int32_t seq_len, int32_t q_len,
+                               int32_t j0) const {
+    return static_cast<int32_t>(v.first_visible(int64_t{seq_len} - q_len + j0) / tile_tokens);
+  }
+  // Tokens of query tile k's key span, from its first key tile to its causal
+  // limit (the keys its items cover, split by split).
+  FD_HD int32_t q_tile_span(const VariantPolicy &v, int32_t seq_len, int32_t q_len,
+                            int32_t k) const {
+    const int32_t span = q_tile_keys(seq_len, k) -
+                         first_key_tile(v, seq_len, q_len, q_tile_begin(q_len, k)) * tile_tokens;
+    return span < 0 ? 0 : span;
+  }
+
   // Tiles item `it` covers in a row of `row_tiles` tiles (<= 0: empty item).
   FD_HD int32_t item_tiles(const DecodeWorkItem &it, int32_t row_tiles) const {
     const int32_t n = row_tiles - it.tile_begin;
     return !it.last_split && n > tiles_per_split ? tiles_per_split : n;
   }
 
-  // Splits of a row of `seq_len` tokens that hold tokens (the merge reads
+  // Splits of a key span of `seq_len` tokens that hold tokens (the merge reads
   // exactly these partial slots, in split order).
   FD_HD int32_t splits_holding(int32_t seq_len) const {
     const int32_t per = split_tokens();
@@ -147,6 +177,18 @@ inline DecodeWorkList make_decode_work_list(int32_t batch, int32_t num_kv_heads,
   w.tiles_per_split = (tiles_total + wanted - 1) / wanted;
   w.num_splits = (tiles_total + w.tiles_per_split - 1) / w.tiles_per_split;
   return w;
+}
+
+// The longest key span a plan counts for a row of `len` keys (the split
+// layout's length): with a sliding window, from the tile holding the first
+// position the row's heaviest query tile can see (its earliest token at
+// len - min(max_q_len, q_tile_tokens) at the latest), else the whole row.
+inline int32_t planned_span(const VariantPolicy &v, int32_t len, int32_t max_q_len,
+                            int32_t q_tile_tokens, int32_t tile_tokens) {
+  if (v.window <= 0 || len <= 0) return len;
+  const int32_t q = max_q_len < q_tile_tokens || q_tile_tokens <= 0 ? max_q_len : q_tile_tokens;
+  const int64_t first = v.first_visible(int64_t{len} - q) / tile_tokens * tile_tokens;
+  return static_cast<int32_t>(len - first);
 }
 
 }  // namespace fd

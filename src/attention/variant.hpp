@@ -23,19 +23,27 @@ struct Variant {
 
 // The policy the backends apply. Logits are either natural (CPU: q is
 // multiplied by query_scale() once, then exp) or base 2 (CUDA: the raw dot
-// times log2_scale(), then exp2); both give softmax(sm_scale * q.k).
+// times log2_scale(), then exp2); both give softmax(sm_scale * q.k), with
+// the same soft-cap, window and sinks.
 struct VariantPolicy {
   float sm_scale;
   float log2_scale;  // sm_scale * log2(e)
   float softcap;     // 0: none
   int32_t window;    // 0: none
+  // Soft-cap in base 2 (CUDA): cap * log2(e), and 2 / cap (see softcap_log2).
+  float softcap_log2_cap;
+  float softcap_log2_in;
+
+  static constexpr float kLog2e = 1.4426950408889634f;
 
   FD_HD static VariantPolicy of(const Variant &v) {
     VariantPolicy p;
     p.sm_scale = v.sm_scale;
-    p.log2_scale = v.sm_scale * 1.4426950408889634f;
+    p.log2_scale = v.sm_scale * kLog2e;
     p.softcap = v.logit_softcap;
     p.window = v.sliding_window;
+    p.softcap_log2_cap = v.logit_softcap * kLog2e;
+    p.softcap_log2_in = v.logit_softcap > 0.f ? 2.f / v.logit_softcap : 0.f;
     return p;
   }
   // Factor a CPU backend folds into q before the dot products.
@@ -45,13 +53,29 @@ struct VariantPolicy {
   FD_HD float logit(float scaled_dot) const {
     return softcap > 0.f ? softcap * tanhf(scaled_dot / softcap) : scaled_dot;
   }
-  // Base-2 logit of a raw dot product (CUDA; the CUDA backend serves no
-  // soft-cap yet, so this is the plain scaling).
+  // Base-2 logit of a raw dot product (CUDA, no soft-cap).
   FD_HD float logit_log2(float dot) const { return dot * log2_scale; }
+  // The soft-cap on a base-2 logit x = z log2(e) (CUDA; only when softcap >
+  // 0): cap tanh(z / cap) log2(e) = C (1 - 2 / (1 + 2^(2 x / cap))), C = cap
+  // log2(e). One exp2 and one reciprocal; the absolute error stays near
+  // C x 2^-22 (no cancellation matters: the softmax sees absolute logit
+  // errors), and the limits are exact: 2^(...) overflowing gives C, zero -C.
+  FD_HD float softcap_log2(float x) const {
+    const float e = exp2f(x * softcap_log2_in);
+#if defined(__CUDA_ARCH__)
+    return softcap_log2_cap - __fdividef(2.f * softcap_log2_cap, 1.f + e);
+#else
+    return softcap_log2_cap - 2.f * softcap_log2_cap / (1.f + e);
+#endif
+  }
   // First position a query at `position` attends (the sliding window).
   FD_HD int64_t first_visible(int64_t position) const {
     const int64_t first = window > 0 ? position - window + 1 : 0;
     return first > 0 ? first : 0;
+  }
+  // A sink logit (natural, per query head) in base 2 (CUDA).
+  FD_HD static float sink_log2(float sink) {
+    return sink * kLog2e;
   }
 };
 
