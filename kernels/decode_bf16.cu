@@ -1,5 +1,5 @@
 // bf16 instantiations of the paged decode kernels (q, K/V and out bf16; head_dim
-// 64/128 x both layouts).
+// 64/96/128/256 x both layouts x one or several query tokens per row).
 #include "decode_kernel.cuh"
 
 namespace fd {

@@ -67,7 +67,11 @@ struct KvType<__nv_fp8_e4m3> {
 
 template <int D, int kElemBytes = 2>
 struct Config {
-  static constexpr int kTileElems = kTile * D;  // of K (or V) per stage
+  // Staged row width of a token-major tile (elements): D, or 128 for D = 96,
+  // whose 12 16-byte chunks per token sit in rows of 16 so that the XOR
+  // swizzle (tile_offset) stays inside the row.
+  static constexpr int kRowElems = D == 96 ? 128 : D;
+  static constexpr int kTileElems = kTile * kRowElems;  // of K (or V) per stage
   // Fewer stages, more CTAs per SM: a CTA's start (seq_len, table, first
   // tile) and end (merges, writes) then overlap other CTAs' streaming. H200,
   // bf16: D = 128 with 2 stages x 3 CTAs/SM instead of 3 x 2: A ragged 0.94 ->
@@ -76,11 +80,14 @@ struct Config {
   // FP8 tiles are half the bytes: twice the stages in the same shared memory
   // keep as many bytes in flight per CTA with the same 64-token tiles (so the
   // split layout is unchanged).
-  static constexpr int kStages = kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6);
-  static constexpr int kChunksPerThread =
-      kTileElems * kElemBytes / 16 / kThreads;  // 16-byte copies
+  // D = 96 takes D = 128's shape (2 stages of its padded tiles, 3 CTAs/SM).
+  // D = 256: a 64-token stage is 64 KB, so one CTA per SM with 3 stages
+  // (192 KB; O alone is 128 registers per thread).
+  static constexpr int kStages =
+      kElemBytes == 2 ? (D == 64 || D == 256 ? 3 : 2) : (D == 128 ? 4 : 6);
+  static constexpr int kChunksPerThread = kTile * D * kElemBytes / 16 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
-  static constexpr int kCtasPerSm = D == 128 ? 3 : 4;
+  static constexpr int kCtasPerSm = D == 64 ? 4 : (D == 256 ? 1 : 3);
 };
 
 // Row stride (floats) of the warp-merge buffer; see decode_kernel. FP8
@@ -98,6 +105,12 @@ static_assert(kWarps * 16 * kRedStride<128> * 4 + 3 * kWarps * 16 * 4 + 2 * kMax
               "merge buffer");
 static_assert(kWarps * 16 * kRedStride<64> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
                   Config<64>::kSmemBytes,
+              "merge buffer");
+static_assert(kWarps * 16 * kRedStride<96> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
+                  Config<96>::kSmemBytes,
+              "merge buffer");
+static_assert(kWarps * 16 * kRedStride<256> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
+                  Config<256>::kSmemBytes,
               "merge buffer");
 static_assert(kWarps * 16 * kRedStride<128, true> * 4 + 3 * kWarps * 16 * 4 +
                       2 * kMaxQueryRows * 4 <=
@@ -306,9 +319,11 @@ __device__ __forceinline__ int tile_offset(int r, int c, int chunks) {
 
 template <bool kDimMajor, int D>
 struct TileShape {
-  // Token-major: rows are tokens, D/8 chunks of dims (tile_offset).
-  // Dim-major tiles use dm_offset instead.
+  // Token-major: rows are tokens, D/8 chunks of dims, staged in rows of
+  // kRowChunks chunks (tile_offset; 16 for D = 96). Dim-major tiles use
+  // dm_offset instead.
   static constexpr int kChunks = D / 8;
+  static constexpr int kRowChunks = Config<D>::kRowElems / 8;
 };
 
 // Dim-major tiles keep every block's [dim][block_size] slab in its memory
@@ -345,17 +360,19 @@ __device__ __forceinline__ CopyCoords copy_coords(int tid, int i, int cpb_log2) 
   const int q = tid + kThreads * i;
   CopyCoords cc;
   if (kDimMajor) {
-    const int per_block_log2 = cpb_log2 + (D == 128 ? 7 : 6);  // chunks of one block
-    const int within = q & ((1 << per_block_log2) - 1);
-    cc.row = within >> cpb_log2;
-    cc.chunk = ((q >> per_block_log2) << cpb_log2) + (within & ((1 << cpb_log2) - 1));
+    // A block holds D << cpb_log2 chunks: block q_dim / D of the tile, dim
+    // q_dim % D (D is a constant: shifts for powers of two).
+    const int q_dim = q >> cpb_log2;
+    const int blk = q_dim / D;
+    cc.row = q_dim - blk * D;
+    cc.chunk = (blk << cpb_log2) + (q & ((1 << cpb_log2) - 1));
     cc.token = cc.chunk * 8;
     cc.smem = (q ^ dm_swizzle(cc.row, cpb_log2)) * 8;  // == dm_offset<D>(row, chunk)
   } else {
     cc.row = q / kChunks;
     cc.chunk = q % kChunks;
     cc.token = cc.row;
-    cc.smem = tile_offset(cc.row, cc.chunk, kChunks);
+    cc.smem = tile_offset(cc.row, cc.chunk, TileShape<kDimMajor, D>::kRowChunks);
   }
   return cc;
 }
@@ -398,7 +415,8 @@ struct Params {
   int64_t stride_block, stride_head, stride_token, stride_dim;
   int32_t block_size_log2, num_blocks, max_blocks_per_seq, m_tiles;
   DecodeWorkList work;    // which (row, KV head, split) each CTA serves
-  VariantPolicy variant;  // logits (attention/variant.hpp)
+  VariantPolicy variant;  // logits, soft-cap and window (attention/variant.hpp)
+  const float *sinks;     // [num_q_heads] natural sink logits, or null
   float *partial_o;
   float *partial_ml;
   float v_scale;  // V dequantisation scale, applied once to the output (K's is in variant)
@@ -419,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
   using Cfg = Config<D, sizeof(TKV)>;
   using M = Mma<TQ>;
-  constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
+  constexpr int kChunks = TileShape<kDimMajor, D>::kRowChunks;  // per staged token-major row
   constexpr int kNch = Cfg::kChunksPerThread;
   // FP8 dim-major tiles of 8-token blocks take 8-byte pieces: twice as many.
   constexpr int kNmax = kFp8 && kDimMajor ? 2 * kNch : kNch;
@@ -460,7 +478,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
   const TKV *kbase = static_cast<const TKV *>(p.k) + head_off;
   const TKV *vbase = static_cast<const TKV *>(p.v) + head_off;
-  const int tile_begin = item.tile_begin;
+  // First tile of the item: its split's first tile of the key span, which
+  // starts at tile 0, or with a sliding window at the tile holding the first
+  // position the CTA's earliest query token sees (set once seq_len is known).
+  int tile_begin = item.tile_begin;
 
   // Raw block-table entries of the blocks holding this thread's copies of
   // tile j (-1 past the table row). They do not depend on seq_len, so the
@@ -487,9 +508,14 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       q_len = q_len > p.work.max_q_len ? p.work.max_q_len : q_len;
     }
   }
+  // Without a window the first tiles' entries load beside seq_len; with one
+  // the first tile depends on seq_len, so they load after it (one round
+  // trip more, once per CTA).
   int pre[kS][kNmax];
+  if (p.variant.window == 0) {
 #pragma unroll
-  for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
+    for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
+  }
 
   seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
   FD_TRACE(fd_trace_attn, 8, 2, seq_len);
@@ -503,7 +529,18 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     j0 = j1 - p.work.q_tile_tokens < 0 ? 0 : j1 - p.work.q_tile_tokens;
     kv_end = p.work.q_tile_keys(seq_len, item.q_tile);
   }
-  const int row_tiles = (kv_end + kTile - 1) / kTile;
+  // Sliding window: the CTA's earliest query token (j0, at seq_len - q_len +
+  // j0) sees positions from kv_begin on; its items count tiles from the one
+  // holding kv_begin, and blocks wholly before kv_begin are never copied.
+  int kv_begin = 0, first_tile = 0;
+  if (p.variant.window > 0) {
+    kv_begin = static_cast<int>(p.variant.first_visible(int64_t{seq_len} - q_len + j0));
+    first_tile = kv_begin / kTile;
+    tile_begin += first_tile;
+#pragma unroll
+    for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
+  }
+  const int row_tiles = (kv_end + kTile - 1) / kTile - first_tile;
   // The last partition takes every remaining tile, so a seq_len above the
   // planned length costs speed, never tokens.
   const int n_tiles = p.work.item_tiles(item, row_tiles);
@@ -513,8 +550,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
 
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
-  // kernel read outside the cache.
-  auto issue = [&](int j, const int ids[kNmax]) {
+  // kernel read outside the cache. `from`: blocks with no token at or past
+  // it are zero-filled too (the window's start; only the first tile has
+  // such blocks, so the loop passes 0 and keeps no register for it).
+  auto issue = [&](int j, const int ids[kNmax], int from) {
     const int tok0 = (tile_begin + j) * kTile;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
@@ -523,7 +562,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       if (i >= n_pieces) break;
       const CopyCoords cc = coords(i);
       const int t = tok0 + cc.token;
-      const bool valid = t < kv_end && ids[i] >= 0 && ids[i] < p.num_blocks;
+      // (t | bs_mask): the last token of t's block; a block with no token
+      // at or past `from` lies wholly before the window (maybe freed).
+      const bool valid =
+          t < kv_end && (t | bs_mask) >= from && ids[i] >= 0 && ids[i] < p.num_blocks;
       int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
       if (kDimMajor)
         off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
@@ -544,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // Start the pipeline before anything else so memory is busy early.
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_tiles) issue(s, pre[s]);
+    if (s < n_tiles) issue(s, pre[s], s == 0 ? kv_begin : 0);
     cp_async_commit();
   }
   int ids[kNmax];
@@ -586,6 +628,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int warp_mask_from = kMulti ? mask_from + (mt * 16) / group : seq_len;
   const int warp_last = (mt * 16 + 15 < rows ? mt * 16 + 15 : rows - 1);
   const int warp_end = kMulti ? (mt * 16 < rows ? mask_from + warp_last / group : 0) : seq_len;
+  // Sliding window: the row of causal limit lim sees positions from lim -
+  // window on. The warp skips steps wholly before its first row's window
+  // (limit warp_mask_from) and masks positions up to its last row's start
+  // (limit warp_end). Written with p.variant.window (a constant-bank
+  // operand; differences, which cannot overflow), so no register stays
+  // live for it in the loop.
 
   // Q as mma A fragments: rows g and g+8 of the m-tile, k = 2*tig.. of each
   // 16-dim k-step. Rows past the query rows are zero. FP8 token-major tiles
@@ -683,7 +731,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     __syncthreads();
     if (j == 0) FD_TRACE(fd_trace_attn, 8, 3, 0);
     if (j + kS - 1 < n_tiles) {
-      issue(j + kS - 1, ids);
+      issue(j + kS - 1, ids, 0);
       if (j + kS < n_tiles) fetch_ids(j + kS, ids);  // consumed next iteration
     }
     cp_async_commit();
@@ -713,6 +761,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     for (int step = slice0; step < kStepsPerTile; step += slice_step) {
       const int t0 = step * kStepTokens;
       if (tok0 + t0 >= warp_end) break;  // warp-uniform
+      if (p.variant.window > 0 && tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
+        continue;  // before the window of every row of the warp
 
       // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -767,14 +817,29 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       // Online softmax in base 2 (the logit scales include log2(e)). Token
       // of score s[n][e] relative to the step: column 2 tig + (e & 1) of
       // n-tile n (FP8 dim-major: token 2 column + n).
+      // The soft-cap (a uniform branch) squashes the scaled scores; then
+      // the causal end and the window's start mask them.
       const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
+      const bool head = p.variant.window > 0 && tok0 + t0 < warp_end - p.variant.window;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= (e & 2) ? lsc1 : lsc0;
+      if (p.variant.softcap > 0.f) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+      }
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] *= (e & 2) ? lsc1 : lsc0;
-          const int tok = kFp8 && kDimMajor ? 4 * tig + 2 * (e & 1) + n : n * 8 + 2 * tig + (e & 1);
-          if (tail && tok0 + t0 + tok >= ((e & 2) ? lim1 : lim0)) s[n][e] = neg_inf();
+          const int tok =
+              tok0 + t0 +
+              (kFp8 && kDimMajor ? 4 * tig + 2 * (e & 1) + n : n * 8 + 2 * tig + (e & 1));
+          const int lim = (e & 2) ? lim1 : lim0;
+          if ((tail && tok >= lim) || (head && tok < lim - p.variant.window)) s[n][e] = neg_inf();
         }
       float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
       float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
@@ -961,7 +1026,16 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     }
     if (!p.work.has_partials()) {
       const float sum = red_h[2 * h + 1];
-      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;
+      float inv = sum > 0.f ? p.v_scale / sum : 0.f;
+      if (p.sinks != nullptr && sum > 0.f) {
+        // The head's sink joins the denominator: rescaled to the larger of
+        // the two maxima. -inf (no sink) gives keep = 1 and a zero term:
+        // the bits of v_scale / sum.
+        const float sink = VariantPolicy::sink_log2(p.sinks[kvh * group + h % group]);
+        const float mx = red_h[2 * h], top = fmaxf(sink, mx);
+        const float keep = exp2f(mx - top);
+        inv = (p.v_scale * keep) / (sum * keep + exp2f(sink - top));
+      }
       auto cvt = [&](float x) {
         return out_bf16 ? Mma<__nv_bfloat16>::from_float(x) : Mma<__half>::from_float(x);
       };
@@ -988,15 +1062,34 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   FD_TRACE(fd_trace_attn, 8, 5, 0);
 }
 
-__device__ __forceinline__ void add_weighted(float acc[4], float w, const float4 &v) {
-  acc[0] += w * v.x;
-  acc[1] += w * v.y;
-  acc[2] += w * v.z;
-  acc[3] += w * v.w;
-}
-__device__ __forceinline__ void add_weighted(float acc[2], float w, const float2 &v) {
-  acc[0] += w * v.x;
-  acc[1] += w * v.y;
+// kPer consecutive floats of a partial row (a lane's dims in the merge):
+// loaded as float4s, float2s or single floats (D = 96: three per lane).
+template <int kPer>
+struct Frag {
+  float x[kPer];
+  __device__ __forceinline__ void load(const float *src) {
+    if constexpr (kPer % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < kPer; i += 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(src + i);
+        x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
+      }
+    } else if constexpr (kPer % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < kPer; i += 2) {
+        const float2 v = *reinterpret_cast<const float2 *>(src + i);
+        x[i] = v.x, x[i + 1] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) x[i] = src[i];
+    }
+  }
+};
+template <int kPer>
+__device__ __forceinline__ void add_weighted(float acc[kPer], float w, const Frag<kPer> &v) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] += w * v.x[i];
 }
 
 // Combines the split-KV partials. `wph` warps (1, 2, 4 or 8) serve one
@@ -1005,13 +1098,17 @@ __device__ __forceinline__ void add_weighted(float acc[2], float w, const float2
 // share of the splits (s = part, part + wph, ...), and the shares are added
 // through shared memory in a fixed order. Only partitions that hold tokens
 // are read; an empty row gives zeros. Few dependent memory round trips per
-// warp, and enough warps per head when there are many splits.
+// warp, and enough warps per head when there are many splits. With a sliding
+// window the splits cover the key span from the query tile's first key tile
+// (DecodeWorkList::q_tile_span, as the attention kernel); attention sinks
+// join the denominator here when the row is split.
 template <class TOut, int D, bool kMulti>
 __global__ void __launch_bounds__(256, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, const int32_t *__restrict__ q_indptr,
                         void *out, const DecodeWorkList work, int max_len, int wph,
-                        int heads_per_cta, float v_scale) {
+                        int heads_per_cta, float v_scale, const VariantPolicy variant,
+                        const float *__restrict__ sinks) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
   __shared__ float share[8][D];
@@ -1041,11 +1138,12 @@ __global__ void __launch_bounds__(256, 1)
       out_row = static_cast<int64_t>(first + token) * num_q_heads + qh % num_q_heads;
       len = len < 0 ? 0 : (len > max_len ? max_len : len);
       // The splits of the token's query tile that hold its keys.
-      if (active) len = work.q_tile_keys(len, work.q_tile_of(q_len, token));
+      if (active) len = work.q_tile_span(variant, len, q_len, work.q_tile_of(q_len, token));
     } else {
       len = seq_lens[qh / num_q_heads];
+      len = len < 0 ? 0 : (len > max_len ? max_len : len);
+      len -= work.first_key_tile(variant, len, 1, 0) * work.tile_tokens;
     }
-    len = len < 0 ? 0 : (len > max_len ? max_len : len);
     nv = active ? work.splits_holding(len) : 0;
   }
   // This kernel follows the attention kernel directly and is scheduled only
@@ -1059,13 +1157,15 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
   for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
   float total = 0.f;
+  float keep = 1.f, sink_term = 0.f;  // attention sinks (see below)
   if (nv > 0) {
     // Every load is issued before the first use (one memory round trip, not
     // one per batch of splits): the (max, sum) pairs and this warp's share of
     // partial rows, at most kRows of them (the host picks wph so that each
     // warp gets at most 16 splits; the tail loop is a safety net).
-    constexpr int kRows = kDecodeMaxSplits / 8;
-    using Vec = typename std::conditional<kPer == 4, float4, float2>::type;
+    // (D = 256: 8 rows of 8 floats in registers, the tail loop for more.)
+    constexpr int kRows = kDecodeMaxSplits / (D == 256 ? 16 : 8);
+    using Vec = Frag<kPer>;
     const float *ml = partial_ml + work.partial_slot(qh, 0) * 2;
     const float *po = partial_o + work.partial_slot(qh, 0) * D + lane * kPer;
     float m[4], l[4];
@@ -1079,7 +1179,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int s = part + r * wph;
-      if (s < nv) rows[r] = *reinterpret_cast<const Vec *>(po + static_cast<int64_t>(s) * D);
+      if (s < nv) rows[r].load(po + static_cast<int64_t>(s) * D);
     }
     float mx = neg_inf();
 #pragma unroll
@@ -1109,9 +1209,19 @@ __global__ void __launch_bounds__(256, 1)
       const int s = part + r * wph;
       if (s < nv) add_weighted(acc, weight(s), rows[r]);
     }
-    for (int s = part + kRows * wph; s < nv; s += wph)
-      add_weighted(acc, weight(s),
-                   *reinterpret_cast<const Vec *>(po + static_cast<int64_t>(s) * D));
+    for (int s = part + kRows * wph; s < nv; s += wph) {
+      Vec row;
+      row.load(po + static_cast<int64_t>(s) * D);
+      add_weighted(acc, weight(s), row);
+    }
+    if (sinks != nullptr) {
+      // The head's sink joins the denominator, rescaled to the larger of the
+      // two maxima (-inf: keep = 1 and a zero term, the bits of no sink).
+      const float sink = VariantPolicy::sink_log2(sinks[qh % num_q_heads]);
+      const float top = fmaxf(sink, mx);
+      keep = exp2f(mx - top);
+      sink_term = exp2f(sink - top);
+    }
   }
   if (wph > 1) {
 #pragma unroll
@@ -1128,7 +1238,8 @@ __global__ void __launch_bounds__(256, 1)
   FD_TRACE(fd_trace_merge, 4, 2, acc[0] != 0.f);
   if (!active) return;
   uint16_t *dst = static_cast<uint16_t *>(out) + out_row * D + lane * kPer;
-  const float inv = total > 0.f ? v_scale / total : 0.f;  // the V scale: one multiply
+  // The V scale: one multiply.
+  const float inv = total > 0.f ? (v_scale * keep) / (total * keep + sink_term) : 0.f;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) dst[e] = Mma<TOut>::from_float(acc[e] * inv);
 }
@@ -1188,13 +1299,28 @@ cudaError_t prepare_decode_variant() {
 template <class TQ, class TKV>
 cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi);
 
+// Head dims of the kernels: 64 and 128 for every type pair, 96 and 256 for
+// 16-bit K/V only (the host refuses them over FP8).
+template <class TKV>
+constexpr bool kServesWideDims = !detail::KvType<TKV>::kFp8;
+
 template <class TQ, class TKV, bool kMulti>
 cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major) {
+  if constexpr (kServesWideDims<TKV>) {
+    if (head_dim == 96)
+      return dim_major ? prepare_decode_variant<TQ, TKV, 96, true, kMulti>()
+                       : prepare_decode_variant<TQ, TKV, 96, false, kMulti>();
+    if (head_dim == 256)
+      return dim_major ? prepare_decode_variant<TQ, TKV, 256, true, kMulti>()
+                       : prepare_decode_variant<TQ, TKV, 256, false, kMulti>();
+  }
   if (head_dim == 128)
     return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>()
                      : prepare_decode_variant<TQ, TKV, 128, false, kMulti>();
-  return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>()
-                   : prepare_decode_variant<TQ, TKV, 64, false, kMulti>();
+  if (head_dim == 64)
+    return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>()
+                     : prepare_decode_variant<TQ, TKV, 64, false, kMulti>();
+  return cudaErrorInvalidValue;
 }
 
 template <class TQ, class TKV>
@@ -1230,6 +1356,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.m_tiles = query_rows <= 16 ? 1 : (query_rows <= 32 ? 2 : 4);
   p.work = l.work;
   p.variant = VariantPolicy::of(l.variant);
+  p.sinks = l.variant.sinks;
   // The K scale multiplies every dot product: folded into the logit scale.
   p.variant.log2_scale *= l.k_scale;
   p.v_scale = l.v_scale;
@@ -1248,16 +1375,26 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   return detail::launch_pdl(merge, static_cast<unsigned>(m.ctas), 32 * m.wph * m.heads_per_cta, 0,
                             l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.q_indptr, l.out,
                             l.work, l.max_blocks_per_seq << l.block_size_log2, m.wph,
-                            m.heads_per_cta, l.v_scale);
+                            m.heads_per_cta, l.v_scale, p.variant, p.sinks);
 }
 
 template <class TQ, class TKV, bool kMulti>
 cudaError_t launch_decode_layouts(const DecodeLaunch &l) {
+  if constexpr (kServesWideDims<TKV>) {
+    if (l.head_dim == 96)
+      return l.dim_major ? launch_decode_variant<TQ, TKV, 96, true, kMulti>(l)
+                         : launch_decode_variant<TQ, TKV, 96, false, kMulti>(l);
+    if (l.head_dim == 256)
+      return l.dim_major ? launch_decode_variant<TQ, TKV, 256, true, kMulti>(l)
+                         : launch_decode_variant<TQ, TKV, 256, false, kMulti>(l);
+  }
   if (l.head_dim == 128)
     return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true, kMulti>(l)
                        : launch_decode_variant<TQ, TKV, 128, false, kMulti>(l);
-  return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti>(l)
-                     : launch_decode_variant<TQ, TKV, 64, false, kMulti>(l);
+  if (l.head_dim == 64)
+    return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti>(l)
+                       : launch_decode_variant<TQ, TKV, 64, false, kMulti>(l);
+  return cudaErrorInvalidValue;
 }
 
 // Several query tokens per row (the plan's max_q_len > 1) take their own

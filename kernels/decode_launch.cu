@@ -37,7 +37,12 @@ cudaError_t prepare_decode(const DecodeLaunch &launch) {
 }
 
 int decode_ctas_per_sm(int32_t head_dim) {
-  return head_dim == 128 ? detail::Config<128>::kCtasPerSm : detail::Config<64>::kCtasPerSm;
+  switch (head_dim) {
+    case 64: return detail::Config<64>::kCtasPerSm;
+    case 96: return detail::Config<96>::kCtasPerSm;
+    case 256: return detail::Config<256>::kCtasPerSm;
+    default: return detail::Config<128>::kCtasPerSm;
+  }
 }
 
 }  // namespace cuda

@@ -35,7 +35,7 @@ struct DecodeLaunch {
   float k_scale = 1.f;     // K dequantisation scale (folded into the logit scale)
   float v_scale = 1.f;     // V dequantisation scale (one multiply on the output)
   bool dim_major = false;  // FD_LAYOUT_DIM_MAJOR
-  int32_t head_dim = 0;    // 64 or 128
+  int32_t head_dim = 0;    // 64, 96, 128 or 256 (96 and 256: 16-bit K/V only)
   const void *q = nullptr;
   const void *k = nullptr;
   const void *v = nullptr;

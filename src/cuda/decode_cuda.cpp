@@ -88,13 +88,8 @@ int64_t query_tiles(const DecodeProblem &pb) {
 // What this backend serves; everything else is FD_ERR_UNSUPPORTED naming the
 // parameter.
 void check_supported(const DecodeProblem &pb) {
-  // The variants of S2.3 run on the CPU backend so far.
-  if (pb.variant.logit_softcap != 0.f)
-    fail(FD_ERR_UNSUPPORTED, "logit_softcap is not supported on CUDA yet (0: none)");
-  if (pb.variant.sliding_window != 0)
-    fail(FD_ERR_UNSUPPORTED, "sliding_window is not supported on CUDA yet (0: none)");
-  if (pb.variant.sinks != nullptr)
-    fail(FD_ERR_UNSUPPORTED, "sinks are not supported on CUDA yet (NULL: none)");
+  // The variants of S2.3 (soft-cap, sliding window, sinks) are served with
+  // every type, head_dim and layout below: nothing to refuse here.
   // Served element types: q = out = K/V in f16 or bf16, and q = out in f16
   // or bf16 over FP8 E4M3 K/V.
   const bool fp8 = pb.kv.dtype == FD_DTYPE_FP8_E4M3;
@@ -114,8 +109,12 @@ void check_supported(const DecodeProblem &pb) {
     fail(FD_ERR_UNSUPPORTED,
          "out_dtype %s is not supported with q_dtype %s on CUDA (out_dtype must be %s)",
          dtype_name(pb.out_dtype), dtype_name(pb.q_dtype), dtype_name(pb.q_dtype));
-  if (pb.head_dim != 64 && pb.head_dim != 128)
-    fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (supported: 64, 128)",
+  if (pb.head_dim != 64 && pb.head_dim != 96 && pb.head_dim != 128 && pb.head_dim != 256)
+    fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (supported: 64, 96, 128, 256)",
+         pb.head_dim);
+  if (fp8 && pb.head_dim != 64 && pb.head_dim != 128)
+    fail(FD_ERR_UNSUPPORTED,
+         "head_dim %u is not supported with kv_dtype fp8_e4m3 on CUDA (supported: 64, 128)",
          pb.head_dim);
   if (pb.kv.block_size != 8 && pb.kv.block_size != 16 && pb.kv.block_size != 32)
     fail(FD_ERR_UNSUPPORTED, "block_size %u is not supported on CUDA (supported: 8, 16, 32)",
@@ -258,6 +257,11 @@ void check_indices_on_host(const DecodeProblem &pb, cudaStream_t stream) {
   std::vector<int32_t> lens(pb.batch);
   std::vector<int32_t> tables(static_cast<size_t>(pb.batch) * pb.max_blocks_per_seq);
   std::vector<int32_t> indptr(pb.q_indptr != nullptr ? pb.batch + 1 : 0);
+  std::vector<float> sinks(pb.variant.sinks != nullptr ? pb.num_q_heads : 0);
+  if (pb.variant.sinks != nullptr)
+    cuda_check(cudaMemcpyAsync(sinks.data(), pb.variant.sinks, sinks.size() * sizeof(float),
+                               cudaMemcpyDefault, stream),
+               "copying sinks to the host");
   if (pb.q_indptr != nullptr)
     cuda_check(cudaMemcpyAsync(indptr.data(), pb.q_indptr, indptr.size() * sizeof(int32_t),
                                cudaMemcpyDefault, stream),
@@ -273,7 +277,10 @@ void check_indices_on_host(const DecodeProblem &pb, cudaStream_t stream) {
   // max_seq_len_hint: a row longer than the hint would otherwise run with
   // the hint's split layout at reduced speed, and the hint is the caller's
   // promise.
-  check_decode_indices(pb, lens.data(), tables.data(),
+  // (The sinks are device memory: the check reads the host copy.)
+  DecodeProblem host = pb;
+  if (pb.variant.sinks != nullptr) host.variant.sinks = sinks.data();
+  check_decode_indices(host, lens.data(), tables.data(),
                        pb.q_indptr != nullptr ? indptr.data() : nullptr);
 }
 
@@ -298,10 +305,19 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     kernel.work.max_q_len = problem.max_q_len;
     cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
-  int max_len = problem.max_seq_len;
+  // The split layout counts only the keys a row's queries can see: with a
+  // sliding window, the span from the tile holding the first visible
+  // position (decode_work.hpp, planned_span), the whole row otherwise.
+  const VariantPolicy policy = VariantPolicy::of(problem.variant);
+  const int32_t q_tile = query_tile_tokens(problem);
+  auto span = [&](int32_t len) {
+    return planned_span(policy, len, problem.max_q_len, q_tile, kTile);
+  };
+  int max_len = span(problem.max_seq_len);
   if (host_seq_lens != nullptr) {
     max_len = 0;
-    for (uint32_t r = 0; r < problem.batch; ++r) max_len = std::max(max_len, host_seq_lens[r]);
+    for (uint32_t r = 0; r < problem.batch; ++r)
+      max_len = std::max(max_len, span(host_seq_lens[r]));
   }
   return choose_splits(problem, max_len, limit_by_workspace);
 }
