@@ -4,7 +4,9 @@
  * seq_len 0, 1, block boundaries and the maximum, split and unsplit; outputs
  * poisoned with NaN and checked fully written; stale NaN past every row's end
  * in the cache and unused table slots pointing at NaN blocks; bit-identical
- * reruns; CUDA-graph capture; every error status.
+ * reruns; CUDA-graph capture; every error status. The attention variants
+ * (soft-cap, sliding window, sinks, combined) and head_dim 96 / 256 against
+ * the CPU backend too (issue 16).
  *
  * FD_GPU_TEST_REDUCED=1 runs a small sweep (for compute-sanitizer). */
 #include <stdarg.h>
@@ -649,6 +651,346 @@ void test_prefill_chunks(void **state) {
   print_message("gpu_decode: %zu prompt-chunk cases x 3 split modes passed\n", shapes.size());
 }
 
+/* Attention variants (S2.3) and head_dim 96 / 256 on CUDA (issue 16): the
+ * kernel against the CPU backend on the same fresh random data. */
+enum Sinks { kNoSinks, kSinksNegInf, kSinksZero, kSinksLarge, kSinksRandom };
+
+struct VariantCase {
+  MultiShape shape; /* rows and query tokens (all 1: q_indptr NULL) */
+  float softcap = 0.f;
+  int32_t window = 0;
+  int sinks = kNoSinks;
+};
+
+const char *sinks_name(int s) {
+  static const char *names[] = {"none", "-inf", "0", "large", "random"};
+  return names[s];
+}
+
+/* One variant case: no / automatic / 5 splits, outputs poisoned with NaN,
+ * within tolerance of the CPU backend; with automatic splits a bit-identical
+ * rerun and a captured plan run; sinks of -inf give the bits of no sinks.
+ * K and V of every block wholly before a row's window (what its earliest
+ * query token cannot see) hold NaN: the kernel must never read them. */
+void check_variant(const VariantCase &vc) {
+  const MultiShape &sh = vc.shape;
+  Case c;
+  c.hkv = sh.hkv, c.group = sh.group, c.storage = sh.storage, c.dtype = sh.dtype;
+  c.dim = sh.dim;
+  c.lens = sh.lens;
+  c.seed = sh.seed;
+  Host h = make_host(c);
+  const bool multi = *std::max_element(sh.q_lens.begin(), sh.q_lens.end()) > 1;
+  if (vc.window > 0) {
+    const uint16_t nan_bits = 0x7fff;
+    for (uint32_t r = 0; r < h.batch; ++r) {
+      const int64_t first = std::max<int64_t>(0, int64_t{h.lens[r]} - sh.q_lens[r] - vc.window + 1);
+      for (int64_t b = 0; (b + 1) * c.bs <= first; ++b) {
+        const int64_t blk = h.tables[r * h.mbps + b];
+        for (uint32_t kv = 0; kv < c.hkv; ++kv)
+          for (uint32_t t = 0; t < c.bs; ++t)
+            for (uint32_t d = 0; d < c.dim; ++d) {
+              const size_t at = static_cast<size_t>(blk * h.sb + kv * h.sh + t * h.st + d * h.sd);
+              h.k[at] = nan_bits;
+              h.v[at] = nan_bits;
+            }
+      }
+    }
+  }
+  std::vector<int32_t> indptr(1, 0);
+  int32_t max_q = 0;
+  for (int32_t n : sh.q_lens) indptr.push_back(indptr.back() + n), max_q = std::max(max_q, n);
+  const size_t tokens = static_cast<size_t>(indptr.back());
+  const size_t q_elems = tokens * h.hq * c.dim, qb = q_elems * esize();
+  std::vector<uint16_t> q(q_elems);
+  fd_test_rng rng = {sh.seed ^ 0x9e3779b9u};
+  for (auto &x : q) fd_test_store(&x, 0, c.dtype, 3.0f * fd_test_normal(&rng));
+  std::vector<float> sinks(h.hq);
+  for (float &s : sinks) {
+    switch (vc.sinks) {
+      case kSinksNegInf: s = -INFINITY; break;
+      case kSinksZero: s = 0.f; break;
+      case kSinksLarge: s = 12.f; break;
+      default: s = 3.f * fd_test_normal(&rng); break;
+    }
+  }
+  auto with_variant = [&](fd_decode_params p, const float *sink_ptr) {
+    p.logit_softcap = vc.softcap;
+    p.sliding_window = vc.window;
+    p.sinks = vc.sinks == kNoSinks ? nullptr : sink_ptr;
+    if (multi) p.max_q_len_hint = max_q;
+    return p;
+  };
+  /* CPU backend: the reference. */
+  std::vector<uint16_t> ref(q_elems, 0xffff);
+  fd_decode_params cp = with_variant(params_for(h), sinks.data());
+  cp.q = q.data(), cp.q_indptr = multi ? indptr.data() : nullptr, cp.out = ref.data();
+  cp.k_cache = h.k.data(), cp.v_cache = h.v.data();
+  cp.block_tables = h.tables.data(), cp.seq_lens = h.lens.data();
+  FD_ASSERT_OK(fd_decode(&cp));
+
+  Dev d;
+  upload(h, d);
+  cudaFree(d.q), cudaFree(d.out);
+  d.q = d.out = nullptr;
+  CUDA_OK(cudaMalloc(&d.q, qb));
+  CUDA_OK(cudaMalloc(&d.out, qb));
+  CUDA_OK(fd_gpu_upload(d.stream, d.q, q.data(), qb));
+  int32_t *dev_indptr = nullptr;
+  float *dev_sinks = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_indptr), indptr.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_sinks), sinks.size() * 4));
+  CUDA_OK(fd_gpu_upload(d.stream, dev_sinks, sinks.data(), sinks.size() * 4));
+  auto run = [&](const fd_decode_params &p) {
+    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+    FD_ASSERT_OK(fd_decode(&p));
+    CUDA_OK(cudaStreamSynchronize(d.stream));
+    CUDA_OK(cudaGetLastError());
+    std::vector<uint16_t> got(q_elems);
+    CUDA_OK(fd_gpu_download(d.stream, got.data(), d.out, qb));
+    return got;
+  };
+  for (int32_t splits : {1, 0, 5}) {
+    fd_decode_params p = with_variant(device_params(h, d, splits), dev_sinks);
+    p.q_indptr = multi ? dev_indptr : nullptr;
+    attach_workspace(p, d);
+    const std::vector<uint16_t> got = run(p);
+    double worst = 0;
+    for (size_t t = 0; t < tokens * h.hq; ++t) {
+      double num = 0, den = 0;
+      for (uint32_t e = 0; e < c.dim; ++e) {
+        const double g = fd_test_load(got.data(), t * c.dim + e, c.dtype);
+        const double w = fd_test_load(ref.data(), t * c.dim + e, c.dtype);
+        if (!std::isfinite(g)) {
+          print_error("non-finite output at query row %zu dim %u (splits %d)\n", t, e, splits);
+          fail();
+        }
+        num += (g - w) * (g - w), den += w * w;
+      }
+      worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    }
+    if (worst > tolerance(c.dtype)) {
+      print_error(
+          "variant %s D=%u %s hkv %u group %u max_q %d softcap %g window %d sinks %s splits %d: "
+          "rel error %.3g vs the CPU\n",
+          c.dtype == FD_DTYPE_F16 ? "f16" : "bf16", c.dim, storage_name(c.storage), c.hkv, c.group,
+          max_q, static_cast<double>(vc.softcap), vc.window, sinks_name(vc.sinks), splits, worst);
+      fail();
+    }
+    if (vc.sinks == kSinksNegInf) {
+      /* -inf sinks: the bits of no sinks. */
+      fd_decode_params none = p;
+      none.sinks = nullptr;
+      assert_memory_equal(got.data(), run(none).data(), qb);
+    }
+    if (splits == 0) {
+      assert_memory_equal(got.data(), run(p).data(), qb); /* deterministic */
+      fd_decode_plan *plan = nullptr;
+      FD_ASSERT_OK(fd_decode_plan_create(&p, h.lens.data(), &plan));
+      size_t need = 0;
+      FD_ASSERT_OK(fd_decode_plan_workspace_size(plan, &need));
+      fd_decode_params pr = p;
+      if (need > d.ws_size) {
+        cudaFree(d.ws);
+        CUDA_OK(cudaMalloc(&d.ws, need));
+        d.ws_size = need;
+      }
+      pr.workspace = need ? d.ws : nullptr;
+      pr.workspace_size = need;
+      /* The plan's own (exact-length) layout, eager, then captured. */
+      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+      FD_ASSERT_OK(fd_decode_run(plan, &pr));
+      std::vector<uint16_t> eager(q_elems);
+      CUDA_OK(fd_gpu_download(d.stream, eager.data(), d.out, qb));
+      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+      const fd_status st = fd_decode_run(plan, &pr);
+      CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+      FD_ASSERT_OK(st);
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_OK(cudaGraphLaunch(exec, d.stream));
+      std::vector<uint16_t> replay(q_elems);
+      CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
+      assert_memory_equal(eager.data(), replay.data(), qb);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      fd_decode_plan_destroy(plan);
+    }
+  }
+  cudaFree(dev_indptr);
+  cudaFree(dev_sinks);
+}
+
+VariantCase variant_case(uint32_t hkv, uint32_t group, int storage, int32_t dtype, uint32_t dim,
+                         std::vector<int32_t> lens, std::vector<int32_t> q_lens, float softcap,
+                         int32_t window, int sinks) {
+  VariantCase vc;
+  vc.shape.hkv = hkv, vc.shape.group = group, vc.shape.storage = storage;
+  vc.shape.dtype = dtype, vc.shape.dim = dim;
+  vc.shape.lens = std::move(lens);
+  vc.shape.q_lens = std::move(q_lens);
+  vc.softcap = softcap, vc.window = window, vc.sinks = sinks;
+  return vc;
+}
+
+/* Soft-caps of 20, 30 and 50, with one and several query tokens, both
+ * layouts, f16 and bf16, head_dim 64 / 128. */
+void test_softcap(void **state) {
+  (void)state;
+  const std::vector<int32_t> one = {1, 1, 1, 1};
+  std::vector<VariantCase> cases = {
+      variant_case(2, 4, kTokenPacked, FD_DTYPE_BF16, 128, {900, 37, 0, 4100}, one, 20.f, 0, 0),
+      variant_case(2, 8, kDimPacked, FD_DTYPE_F16, 64, {513, 2000, 1, 64}, one, 30.f, 0, 0),
+      variant_case(4, 2, kNhd, FD_DTYPE_F16, 128, {700, 65, 300}, {8, 2, 1}, 50.f, 0, 0),
+      variant_case(2, 4, kDimPadded, FD_DTYPE_BF16, 64, {1000, 17}, {300, 17}, 20.f, 0, 0),
+  };
+  uint64_t seed = 101;
+  for (VariantCase &vc : cases) {
+    vc.shape.seed = seed++;
+    check_variant(vc);
+    if (reduced()) break;
+  }
+}
+
+/* Sliding windows 1, block-1, block, block+1, shorter and longer than the
+ * rows, with one and several query tokens (causal + window per query row)
+ * and prompt chunks (query tiles), both layouts and strides. */
+void test_sliding_window(void **state) {
+  (void)state;
+  std::vector<VariantCase> cases;
+  const int storages[] = {kTokenPacked, kDimPacked, kNhd, kDimPadded};
+  const int32_t windows[] = {1, 15, 16, 17, 100, 1000, 5000};
+  int i = 0;
+  for (int32_t w : windows) {
+    const int st = storages[i % 4];
+    const int32_t dt = i % 2 ? FD_DTYPE_F16 : FD_DTYPE_BF16;
+    const uint32_t dim = i % 3 == 0 ? 64 : 128;
+    cases.push_back(
+        variant_case(2, 4, st, dt, dim, {3000, 37, 0, 1, 700, 16}, {1, 1, 1, 1, 1, 1}, 0.f, w, 0));
+    cases.push_back(variant_case(2, 4, st, dt, dim, {3000, 37, 700, 16}, {8, 3, 1, 16}, 0.f, w, 0));
+    ++i;
+  }
+  /* Prompt chunks: query tiles, each starting at its own first key tile. */
+  cases.push_back(
+      variant_case(2, 4, kTokenPacked, FD_DTYPE_BF16, 128, {1000, 4100}, {1000, 300}, 0.f, 200, 0));
+  cases.push_back(
+      variant_case(1, 8, kDimPacked, FD_DTYPE_F16, 64, {1500, 100}, {1000, 100}, 0.f, 64, 0));
+  uint64_t seed = 201;
+  int n = 0;
+  for (VariantCase &vc : cases) {
+    if (reduced() && n % 5 != 0) {
+      ++n;
+      continue;
+    }
+    vc.shape.seed = seed++;
+    check_variant(vc);
+    ++n;
+  }
+  print_message("gpu_decode: %d sliding-window cases x 3 split modes passed\n", n);
+}
+
+/* Attention sinks: -inf (the bits of none), 0, large and random, unsplit
+ * (epilogue) and split (merge kernel), one and several query tokens. */
+void test_sinks(void **state) {
+  (void)state;
+  uint64_t seed = 301;
+  for (int sinks : {kSinksNegInf, kSinksZero, kSinksLarge, kSinksRandom}) {
+    std::vector<VariantCase> cases = {
+        variant_case(2, 4, kTokenPacked, FD_DTYPE_BF16, 128, {3000, 37, 0, 900}, {1, 1, 1, 1}, 0.f,
+                     0, sinks),
+        variant_case(2, 8, kDimPacked, FD_DTYPE_F16, 64, {513, 2000, 9}, {8, 3, 1}, 0.f, 0, sinks),
+    };
+    for (VariantCase &vc : cases) {
+      vc.shape.seed = seed++;
+      check_variant(vc);
+    }
+    if (reduced()) break;
+  }
+}
+
+/* Soft-cap, window and sinks together, and the new head dims with them. */
+void test_variants_combined(void **state) {
+  (void)state;
+  std::vector<VariantCase> cases = {
+      variant_case(2, 4, kTokenPacked, FD_DTYPE_BF16, 128, {3000, 37, 700}, {1, 1, 1}, 30.f, 256,
+                   kSinksRandom),
+      variant_case(2, 4, kDimPacked, FD_DTYPE_F16, 64, {3000, 37, 700}, {8, 4, 1}, 50.f, 100,
+                   kSinksRandom),
+      variant_case(2, 8, kTokenPacked, FD_DTYPE_BF16, 256, {2000, 300}, {4, 1}, 30.f, 1024,
+                   kSinksRandom),
+      variant_case(4, 2, kNhd, FD_DTYPE_F16, 96, {1500, 33}, {1, 1}, 20.f, 500, kSinksRandom),
+      variant_case(2, 4, kTokenPacked, FD_DTYPE_BF16, 256, {1200, 90}, {600, 90}, 50.f, 300,
+                   kSinksRandom),
+  };
+  uint64_t seed = 401;
+  for (VariantCase &vc : cases) {
+    vc.shape.seed = seed++;
+    check_variant(vc);
+    if (reduced()) break;
+  }
+}
+
+/* head_dim 96 (Phi-3) and 256 (Gemma): the sweep's block sizes, storages
+ * and groups, long rows (split-KV), several query tokens and prompt chunks. */
+void test_head_dims(void **state) {
+  (void)state;
+  const bool small = reduced();
+  fd_test_rng rng = {77};
+  int cases = 0;
+  /* Per head dim: every block size x storage, the dtype and the group
+   * (1, 4, 8, 32) varying with them. */
+  const uint32_t groups[] = {1, 4, 8, 32};
+  for (uint32_t D : {96u, 256u})
+    for (uint32_t bs : {8u, 16u, 32u})
+      for (int st = 0; st < kStorages; ++st) {
+        const int32_t dt = (bs + st) % 2 ? FD_DTYPE_F16 : FD_DTYPE_BF16;
+        const uint32_t g = groups[(bs / 8 + st) % 4];
+        if (small && (bs != 16 || st >= kNhd)) continue;
+        Case c;
+        c.dtype = dt;
+        c.dim = D;
+        c.bs = bs;
+        c.storage = st;
+        c.group = g;
+        c.hkv = g >= 16 ? 1 : 2;
+        const uint32_t max_len = small ? 130 : 320;
+        c.lens = ragged_lens(bs, max_len, &rng);
+        c.mbps = (max_len + bs - 1) / bs;
+        c.seed = fd_test_next(&rng);
+        check_case(c);
+        ++cases;
+      }
+  if (!small) {
+    for (uint32_t D : {96u, 256u})
+      for (int st : {kTokenPacked, kDimPacked}) {
+        Case c;
+        c.dtype = D == 96 ? FD_DTYPE_F16 : FD_DTYPE_BF16;
+        c.dim = D;
+        c.bs = 16;
+        c.hkv = 2;
+        c.group = 8;
+        c.lens = {9000, 33, 4096};
+        c.storage = st;
+        check_case(c);
+        ++cases;
+      }
+    uint64_t seed = 501;
+    for (uint32_t D : {96u, 256u}) {
+      MultiShape verify = {2, 4, kTokenPacked, FD_DTYPE_BF16, {900, 37, 4100}, {8, 2, 4}, D};
+      MultiShape chunk = {2, 4, kDimPacked, FD_DTYPE_F16, {1000, 1, 300}, {1000, 1, 17}, D};
+      verify.seed = seed++;
+      chunk.seed = seed++;
+      check_multi_token(verify, false);
+      check_multi_token(chunk, false);
+      cases += 2;
+    }
+  }
+  print_message("gpu_decode: %d head_dim 96/256 cases passed\n", cases);
+}
+
 /* Runs `plan` with `p` and returns the output (poisoned first). */
 std::vector<uint16_t> run_plan(const Host &h, Dev &d, const fd_decode_plan *plan,
                                const fd_decode_params &p) {
@@ -766,10 +1108,13 @@ void test_errors(void **state) {
   size_t bytes = 12345;
   fd_decode_params p;
 
-  p = base, p.head_dim = 96;
+  p = base, p.head_dim = 80;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "head_dim");
   FD_ASSERT_FAILS(fd_decode_workspace_size(&p, &bytes), FD_ERR_UNSUPPORTED, "head_dim");
   assert_int_equal(bytes, 12345);
+  /* head_dim 96 and 256 are served for 16-bit K/V only. */
+  p = base, p.head_dim = 256, p.kv_dtype = FD_DTYPE_FP8_E4M3;
+  FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "head_dim 256 is not supported with kv_dtype");
   p = base, p.block_size = 64, p.max_blocks_per_seq = 1;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "block_size");
   p = base, p.num_kv_heads = 1, p.num_q_heads = 64;
@@ -810,6 +1155,18 @@ void test_errors(void **state) {
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "exceeds max_seq_len_hint");
   expect_untouched(h, d);
   CUDA_OK(fd_gpu_upload(d.stream, d.tables, h.tables.data(), h.tables.size() * 4));
+  /* A NaN sink (device memory) is refused on the checked path, naming it. */
+  {
+    std::vector<float> sinks(h.hq, 0.f);
+    sinks[1] = NAN;
+    float *dev_sinks = nullptr;
+    CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_sinks), sinks.size() * 4));
+    CUDA_OK(fd_gpu_upload(d.stream, dev_sinks, sinks.data(), sinks.size() * 4));
+    p = base, p.flags = FD_DECODE_CHECK_INDICES, p.sinks = dev_sinks;
+    FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_INVALID_ARGUMENT, "sinks[1] is NaN");
+    expect_untouched(h, d);
+    cudaFree(dev_sinks);
+  }
   /* The checked path succeeds on valid indices. */
   p = base, p.flags = FD_DECODE_CHECK_INDICES;
   const std::vector<uint16_t> ref = cpu_reference(h);
@@ -826,6 +1183,9 @@ int main(void) {
       cmocka_unit_test(test_unaligned_out), cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_long_rows),     cmocka_unit_test(test_plan_run),
       cmocka_unit_test(test_multi_token),   cmocka_unit_test(test_prefill_chunks),
+      cmocka_unit_test(test_softcap),       cmocka_unit_test(test_sliding_window),
+      cmocka_unit_test(test_sinks),         cmocka_unit_test(test_variants_combined),
+      cmocka_unit_test(test_head_dims),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
