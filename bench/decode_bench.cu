@@ -15,6 +15,12 @@
 // with FP8 E4M3 K/V (bf16 q, block 16, token-major; shape A also dim-major
 // and f16 q), each beside the same case with bf16 K/V run just before it:
 // time, fraction of copy counting FP8 bytes, and FP8 time / bf16 time.
+// --variants (issue 16): instead of the grid, the attention variants and the
+// new head dims, each variant case beside its plain twin in the same run:
+// soft-cap and sinks on the grid's large cases (target <= 3% slower), a
+// 4096-token sliding window over 32768-token rows against plain 4096-token
+// rows (batch 64: within 15%; batch 1: <= 1.15x), head_dim 256 (32/8 and
+// 16/8 heads) and 96 (32/32) at batch 32 and 64 (>= 0.95 of copy).
 // --prefill adds the multi-token cases of issue 14 (chunked prefill: causal
 // chunks timed in TFLOP/s over the visible (query, key) pairs; a mixed batch
 // of decode rows and prefill chunks against the two parts run separately).
@@ -100,11 +106,14 @@ struct RefArgs {
   const int32_t *tables;
   const int32_t *tok_row;  // [query token] its row
   const int32_t *tok_len;  // [query token] keys it sees (causal)
+  const float *sinks;      // [hq] sink logits, or null
   float *scores;           // [batch * hq, max_len]
   float *out;              // [batch * hq, D]
   int64_t sb, sh, st, sd;
   int hq, hkv, dim, bs, mbps, max_len;
   float scale;
+  float softcap;  // 0: none
+  int window;     // 0: none
   bool bf16;
 };
 
@@ -115,18 +124,22 @@ __global__ void reference_kernel(RefArgs a) {
   __shared__ float red[256];
   const int rh = blockIdx.x, token = rh / a.hq, h = rh % a.hq, kvh = h / (a.hq / a.hkv);
   const int row = a.tok_row[token], len = a.tok_len[token];
+  // Sliding window: the token (at position len - 1) sees len - window .. len - 1.
+  const int lo = a.window > 0 && len > a.window ? len - a.window : 0;
   const uint16_t *q = a.q + static_cast<int64_t>(rh) * a.dim;
   float *sc = a.scores + static_cast<int64_t>(rh) * a.max_len;
   auto at = [&](int t, int d) {
     const int64_t blk = a.tables[static_cast<int64_t>(row) * a.mbps + t / a.bs];
     return blk * a.sb + kvh * a.sh + (t % a.bs) * a.st + d * a.sd;
   };
-  float mx = -INFINITY;
-  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+  const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  float mx = sink;
+  for (int t = lo + threadIdx.x; t < len; t += blockDim.x) {
     float s = 0.f;
     for (int d = 0; d < a.dim; ++d)
       s += to_f32(q[d], a.bf16) * kv_f32(a.k, at(t, d), a.kv_fp8, a.k_scale, a.bf16);
     s *= a.scale;
+    if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
     sc[t] = s;
     mx = fmaxf(mx, s);
   }
@@ -139,7 +152,7 @@ __global__ void reference_kernel(RefArgs a) {
   mx = red[0];
   __syncthreads();
   float sum = 0.f;
-  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+  for (int t = lo + threadIdx.x; t < len; t += blockDim.x) {
     const float p = expf(sc[t] - mx);
     sc[t] = p;
     sum += p;
@@ -150,12 +163,12 @@ __global__ void reference_kernel(RefArgs a) {
     if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
     __syncthreads();
   }
-  sum = red[0];
+  sum = red[0] + (sink > -INFINITY ? expf(sink - mx) : 0.f);
   __syncthreads();
   // Two token halves per dim, then combine.
   const int d = threadIdx.x % a.dim, part = threadIdx.x / a.dim, parts = blockDim.x / a.dim;
   float acc = 0.f;
-  for (int t = part; t < len; t += parts)
+  for (int t = lo + part; t < len && part < parts; t += parts)
     acc += sc[t] * kv_f32(a.v, at(t, d), a.kv_fp8, a.v_scale, a.bf16);
   red[threadIdx.x] = acc;
   __syncthreads();
@@ -175,6 +188,9 @@ struct Shape {
 };
 const Shape kShapes[] = {
     {"A", 32, 8, 128}, {"B", 32, 32, 128}, {"C", 16, 2, 128}, {"D", 32, 4, 64}};
+// --variants: the new head dims (Gemma: 256, Phi-3: 96).
+const Shape kWideShapes[] = {
+    {"G 32/8 D256", 32, 8, 256}, {"G 16/8 D256", 16, 8, 256}, {"P 32/32 D96", 32, 32, 96}};
 
 struct BatchCtx {
   int batch, ctx;  // ctx 0: ragged
@@ -196,6 +212,13 @@ struct Spec {
   std::vector<int32_t> row_q_lens = {};
   const char *tag = "";
   bool kv_fp8 = false;  // --kv fp8: FP8 E4M3 K/V (q and out of `dtype`)
+  // --variants: the attention variant (S2.3) and the case it is compared with.
+  float softcap = 0.f;
+  int32_t window = 0;
+  bool sinks = false;
+  bool has_twin = false;  // compared with the plain case of the same shape and twin_bc
+  BatchCtx twin_bc = {0, 0};
+  int twin = -1;  // index of that case among the results (-1: not run)
 };
 
 // Query tokens of row r and whether the case passes q_indptr.
@@ -222,6 +245,7 @@ struct Result {
   double flops = 0, tflops = 0;  // causal: 4 * head_dim per visible (query, key) pair and q head
   bool ok = true;
   double bf16_us = 0;  // --kv fp8: the same case with 16-bit K/V, run just before
+  double twin_us = 0;  // --variants: the plain case it is compared with
 };
 
 // The copy ceiling: median of 10 timed 1 GiB copies after 3 warm-ups.
@@ -274,7 +298,11 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   const int64_t q_tokens = host_indptr.back();
   const int mbps = (max_len + bs - 1) / bs;
   int64_t blocks_per_set = 0, tokens = 0;
-  for (int32_t l : res.lens) blocks_per_set += (l + bs - 1) / bs, tokens += l;
+  // Bytes count the tokens attended: with a window, the last `window` of a
+  // (one-query) row.
+  for (int32_t l : res.lens)
+    blocks_per_set += (l + bs - 1) / bs,
+        tokens += spec.window > 0 ? std::min<int32_t>(l, spec.window) : l;
   const double elem = spec.kv_fp8 ? 1.0 : 2.0;  // K/V bytes per element
   const int64_t block_elems = static_cast<int64_t>(H) * bs * D;
   const double set_bytes = 2.0 * static_cast<double>(blocks_per_set * block_elems) * elem;
@@ -344,6 +372,19 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   base.seq_lens = lens;
   base.max_seq_len_hint = max_len;
   base.num_splits = spec.num_splits;
+  base.logit_softcap = spec.softcap;
+  base.sliding_window = spec.window;
+  float *sinks = nullptr;
+  if (spec.sinks) {
+    // Seeded sink logits around the scores' scale (N(0, 2^2)).
+    std::vector<float> host_sinks(static_cast<size_t>(HQ));
+    uint64_t sseed = 77;
+    for (float &x : host_sinks)
+      x = 4.f * static_cast<float>(splitmix(sseed) >> 40) / 16777216.f - 2.f;
+    CHECK_CUDA(cudaMalloc(&sinks, host_sinks.size() * 4));
+    CHECK_CUDA(cudaMemcpy(sinks, host_sinks.data(), host_sinks.size() * 4, cudaMemcpyHostToDevice));
+    base.sinks = sinks;
+  }
   base.device.type = FD_DEVICE_CUDA;
   base.stream = reinterpret_cast<fd_stream>(stream);
   base.q = q;
@@ -393,6 +434,9 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
       a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = 1, a.sd = bs;
     a.hq = HQ, a.hkv = H, a.dim = D, a.bs = bs, a.mbps = mbps, a.max_len = max_len;
     a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.sinks = sinks;
+    a.softcap = spec.softcap;
+    a.window = spec.window;
     a.bf16 = bf16;
     reference_kernel<<<static_cast<unsigned>(q_tokens * HQ), 256, 0, stream>>>(a);
     CHECK_CUDA(cudaGetLastError());
@@ -486,6 +530,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   CHECK_CUDA(cudaFree(lens));
   if (ws) CHECK_CUDA(cudaFree(ws));
   if (indptr) CHECK_CUDA(cudaFree(indptr));
+  if (sinks) CHECK_CUDA(cudaFree(sinks));
   return res;
 }
 
@@ -497,11 +542,15 @@ std::string case_name(const Result &r) {
              s.bs, layout_str(s.layout).c_str());
     return buf;
   }
-  snprintf(buf, sizeof buf, "%s %dx%s %s%s bs%d %s%s%s", s.shape.name, s.bc.batch,
+  std::string variant;
+  if (s.softcap > 0.f) variant += " softcap" + std::to_string(static_cast<int>(s.softcap));
+  if (s.window > 0) variant += " window" + std::to_string(s.window);
+  if (s.sinks) variant += " sinks";
+  snprintf(buf, sizeof buf, "%s %dx%s %s%s bs%d %s%s%s%s", s.shape.name, s.bc.batch,
            ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.kv_fp8 ? " kv-fp8" : "", s.bs,
            layout_str(s.layout).c_str(),
            s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
-           s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "");
+           s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "", variant.c_str());
   return buf;
 }
 
@@ -525,7 +574,8 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
             "\"repeat_median_us\": %.3f, \"stream_median_us\": %.3f, \"effective_GBps\": %.1f, "
             "\"fraction_of_copy\": %.4f, \"causal_flops\": %.4e, \"TFLOPs\": %.2f, "
             "\"case\": \"%s\", \"rel_error\": %.3e, \"correct\": %s, \"kv_dtype\": \"%s\", "
-            "\"bf16_kv_median_us\": %.3f, \"ratio_to_bf16_kv\": %.4f}%s\n",
+            "\"bf16_kv_median_us\": %.3f, \"ratio_to_bf16_kv\": %.4f, \"logit_softcap\": %g, "
+            "\"sliding_window\": %d, \"sinks\": %s, \"twin_median_us\": %.3f}%s\n",
             r.spec.shape.name, r.spec.shape.hq, r.spec.shape.hkv, r.spec.shape.dim, r.spec.bc.batch,
             max_q_len(r.spec), ctx_str(r.spec.bc).c_str(), *mm.first, *mm.second, mean,
             std::accumulate(r.lens.begin(), r.lens.end(), 0.0), dtype_str(r.spec.dtype).c_str(),
@@ -533,7 +583,9 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
             r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us, r.repeat_median_us,
             r.stream_median_us, r.eff_gbps, r.fraction, r.flops, r.tflops, case_name(r).c_str(),
             r.rel_error, r.ok ? "true" : "false", r.spec.kv_fp8 ? "fp8_e4m3" : "as dtype",
-            r.bf16_us, r.bf16_us > 0 ? r.median_us / r.bf16_us : 0.0, i + 1 < rs.size() ? "," : "");
+            r.bf16_us, r.bf16_us > 0 ? r.median_us / r.bf16_us : 0.0,
+            static_cast<double>(r.spec.softcap), r.spec.window, r.spec.sinks ? "true" : "false",
+            r.twin_us, i + 1 < rs.size() ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
   fclose(f);
@@ -596,6 +648,9 @@ std::string summarize(const std::vector<Result> &rs, bool *all_ok) {
     if (r.spec.num_splits != 0) continue;  // exploration rows are not part of the grid
     if (r.spec.tag[0] != '\0') continue;   // --prefill rows: summarize_prefill
     if (r.spec.kv_fp8) continue;           // --kv fp8 rows: summarize_fp8
+    if (r.spec.softcap > 0.f || r.spec.window > 0 || r.spec.sinks || r.spec.shape.dim == 96 ||
+        r.spec.shape.dim == 256 || r.spec.has_twin)
+      continue;  // --variants rows: summarize_variants
     if (r.kv_bytes >= 64e6) big.push_back(r.fraction);
     if (r.spec.bc.ctx == 0) ragged.push_back(r.fraction);
     if (r.kv_bytes >= 16e6) min_16 = std::min(min_16, r.fraction);
@@ -731,10 +786,88 @@ std::string summarize_fp8(const std::vector<Result> &rs) {
   return std::string(buf) + table;
 }
 
+// The --variants cases (issue 16): each variant case follows the plain case
+// it is compared with (Spec::twin).
+std::vector<Spec> variant_specs(int32_t fixed_splits) {
+  std::vector<Spec> specs;
+  auto plain = [&](const Shape &sh, BatchCtx bc) {
+    specs.push_back({sh, bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, fixed_splits});
+    return static_cast<int>(specs.size()) - 1;
+  };
+  auto variant = [&](int twin, BatchCtx bc, float softcap, int32_t window, bool sinks) {
+    Spec s = specs[static_cast<size_t>(twin)];
+    s.bc = bc;
+    s.softcap = softcap, s.window = window, s.sinks = sinks;
+    s.has_twin = true;
+    s.twin_bc = specs[static_cast<size_t>(twin)].bc;
+    specs.push_back(s);
+  };
+  // Soft-cap (Gemma 2's 50, and 30) and sinks on the grid's large cases.
+  const struct {
+    int shape;
+    BatchCtx bc;
+  } large[] = {{0, {64, 4096}}, {0, {8, 8192}},  {0, {128, 2048}}, {0, {64, 0}},
+               {1, {64, 4096}}, {2, {64, 4096}}, {3, {128, 2048}}};
+  for (const auto &l : large) {
+    const int t = plain(kShapes[l.shape], l.bc);
+    variant(t, l.bc, 50.f, 0, false);
+    variant(t, l.bc, 0.f, 0, true);
+    variant(t, l.bc, 30.f, 0, true);
+  }
+  // A 4096-token window over 32768-token rows against plain 4096-token rows.
+  for (int batch : {64, 1}) {
+    const int t = plain(kShapes[0], {batch, 4096});
+    variant(t, {batch, 32768}, 0.f, 4096, false);
+  }
+  {
+    const int t = plain(kShapes[3], {64, 4096});
+    variant(t, {64, 32768}, 0.f, 4096, false);
+  }
+  // The new head dims against the copy ceiling.
+  for (const Shape &sh : kWideShapes)
+    for (int batch : {32, 64}) plain(sh, {batch, 4096});
+  return specs;
+}
+
+// The --variants table and targets.
+std::string summarize_variants(const std::vector<Result> &rs) {
+  std::string table =
+      "| case | plain case | plain us | variant us | ratio | target | met |\n"
+      "|---|---|---|---|---|---|---|\n";
+  char buf[768];
+  int met = 0, n = 0;
+  for (const Result &r : rs) {
+    const Spec &s = r.spec;
+    if (!s.has_twin || s.twin < 0 || r.twin_us <= 0) continue;
+    const double ratio = r.median_us / r.twin_us;
+    // Soft-cap / sinks: <= 3% slower; window over 32768 vs plain 4096:
+    // within 15% at batch 64, <= 1.15x at batch 1.
+    const double limit = s.window > 0 ? 1.15 : 1.03;
+    const bool ok = ratio <= limit;
+    met += ok, ++n;
+    snprintf(buf, sizeof buf, "| %s | %s | %.2f | %.2f | %.3f | <= %.2f | %s |\n",
+             case_name(r).c_str(), case_name(rs[static_cast<size_t>(s.twin)]).c_str(), r.twin_us,
+             r.median_us, ratio, limit, ok ? "yes" : "NO");
+    table += buf;
+  }
+  table += "\n| head-dim case | us | fraction of copy | target | met |\n|---|---|---|---|---|\n";
+  for (const Result &r : rs) {
+    const int dim = r.spec.shape.dim;
+    if (dim != 96 && dim != 256) continue;
+    const bool ok = r.fraction >= 0.95;
+    met += ok, ++n;
+    snprintf(buf, sizeof buf, "| %s | %.2f | %.3f | >= 0.95 | %s |\n", case_name(r).c_str(),
+             r.median_us, r.fraction, ok ? "yes" : "NO");
+    table += buf;
+  }
+  snprintf(buf, sizeof buf, "\nVariant targets met: %d of %d.\n", met, n);
+  return table + buf;
+}
+
 void usage(FILE *to, const char *program) {
   fprintf(to,
           "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--prefill] [--kv fp8]\n"
-          "       [--splits N] [--filter A,B,...]\n",
+          "       [--variants] [--splits N] [--filter A,B,...]\n",
           program);
 }
 
@@ -743,6 +876,7 @@ void usage(FILE *to, const char *program) {
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
   bool quick = false, explore = false, verify = false, prefill = false, fp8 = false;
+  bool variants = false;
   int32_t fixed_splits = 0;
   std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
@@ -763,6 +897,9 @@ int fd_decode_bench_main(int argc, char **argv) {
           "               grid (bf16 q, block 16, token-major; A also dim-major and f16 q),\n"
           "               each beside the same case with 16-bit K/V: time, fraction of copy\n"
           "               counting FP8 bytes, FP8 time / 16-bit time\n"
+          "  --variants   instead of the grid, the attention variants beside their plain\n"
+          "               twins (soft-cap, sinks on large cases; a 4096 window over 32768\n"
+          "               rows vs plain 4096 rows) and head_dim 256 / 96 against copy\n"
           "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
@@ -781,6 +918,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       verify = true;
     else if (!strcmp(argv[i], "--prefill"))
       prefill = true;
+    else if (!strcmp(argv[i], "--variants"))
+      variants = true;
     else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
       fp8 = true, ++i;
     else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
@@ -849,6 +988,7 @@ int fd_decode_bench_main(int argc, char **argv) {
         }
       }
   }
+  if (variants) specs = variant_specs(fixed_splits);
   if (prefill)
     for (const Spec &s : prefill_specs(fixed_splits)) specs.push_back(s);
   if (explore) {
@@ -893,6 +1033,17 @@ int fd_decode_bench_main(int argc, char **argv) {
     if (r.spec.kv_fp8 && !results.empty() && !results.back().spec.kv_fp8)
       r.bf16_us = results.back().median_us;  // its 16-bit twin
     results.push_back(r);
+    // --variants: the plain twin ran earlier (unless filtered out).
+    Result &added = results.back();
+    if (added.spec.has_twin)
+      for (size_t i = 0; i + 1 < results.size(); ++i) {
+        const Spec &o = results[i].spec;
+        if (!o.has_twin && !strcmp(o.shape.name, added.spec.shape.name) &&
+            o.bc.batch == added.spec.twin_bc.batch && o.bc.ctx == added.spec.twin_bc.ctx) {
+          added.spec.twin = static_cast<int>(i);
+          added.twin_us = results[i].median_us;
+        }
+      }
   }
   const double copy1 = measure_copy_gbps(stream);
   // One ceiling for the whole run: the larger (stricter) of the two readings.
@@ -902,6 +1053,7 @@ int fd_decode_bench_main(int argc, char **argv) {
   bool ok = true;
   std::string summary = summarize(results, &ok);
   if (fp8) summary = summarize_fp8(results) + "\n" + summary;
+  if (variants) summary = summarize_variants(results) + "\n" + summary;
   if (prefill) summary += "\n" + summarize_prefill(results);
   printf("\n%s\n", summary.c_str());
   write_json(out_dir + "/decode_bench.json", results, copy, prop.name);

@@ -17,6 +17,15 @@
 #                     defaults to 0), then append_bench (its output, table
 #                     and JSON in bench.log), and gpu_fp8 under the
 #                     sanitizers too.
+#                     VARIANTS=1 (issue 16): then also decode_bench
+#                     --variants (soft-cap, sinks, sliding window beside
+#                     their plain twins; head_dim 256 / 96 against copy):
+#                     its output, table and JSON in bench.log, its table in
+#                     summary.log. PREV_GRID=path (a decode_bench.json of
+#                     an earlier run, e.g. docs/perf/h200-grid-*.json): the
+#                     plain run is compared with it per case
+#                     (scripts/compare_decode_grids.py; another run, so
+#                     machine noise included).
 #   append            the GPU-resident cache and the append kernels: gpu_append,
 #                     gpu_cache_step and the CPU suites of the append primitives
 #                     (test_kv_append, test_kv_append_cache), the append
@@ -44,7 +53,8 @@
 # libcmocka-dev; carry .deps) are unpacked to /tmp/cm and used; or set
 # CMOCKA_ROOT to a prefix holding include/cmocka.h and lib/libcmocka.so.
 #
-# Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, FP8=1, SKIP_SANITIZER=1,
+# Environment: MODE, OUT, BUILD_DIR (build-gpu), JOBS, FP8=1, VARIANTS=1, PREV_GRID,
+# SKIP_SANITIZER=1,
 # SKIP_BENCH=1, BENCH_ARGS (decode mode, e.g. "--quick", "--explore", "--verify"
 # or "--filter A,B"), PREFILL=0 (decode mode: no --prefill cases, no torch
 # SDPA), GPU_ONLY=1 (decode mode: ctest runs only the "gpu" label),
@@ -248,6 +258,26 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$bench" ]; then
     note "append_bench rc=$rc in $((SECONDS - start)) s"
     grep -E "8192 tokens|FP8" "$app_dir/log" | tee -a "$OUT/summary.log"
     rm -rf "$app_dir"
+  fi
+  if [ "$MODE" = decode ] && [ -n "${PREV_GRID:-}" ] && [ -f "$OUT/decode_bench.json" ]; then
+    note "plain grid against $PREV_GRID (time new / old):"
+    python3 scripts/compare_decode_grids.py compare "$OUT/decode_bench.json" "$PREV_GRID" 2>&1 |
+      tee -a "$OUT/summary.log" "$OUT/bench.log"
+  fi
+  if [ "$MODE" = decode ] && [ "${VARIANTS:-0}" = 1 ]; then
+    # The attention variants and the new head dims (issue 16): output, table
+    # and JSON to bench.log (the file count stays at 8).
+    start=$SECONDS
+    var_dir=$(mktemp -d)
+    timeout 300 "$BUILD_DIR/bench/decode_bench" --variants --out "$var_dir" >"$var_dir/log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    { echo "### decode_bench --variants (rc=$rc)"; cat "$var_dir/log"
+      echo "### decode_bench --variants: decode_bench.json"; cat "$var_dir/decode_bench.json" 2>/dev/null
+    } >>"$OUT/bench.log"
+    note "decode_bench --variants rc=$rc in $((SECONDS - start)) s"
+    sed -n '/^| case | plain case/,/^Variant targets met/p' "$var_dir/log" | tee -a "$OUT/summary.log"
+    rm -rf "$var_dir"
   fi
   if [ "$MODE" = decode ] && [ "${PREFILL:-1}" = 1 ]; then
     # torch SDPA (cuDNN, flash) on the prefill shapes, beside decode_bench's
