@@ -7,14 +7,17 @@
 //   Q heads (fused form): rotation units then pass-through units -> q_out;
 //   K heads: the same units (fused) or plain copy units -> the K cache;
 //   V heads: plain copy units -> the V cache.
-// A rotation unit takes up to 8 pairs (dims i..i+7 and R/2+i..R/2+i+7), so
-// the thread that reads a pair also writes it: an in-place q_out is safe. A
-// copy unit moves up to 8 consecutive dims (dim-major caches store them one
-// element per dim).
+// A split-half rotation unit takes up to 8 pairs (dims i..i+7 and
+// R/2+i..R/2+i+7); an interleaved one (rope_style FD_ROPE_INTERLEAVED, a
+// runtime argument) takes up to 4 pairs in one run of 8 dims (2i..2i+7, pair
+// j in word j). Either way the thread that reads a pair also writes it: an
+// in-place q_out is safe. A copy unit moves up to 8 consecutive dims
+// (dim-major caches store them one element per dim).
 //
 // A full rotation unit reads its cos/sin as float4s and rotates two pairs per
-// 32-bit word (unpacked to FP32, packed back with one paired round-to-nearest
-// conversion): the same operations and roundings as one element at a time,
+// pair of 32-bit words (split-half) or one pair per word (interleaved),
+// unpacked to FP32 and packed back with one paired round-to-nearest
+// conversion: the same operations and roundings as one element at a time,
 // with a fraction of the instructions.
 //
 // FP8 E4M3 caches (kF8): K and V units quantise on the store, stored =
@@ -98,17 +101,19 @@ struct Unit {
   int32_t dst_token;    // q_out: elements between tokens; -1: cache slot of the token
   int64_t sd;           // dim stride of dst
   int n;                // elements per run
-  int pair;             // first rotation pair, -1 for a copy
+  int pair;             // first rotation pair (column of the cos/sin tables), -1 for a copy
   float scale;          // K / V units: the FP8 quantisation scale (kF8 only)
 };
 
 // Shape of the per-token unit list.
 struct Units {
   int D, R, half;
-  int plain;       // copy units of a head
-  int rot;         // units of a rotated head (pairs, then the dims past R)
-  int pair_units;  // rotation units of a rotated head
-  int q, k, v;     // units of all Q / K / V heads
+  bool interleaved;  // pairs (2i, 2i + 1): one run per rotation unit
+  int rot_span;      // dims a rotation unit's first run walks: R/2, or R interleaved
+  int plain;         // copy units of a head
+  int rot;           // units of a rotated head (pairs, then the dims past R)
+  int pair_units;    // rotation units of a rotated head
+  int q, k, v;       // units of all Q / K / V heads
   int k_per_head;
   int total;
 };
@@ -116,8 +121,10 @@ struct Units {
 __host__ __device__ __forceinline__ Units units_of(const AppendLaunch &a) {
   Units u;
   u.D = a.head_dim, u.R = a.rotary_dim, u.half = a.rotary_dim / 2;
+  u.interleaved = a.rope_style == FD_ROPE_INTERLEAVED;
+  u.rot_span = u.interleaved ? u.R : u.half;
   u.plain = (u.D + kVec - 1) / kVec;
-  u.pair_units = (u.half + kVec - 1) / kVec;
+  u.pair_units = (u.rot_span + kVec - 1) / kVec;
   u.rot = u.R > 0 ? u.pair_units + (u.D - u.R + kVec - 1) / kVec : 0;
   u.q = a.q != nullptr ? a.num_q_heads * u.rot : 0;
   u.k_per_head = u.R > 0 ? u.rot : u.plain;
@@ -137,13 +144,12 @@ __device__ __forceinline__ Unit head_unit(const uint16_t *src, unsigned char *ds
   int d0 = j * kVec;
   if (rotated) {
     if (j < s.pair_units) {
-      u.pair = j * kVec;
-      d0 = u.pair;
+      u.pair = s.interleaved ? d0 / 2 : d0;  // first pair: the tables' column
     } else {
       d0 = s.R + (j - s.pair_units) * kVec;
     }
   }
-  u.n = u.pair >= 0 ? min(kVec, s.half - d0) : min(kVec, s.D - d0);
+  u.n = u.pair >= 0 ? min(kVec, s.rot_span - d0) : min(kVec, s.D - d0);
   u.src = src + d0;
   u.dst = dst + d0 * sd * esz;
   u.scale = 1.f;
@@ -185,15 +191,17 @@ __device__ __forceinline__ Unit unit_at(const AppendLaunch &a, const Units &s, i
 }
 
 // Issues the loads of unit u for tokens r0 .. r0 + ntok - 1 (ntok <= N).
+// y_off: elements from a rotation unit's first run to its second (R/2
+// split-half; 0 interleaved, whose pairs lie inside the first run).
 template <int N>
-__device__ __forceinline__ void load_unit(const Unit &u, int r0, int ntok, int half, Run (&x)[N],
+__device__ __forceinline__ void load_unit(const Unit &u, int r0, int ntok, int y_off, Run (&x)[N],
                                           Run (&y)[N]) {
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     if (t < ntok) {
       const uint16_t *p = u.src + int64_t{r0 + t} * u.src_token;
       x[t] = load_run(p, u.n);
-      if (u.pair >= 0) y[t] = load_run(p + half, u.n);
+      if (u.pair >= 0 && y_off > 0) y[t] = load_run(p + y_off, u.n);
     }
   }
 }
@@ -223,6 +231,14 @@ __device__ __forceinline__ void rotate_word(uint32_t &xw, uint32_t &yw, float c0
   yw = Elem<T>::store2(rope_second(x.x, y.x, c0, s0), rope_second(x.y, y.y, c1, s1));
 }
 
+// Rotates the interleaved pair held in one word (x1 in the low half, x2 in
+// the high half) with one paired round-to-nearest conversion.
+template <class T>
+__device__ __forceinline__ void rotate_pair_word(uint32_t &w, float c, float s) {
+  const float2 x = Elem<T>::load2(w);
+  w = Elem<T>::store2(rope_first(x.x, x.y, c, s), rope_second(x.x, x.y, c, s));
+}
+
 // Two FP32 values quantised into FP8 E4M3 (the first in the low byte):
 // saturate(v / scale) rounded to nearest even (cvt.rn.satfinite: +-inf gives
 // +-448), NaN stored as the canonical 0x7f whatever its sign (a byte whose
@@ -247,9 +263,10 @@ __device__ __forceinline__ void store_bytes(unsigned char *p, int64_t stride, in
 
 // Rotates (if a rotation unit) and stores unit u of tokens r0 .. r0 + ntok
 // - 1. cos_s / sin_s: the tokens' tables, rows of table_row(half) floats.
-// kF8: K and V units quantise into an FP8 E4M3 cache.
+// y_off as load_unit's (0: interleaved pairs). kF8: K and V units quantise
+// into an FP8 E4M3 cache.
 template <class T, bool kF8, int N>
-__device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half,
+__device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half, int y_off,
                                            const AppendLaunch &a, const float *cos_s,
                                            const float *sin_s, Run (&x)[N], Run (&y)[N]) {
   const int row = table_row(half);
@@ -264,7 +281,15 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
 #pragma unroll
         for (int e = 0; e < kVec; e += 2) {
           float x0 = Elem<T>::load(get(x[t], e)), x1 = Elem<T>::load(get(x[t], e + 1));
-          if (u.pair >= 0) {
+          if (u.pair >= 0 && y_off == 0) {
+            // Interleaved: elements e, e + 1 are pair u.pair + e / 2.
+            if (e < u.n) {
+              const int i = t * row + u.pair + e / 2;
+              const float a = x0, b = x1;
+              x0 = rope_first(a, b, cos_s[i], sin_s[i]);
+              x1 = rope_second(a, b, cos_s[i], sin_s[i]);
+            }
+          } else if (u.pair >= 0) {
             float y0 = 0.f, y1 = 0.f;
             const float *c = cos_s + t * row + u.pair, *sn = sin_s + t * row + u.pair;
             if (e < u.n) {
@@ -281,12 +306,27 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
           }
           wx[e / 4] |= quantise2(x0, x1, u.scale) << (8 * (e & 3));
         }
-        if (u.pair >= 0) store_bytes(dst + half * u.sd, u.sd, u.n, wy);
+        if (u.pair >= 0 && y_off > 0) store_bytes(dst + y_off * u.sd, u.sd, u.n, wy);
         store_bytes(dst, u.sd, u.n, wx);
         continue;
       }
       uint16_t *dst = reinterpret_cast<uint16_t *>(u.dst) + off;
-      if (u.pair >= 0) {
+      if (u.pair >= 0 && y_off == 0) {
+        // Interleaved: word k is pair u.pair + k.
+        const float *c = cos_s + t * row + u.pair, *s = sin_s + t * row + u.pair;
+        if (u.n == kVec) {  // c, s 16-byte aligned (u.pair and row multiples of 4)
+          const float4 c4 = *reinterpret_cast<const float4 *>(c);
+          const float4 s4 = *reinterpret_cast<const float4 *>(s);
+          rotate_pair_word<T>(x[t].w[0], c4.x, s4.x);
+          rotate_pair_word<T>(x[t].w[1], c4.y, s4.y);
+          rotate_pair_word<T>(x[t].w[2], c4.z, s4.z);
+          rotate_pair_word<T>(x[t].w[3], c4.w, s4.w);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kVec / 2; ++k)
+            if (2 * k < u.n) rotate_pair_word<T>(x[t].w[k], c[k], s[k]);
+        }
+      } else if (u.pair >= 0) {
         const float *c = cos_s + t * row + u.pair, *s = sin_s + t * row + u.pair;
         if (u.n == kVec) {  // c, s 16-byte aligned (u.pair and row multiples of 4)
 #pragma unroll
@@ -306,7 +346,7 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
             }
           }
         }
-        store_run(dst + half * u.sd, u.sd, u.n, y[t]);
+        store_run(dst + y_off * u.sd, u.sd, u.n, y[t]);
       }
       store_run(dst, u.sd, u.n, x[t]);
     }
@@ -341,7 +381,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     append_kernel(const AppendLaunch a, const double log2_base, const int tokens_per_cta) {
   extern __shared__ float table[];
   const Units s = units_of(a);
-  const int half = s.half, row = table_row(half);
+  const int half = s.half, row = table_row(half), y_off = s.interleaved ? 0 : half;
   const int r0 = blockIdx.x * tokens_per_cta;
   const int ntok = min(tokens_per_cta, a.num_tokens - r0);
   const bool paged = a.block_ids != nullptr;
@@ -353,7 +393,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   Run x[MaxTok], y[MaxTok];
   if (w < s.total) {
     u = unit_at(a, s, w, sh, sd, esz);
-    load_unit(u, r0, ntok, half, x, y);
+    load_unit(u, r0, ntok, y_off, x, y);
   }
   float *inv_freq = table, *cos_s = table + row, *sin_s = table + row + tokens_per_cta * row;
   if (s.R > 0) {  // uniform across the CTA
@@ -367,11 +407,11 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     __syncthreads();
   }
   while (w < s.total) {
-    store_unit<T, kF8>(u, r0, ntok, half, a, cos_s, sin_s, x, y);
+    store_unit<T, kF8>(u, r0, ntok, half, y_off, a, cos_s, sin_s, x, y);
     w += blockDim.x;
     if (w < s.total) {
       u = unit_at(a, s, w, sh, sd, esz);
-      load_unit(u, r0, ntok, half, x, y);
+      load_unit(u, r0, ntok, y_off, x, y);
     }
   }
 }

@@ -28,6 +28,9 @@ struct AppendLaunch {
   int32_t head_dim = 0;
   int32_t rotary_dim = 0;  // 0: no rotation (raw append)
   float rope_base = 0.f;
+  // FD_ROPE_SPLIT_HALF (pairs i, i + R/2) or FD_ROPE_INTERLEAVED (pairs 2i,
+  // 2i + 1): a runtime argument, uniform across the launch.
+  int32_t rope_style = 0;
   const void *q = nullptr;  // [tokens, num_q_heads, head_dim]; rotated into q_out
   void *q_out = nullptr;    // may equal q
   const void *k = nullptr;  // [tokens, num_kv_heads, head_dim]

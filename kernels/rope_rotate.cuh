@@ -1,9 +1,8 @@
-// Device helpers of the split-half RoPE (docs/semantics.md S3.1) shared by the
-// append kernels. The rotation mirrors src/ops/rope.cpp operation by
-// operation (out = x1*cos - x2*sin, x2*cos + x1*sin) with explicit
-// round-to-nearest intrinsics so that nvcc does not contract the products
-// into FMAs the CPU does not use. The cos/sin table is built in
-// append_kernel.cu (inv_freq as the CPU's powf, FP32 sincosf).
+// Device helpers of the RoPE (docs/semantics.md S3.1, split-half and
+// interleaved pairs) shared by the append kernels. The rotation mirrors src/ops/rope.cpp operation
+// by operation (out = x1*cos - x2*sin, x2*cos + x1*sin) with explicit round-to-nearest intrinsics
+// so that nvcc does not contract the products into FMAs the CPU does not use. The cos/sin table is
+// built in append_kernel.cu (inv_freq as the CPU's powf, FP32 sincosf).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -58,7 +57,8 @@ struct Elem<__nv_bfloat16> {
   }
 };
 
-// The rotated pair (x1 at dim i, x2 at dim i + R/2).
+// The rotated pair (x1 at dim i, x2 at dim i + R/2 split-half; x1 at dim 2i,
+// x2 at dim 2i + 1 interleaved).
 __device__ __forceinline__ float rope_first(float x1, float x2, float c, float s) {
   return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
 }

@@ -1,11 +1,15 @@
 /* fd_kv_append / fd_rope_kv_append on CUDA against the CPU implementation:
  * every dtype x head_dim (64, 128) x rotary_dim (full, partial, not a
- * multiple of 16) x storage (token-major, dim-major, NHD strides, padded
- * dim-major), 1..300, 2100 and 4099 tokens (the large-call forms), in-place
- * and separate q_out; V and copies are bit-exact, rotated values within one
- * rounding of the dtype (powf/sincosf last bits). FD_GPU_TEST_REDUCED=1 runs
- * every third case (for compute-sanitizer). Error paths: bad indices in device
- * memory are refused with nothing written; host pointers are refused. */
+ * multiple of 16; interleaved also not a multiple of 8) x storage
+ * (token-major, dim-major, NHD strides, padded dim-major), 1..300, 2100 and
+ * 4099 tokens (the large-call forms), in-place and separate q_out, in both
+ * RoPE styles (split-half, interleaved); V and copies are bit-exact, rotated
+ * values within one rounding of the dtype (powf/sincosf last bits). The
+ * interleaved style also into FP8 E4M3 (the primitive and a CUDA cache's
+ * layer writes, against the CPU's bytes within one code). FD_GPU_TEST_REDUCED=1
+ * runs every third case (for compute-sanitizer). Error paths: bad indices in
+ * device memory are refused with nothing written; host pointers are refused;
+ * an unknown rope_style is refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -34,6 +38,7 @@ struct Case {
   int storage;
   bool in_place;
   uint64_t seed;
+  int32_t style; /* fd_rope_style */
 };
 
 struct Buffers {
@@ -90,7 +95,7 @@ fd_kv_append_params params(const Case &c, const Buffers &b) {
   fd_kv_append_params_init(&a);
   a.dtype = c.dtype, a.layout = b.layout, a.num_tokens = c.tokens, a.num_q_heads = c.hq;
   a.num_kv_heads = c.hkv, a.head_dim = c.dim, a.block_size = c.bs, a.num_blocks = b.blocks;
-  a.rotary_dim = c.rotary, a.rope_base = 10000.f;
+  a.rotary_dim = c.rotary, a.rope_base = 10000.f, a.rope_style = c.style;
   a.stride_block = b.sb, a.stride_head = b.sh, a.stride_token = b.st, a.stride_dim = b.sd;
   return a;
 }
@@ -128,8 +133,9 @@ void expect_close(const std::vector<uint16_t> &got, const std::vector<uint16_t> 
     if (got[i] == want[i]) continue;
     const float g = fd_test_load(got.data(), i, dtype), w = fd_test_load(want.data(), i, dtype);
     if (std::fabs(g - w) > rel * std::fmax(std::fabs(w), 1e-3f)) {
-      print_error("%s[%zu]: gpu %g cpu %g (dtype %d D=%u R=%u tokens=%u storage=%d)\n", what, i,
-                  (double)g, (double)w, dtype, c.dim, c.rotary, c.tokens, c.storage);
+      print_error("%s[%zu]: gpu %g cpu %g (dtype %d D=%u R=%u tokens=%u storage=%d style=%d)\n",
+                  what, i, (double)g, (double)w, dtype, c.dim, c.rotary, c.tokens, c.storage,
+                  c.style);
       fail();
     }
     ++*inexact;
@@ -180,37 +186,195 @@ void test_kernels_match_cpu(void **state) {
   /* FD_GPU_TEST_REDUCED=1 (compute-sanitizer runs): every third case. */
   const char *reduced_env = getenv("FD_GPU_TEST_REDUCED");
   const int stride = reduced_env != nullptr && strcmp(reduced_env, "1") == 0 ? 3 : 1;
-  for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
-    for (uint32_t D : {64u, 128u})
-      for (uint32_t R : {D, D / 2, 24u, 2u})
-        for (int st : {kToken, kDim, kNhd, kDimPadded})
-          for (uint32_t tokens : {1u, 37u, 300u}) {
-            if (visited++ % stride != 0) continue;
-            Case c = {dt, D, R, tokens, 8, 2, 16, st, (cases % 2) == 1, fd_test_next(&rng)};
-            if (tokens == 300) c.hq = 32, c.hkv = 8, c.bs = 32;
-            check(c, &inexact);
-            ++cases;
-          }
+  /* Interleaved rotation units cover 8 dims (4 pairs): R = 22 ends in a
+   * partial unit and starts the pass-through dims off a 16-byte boundary. */
+  for (int32_t style : {FD_ROPE_SPLIT_HALF, FD_ROPE_INTERLEAVED})
+    for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
+      for (uint32_t D : {64u, 128u})
+        for (uint32_t R : {D, D / 2, style == FD_ROPE_INTERLEAVED ? 22u : 24u, 2u})
+          for (int st : {kToken, kDim, kNhd, kDimPadded})
+            for (uint32_t tokens : {1u, 37u, 300u}) {
+              if (visited++ % stride != 0) continue;
+              Case c = {dt,   D, R, tokens, 8, 2, 16, st, (cases % 2) == 1, fd_test_next(&rng),
+                        style};
+              if (tokens == 300) c.hq = 32, c.hkv = 8, c.bs = 32;
+              check(c, &inexact);
+              ++cases;
+            }
   /* Large calls: 2 tokens per CTA from 2048 tokens, 4 from 4096 (4099: the
    * last CTA has 3). */
-  for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
-    for (uint32_t R : {128u, 64u, 24u})
-      for (int st : {kToken, kDimPadded}) {
-        if (visited++ % stride != 0) continue;
-        const uint32_t tokens = st == kToken ? 4099 : 2100;
-        Case c = {dt, 128, R, tokens, 32, 8, 32, st, (cases % 2) == 1, fd_test_next(&rng)};
-        check(c, &inexact);
-        ++cases;
-      }
+  for (int32_t style : {FD_ROPE_SPLIT_HALF, FD_ROPE_INTERLEAVED})
+    for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
+      for (uint32_t R : {128u, 64u, 24u})
+        for (int st : {kToken, kDimPadded}) {
+          if (visited++ % stride != 0) continue;
+          const uint32_t tokens = st == kToken ? 4099 : 2100;
+          Case c = {dt, 128, R, tokens, 32, 8, 32, st, (cases % 2) == 1, fd_test_next(&rng), style};
+          check(c, &inexact);
+          ++cases;
+        }
   print_message(
-      "gpu_append: %d cases x {plain, fused} match the CPU (%zu rotated values one "
+      "gpu_append: %d cases (split-half and interleaved) x {plain, fused} match the CPU (%zu "
+      "rotated values one rounding apart)\n",
+      cases, inexact);
+}
+
+/* Equal FP8 codes, or neighbours of one sign (one rounding step apart: the
+ * device's cos/sin may differ from the CPU's by an FP32 ulp); returns how
+ * many were not equal. */
+size_t expect_fp8_close(const std::vector<uint8_t> &got, const std::vector<uint8_t> &want,
+                        const char *what) {
+  size_t inexact = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    const bool nan = (got[i] & 0x7f) == 0x7f || (want[i] & 0x7f) == 0x7f;
+    if (nan || (got[i] & 0x80) != (want[i] & 0x80) || std::abs(int(got[i]) - int(want[i])) > 1) {
+      print_error("%s[%zu]: gpu 0x%02x cpu 0x%02x\n", what, i, got[i], want[i]);
+      fail();
+    }
+    ++inexact;
+  }
+  return inexact;
+}
+
+/* The interleaved style into FP8 E4M3 (the rotation quantised once from
+ * FP32): fd_rope_kv_append on CUDA against the CPU's bytes, V exact. */
+void test_interleaved_fp8_append(void **state) {
+  (void)state;
+  fd_test_rng rng = {23};
+  int cases = 0;
+  size_t inexact = 0;
+  for (int32_t dt : {FD_DTYPE_F16, FD_DTYPE_BF16})
+    for (int st : {kToken, kDim})
+      for (uint32_t D : {64u, 128u})
+        for (uint32_t R : {D, 22u})
+          for (uint32_t tokens : {1u, 37u, 300u}) {
+            const Case c = {
+                dt, D, R, tokens, 8, 2, 16, st, false, fd_test_next(&rng), FD_ROPE_INTERLEAVED};
+            const Buffers b = make(c);
+            std::vector<uint8_t> kc(b.kc.size(), 0x11), vc(b.kc.size(), 0x22);
+            std::vector<uint16_t> q_out_cpu(b.q.size(), 0);
+            fd_kv_append_params a = params(c, b);
+            a.cache_dtype = FD_DTYPE_FP8_E4M3, a.k_scale = 0.5f, a.v_scale = 2.f;
+            a.q = b.q.data(), a.q_out = q_out_cpu.data(), a.k = b.k.data(), a.v = b.v.data();
+            a.k_cache = kc.data(), a.v_cache = vc.data();
+            a.block_ids = b.ids.data(), a.offsets = b.offs.data(), a.positions = b.pos.data();
+            FD_ASSERT_OK(fd_rope_kv_append(&a));
+            Dev d;
+            uint16_t *q = d.put(b.q), *k = d.put(b.k), *v = d.put(b.v);
+            uint8_t *gkc = d.put(std::vector<uint8_t>(kc.size(), 0x11));
+            uint8_t *gvc = d.put(std::vector<uint8_t>(kc.size(), 0x22));
+            uint16_t *q_out = d.put(std::vector<uint16_t>(b.q.size(), 0x7fff));
+            int32_t *ids = d.put(b.ids), *offs = d.put(b.offs), *pos = d.put(b.pos);
+            assert_non_null(pos);
+            a.q = q, a.q_out = q_out, a.k = k, a.v = v, a.k_cache = gkc, a.v_cache = gvc;
+            a.block_ids = ids, a.offsets = offs, a.positions = pos;
+            a.device.type = FD_DEVICE_CUDA;
+            FD_ASSERT_OK(fd_rope_kv_append(&a));
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<uint8_t> g_vc = get(gvc, vc.size());
+            assert_memory_equal(g_vc.data(), vc.data(), vc.size());
+            inexact += expect_fp8_close(get(gkc, kc.size()), kc, "k_cache (fp8)");
+            expect_close(get(q_out, b.q.size()), q_out_cpu, dt, "q_out", c, &inexact);
+            ++cases;
+          }
+  print_message(
+      "gpu_append: %d interleaved FP8 E4M3 appends match the CPU (%zu values one "
       "rounding apart)\n",
       cases, inexact);
 }
 
+/* Layer writes of CUDA caches with rope_style interleaved (bf16, and FP8
+ * E4M3 from bf16 inputs; both layouts; full and partial rotary_dim;
+ * multi-token transactions) store what CPU caches with the same style store
+ * for the same calls, and return the same rotated Q, within one rounding. */
+void test_interleaved_cache_writes(void **state) {
+  (void)state;
+  const uint32_t L = 2, H = 2, HQ = 8, D = 128, BS = 16, MB = 32;
+  const float ks[2] = {0.5f, 0.25f}, vs[2] = {1.f, 2.f};
+  size_t inexact = 0;
+  for (int32_t cache_dtype : {FD_DTYPE_BF16, FD_DTYPE_FP8_E4M3})
+    for (int32_t layout : {FD_LAYOUT_TOKEN_MAJOR, FD_LAYOUT_DIM_MAJOR}) {
+      const bool fp8 = cache_dtype == FD_DTYPE_FP8_E4M3;
+      fd_cache *caches[2] = {nullptr, nullptr};
+      for (int dev = 0; dev < 2; ++dev) {
+        fd_cache_config c;
+        fd_cache_config_init(&c);
+        c.num_layers = L, c.num_kv_heads = H, c.head_dim = D, c.block_size = BS;
+        c.max_blocks = MB, c.dtype = cache_dtype, c.layout = layout;
+        c.rope_style = FD_ROPE_INTERLEAVED;
+        if (fp8) c.input_dtype = FD_DTYPE_BF16, c.k_scales = ks, c.v_scales = vs;
+        c.device.type = dev == 0 ? FD_DEVICE_CPU : FD_DEVICE_CUDA;
+        FD_ASSERT_OK(fd_cache_create(&c, &caches[dev]));
+      }
+      const uint64_t ids[3] = {1, 2, 3};
+      for (int dev = 0; dev < 2; ++dev)
+        for (uint64_t id : ids) FD_ASSERT_OK(fd_cache_add_request(caches[dev], id));
+      fd_test_rng rng = {29};
+      const uint32_t counts[3][3] = {{3, 1, 5}, {1, 1, 1}, {2, 9, 1}};
+      for (int step = 0; step < 3; ++step) {
+        const uint32_t n = counts[step][0] + counts[step][1] + counts[step][2];
+        fd_tx tx[2];
+        for (int dev = 0; dev < 2; ++dev)
+          FD_ASSERT_OK(fd_tx_begin_multi(caches[dev], ids, counts[step], 3, &tx[dev]));
+        for (uint32_t l = 0; l < L; ++l) {
+          const uint32_t R = l == 0 ? D : 64;
+          const Case c = {FD_DTYPE_BF16, D, R, n, HQ, H, BS, kToken, false, 0, FD_ROPE_INTERLEAVED};
+          std::vector<uint16_t> q(size_t(n) * HQ * D), k(size_t(n) * H * D), v(k.size());
+          for (auto &x : q) fd_test_store(&x, 0, FD_DTYPE_BF16, 2.f * fd_test_normal(&rng));
+          for (auto &x : k) fd_test_store(&x, 0, FD_DTYPE_BF16, 2.f * fd_test_normal(&rng));
+          for (auto &x : v) fd_test_store(&x, 0, FD_DTYPE_BF16, fd_test_normal(&rng));
+          std::vector<uint16_t> hq_out(q.size(), 0);
+          FD_ASSERT_OK(fd_tx_write_layer_rope(caches[0], tx[0], l, q.data(), HQ, k.data(), v.data(),
+                                              R, 10000.f, hq_out.data(), nullptr));
+          Dev d;
+          uint16_t *dq = d.put(q), *dk = d.put(k), *dv = d.put(v);
+          uint16_t *dq_out = d.put(std::vector<uint16_t>(q.size(), 0x7fff));
+          assert_non_null(dq_out);
+          FD_ASSERT_OK(fd_tx_write_layer_rope(caches[1], tx[1], l, dq, HQ, dk, dv, R, 10000.f,
+                                              dq_out, nullptr));
+          CUDA_OK(cudaDeviceSynchronize());
+          expect_close(get(dq_out, q.size()), hq_out, FD_DTYPE_BF16, "cache q_out", c, &inexact);
+        }
+        for (int dev = 0; dev < 2; ++dev) FD_ASSERT_OK(fd_tx_commit(caches[dev], tx[dev]));
+      }
+      FD_ASSERT_OK(fd_cache_async_error(caches[1]));
+      /* Every stored element of every layer. */
+      const size_t elems = size_t(MB) * H * BS * D;
+      const Case c = {FD_DTYPE_BF16, D, D, 0, HQ, H, BS, kToken, false, 0, FD_ROPE_INTERLEAVED};
+      for (uint32_t l = 0; l < L; ++l) {
+        void *hk, *hv, *gk, *gv;
+        int64_t hs[4], gs[4];
+        FD_ASSERT_OK(fd_cache_layer_storage(caches[0], l, &hk, &hv, hs));
+        FD_ASSERT_OK(fd_cache_layer_storage(caches[1], l, &gk, &gv, gs));
+        if (fp8) {
+          const uint8_t *hk8 = static_cast<const uint8_t *>(hk);
+          const uint8_t *hv8 = static_cast<const uint8_t *>(hv);
+          const std::vector<uint8_t> gv8 = get(static_cast<const uint8_t *>(gv), elems);
+          assert_memory_equal(gv8.data(), hv8, elems);
+          inexact += expect_fp8_close(get(static_cast<const uint8_t *>(gk), elems),
+                                      std::vector<uint8_t>(hk8, hk8 + elems), "cache K (fp8)");
+        } else {
+          const uint16_t *hk16 = static_cast<const uint16_t *>(hk);
+          const uint16_t *hv16 = static_cast<const uint16_t *>(hv);
+          const std::vector<uint16_t> gv16 = get(static_cast<const uint16_t *>(gv), elems);
+          assert_memory_equal(gv16.data(), hv16, elems * 2);
+          expect_close(get(static_cast<const uint16_t *>(gk), elems),
+                       std::vector<uint16_t>(hk16, hk16 + elems), FD_DTYPE_BF16, "cache K", c,
+                       &inexact);
+        }
+      }
+      for (fd_cache *x : caches) fd_cache_destroy(x);
+    }
+  print_message(
+      "gpu_append: interleaved CUDA caches (bf16, FP8 E4M3) store what CPU caches "
+      "store (%zu values one rounding apart)\n",
+      inexact);
+}
+
 void test_errors(void **state) {
   (void)state;
-  const Case c = {FD_DTYPE_BF16, 64, 64, 9, 4, 2, 8, kToken, false, 5};
+  const Case c = {FD_DTYPE_BF16, 64, 64, 9, 4, 2, 8, kToken, false, 5, FD_ROPE_SPLIT_HALF};
   Buffers b = make(c);
   b.ids[4] = (int32_t)b.blocks; /* out of range, in device memory */
   Dev d;
@@ -231,6 +395,16 @@ void test_errors(void **state) {
   b.offs[2] = 8;
   CUDA_OK(fd_gpu_upload(nullptr, offs, b.offs.data(), b.offs.size() * 4));
   FD_ASSERT_FAILS(fd_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "offsets[2] = 8");
+  b.offs[2] = 0;
+  CUDA_OK(fd_gpu_upload(nullptr, offs, b.offs.data(), b.offs.size() * 4));
+  b.pos[6] = 0;
+  CUDA_OK(fd_gpu_upload(nullptr, pos, b.pos.data(), b.pos.size() * 4));
+  a.rope_style = 2;
+  FD_ASSERT_FAILS(fd_rope_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "params->rope_style 2");
+  a.rope_style = FD_ROPE_INTERLEAVED;
+  a.reserved2 = 1;
+  FD_ASSERT_FAILS(fd_rope_kv_append(&a), FD_ERR_INVALID_ARGUMENT, "params->reserved2");
+  a.reserved2 = 0;
   CUDA_OK(cudaDeviceSynchronize());
   /* Nothing was written. */
   assert_memory_equal(get(kc, b.kc.size()).data(), b.kc.data(), b.kc.size() * 2);
@@ -253,6 +427,8 @@ int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kernels_match_cpu),
+      cmocka_unit_test(test_interleaved_fp8_append),
+      cmocka_unit_test(test_interleaved_cache_writes),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -82,6 +82,7 @@ void backend::cuda_kv_append(const AppendProblem &p) {
   a.head_dim = static_cast<int32_t>(kv.head_dim);
   a.rotary_dim = static_cast<int32_t>(p.rotary_dim);
   a.rope_base = p.rope_base;
+  a.rope_style = p.rope_style;
   a.q = p.q;
   a.q_out = p.q_out;
   a.k = p.k;

@@ -350,6 +350,7 @@ class CudaKvStorage final : public KvStorage {
     a.head_dim = static_cast<int32_t>(g_.head_dim);
     a.rotary_dim = static_cast<int32_t>(rotary_dim);
     a.rope_base = rope_base;
+    a.rope_style = g_.rope_style;
     a.q = q;
     a.q_out = q_out;
     a.k = k;
