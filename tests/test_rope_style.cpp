@@ -153,6 +153,36 @@ void test_append_fp8_interleaved(void **state) {
     }
 }
 
+/* One fused layer write of random q, k, v (n tokens) into an open
+ * transaction; keeps the inputs and the returned Q. */
+struct LayerWrite {
+  std::vector<uint8_t> q, k, v, q_out;
+};
+
+LayerWrite write_random_layer(fd_cache *cache, fd_tx tx, uint32_t layer, uint32_t n, uint32_t hq,
+                              uint32_t h, uint32_t d, int32_t dtype, uint32_t rotary, float base,
+                              fd_test_rng *rng) {
+  LayerWrite w;
+  w.q = random_tensor(rng, (size_t)n * hq * d, dtype);
+  w.k = random_tensor(rng, (size_t)n * h * d, dtype);
+  w.v = random_tensor(rng, (size_t)n * h * d, dtype);
+  w.q_out.assign(w.q.size(), 0);
+  FD_ASSERT_OK(fd_tx_write_layer_rope(cache, tx, layer, w.q.data(), hq, w.k.data(), w.v.data(),
+                                      rotary, base, w.q_out.data(), NULL));
+  return w;
+}
+
+/* Positions, blocks and offsets of an open transaction's n tokens. */
+struct Tokens {
+  std::vector<int32_t> pos, blk, off;
+};
+
+Tokens tokens_of(fd_cache *cache, fd_tx tx, uint32_t n) {
+  Tokens t{std::vector<int32_t>(n), std::vector<int32_t>(n), std::vector<int32_t>(n)};
+  FD_ASSERT_OK(fd_tx_get_tokens(cache, tx, n, t.pos.data(), t.blk.data(), t.off.data()));
+  return t;
+}
+
 fd_cache_config style_config(int32_t style, int32_t dtype, int32_t layout) {
   fd_cache_config c;
   fd_cache_config_init(&c);
@@ -188,28 +218,24 @@ void test_cache_interleaved(void **state) {
         const uint32_t n = counts[step][0] + counts[step][1];
         fd_tx tx;
         FD_ASSERT_OK(fd_tx_begin_multi(cache, ids, counts[step], 2, &tx));
-        std::vector<int32_t> pos(n), blk(n), off(n);
-        FD_ASSERT_OK(fd_tx_get_tokens(cache, tx, n, pos.data(), blk.data(), off.data()));
+        const Tokens tk = tokens_of(cache, tx, n);
+        const int32_t *pos = tk.pos.data(), *blk = tk.blk.data(), *off = tk.off.data();
         for (uint32_t l = 0; l < 2; ++l) {
           const uint32_t rotary = l == 0 ? D : 6;
-          const std::vector<uint8_t> q = random_tensor(&rng, n * HQ * D, dtype);
-          const std::vector<uint8_t> k = random_tensor(&rng, n * H * D, dtype);
-          const std::vector<uint8_t> v = random_tensor(&rng, n * H * D, dtype);
-          std::vector<uint8_t> q_out(q.size(), 0);
-          FD_ASSERT_OK(fd_tx_write_layer_rope(cache, tx, l, q.data(), HQ, k.data(), v.data(),
-                                              rotary, 500.f, q_out.data(), NULL));
+          const LayerWrite w =
+              write_random_layer(cache, tx, l, n, HQ, H, D, dtype, rotary, 500.f, &rng);
           const std::vector<uint8_t> want_q =
-              rotated(q, dtype, n, HQ, D, pos.data(), rotary, 500.f, FD_ROPE_INTERLEAVED);
+              rotated(w.q, dtype, n, HQ, D, pos, rotary, 500.f, FD_ROPE_INTERLEAVED);
           const std::vector<uint8_t> want_k =
-              rotated(k, dtype, n, H, D, pos.data(), rotary, 500.f, FD_ROPE_INTERLEAVED);
-          assert_memory_equal(q_out.data(), want_q.data(), q.size());
+              rotated(w.k, dtype, n, H, D, pos, rotary, 500.f, FD_ROPE_INTERLEAVED);
+          assert_memory_equal(w.q_out.data(), want_q.data(), w.q.size());
           void *kp = NULL, *vp = NULL;
           int64_t strides[4];
           FD_ASSERT_OK(fd_cache_layer_storage(cache, l, &kp, &vp, strides));
-          expect_stored(static_cast<const uint8_t *>(kp), want_k, layout, es, H, B, D, n,
-                        blk.data(), off.data(), "cache K");
-          expect_stored(static_cast<const uint8_t *>(vp), v, layout, es, H, B, D, n, blk.data(),
-                        off.data(), "cache V");
+          expect_stored(static_cast<const uint8_t *>(kp), want_k, layout, es, H, B, D, n, blk, off,
+                        "cache K");
+          expect_stored(static_cast<const uint8_t *>(vp), w.v, layout, es, H, B, D, n, blk, off,
+                        "cache V");
         }
         FD_ASSERT_OK(fd_tx_commit(cache, tx));
       }
@@ -234,16 +260,13 @@ void test_cache_fp8_interleaved(void **state) {
   const uint32_t counts[2] = {2, 3}, n = 5;
   fd_tx tx;
   FD_ASSERT_OK(fd_tx_begin_multi(cache, ids, counts, 2, &tx));
-  std::vector<int32_t> pos(n), blk(n), off(n);
-  FD_ASSERT_OK(fd_tx_get_tokens(cache, tx, n, pos.data(), blk.data(), off.data()));
+  const Tokens tk = tokens_of(cache, tx, n);
+  const int32_t *blk = tk.blk.data(), *off = tk.off.data();
   for (uint32_t l = 0; l < 2; ++l) {
     const uint32_t rotary = l == 0 ? D : 10;
-    const std::vector<uint8_t> q = random_tensor(&rng, n * HQ * D, FD_DTYPE_BF16);
-    const std::vector<uint8_t> k = random_tensor(&rng, n * H * D, FD_DTYPE_BF16);
-    const std::vector<uint8_t> v = random_tensor(&rng, n * H * D, FD_DTYPE_BF16);
-    std::vector<uint8_t> q_out(q.size(), 0);
-    FD_ASSERT_OK(fd_tx_write_layer_rope(cache, tx, l, q.data(), HQ, k.data(), v.data(), rotary,
-                                        10000.f, q_out.data(), NULL));
+    const LayerWrite w =
+        write_random_layer(cache, tx, l, n, HQ, H, D, FD_DTYPE_BF16, rotary, 10000.f, &rng);
+    const std::vector<uint8_t> &q = w.q, &k = w.k, &v = w.v, &q_out = w.q_out;
     /* The primitive on zeroed FP8 blocks, then the written slots compared. */
     std::vector<uint8_t> kc(NB * H * B * D, 0), vc(kc.size(), 0), q_ref(q.size(), 0);
     fd_kv_append_params a;
@@ -254,7 +277,7 @@ void test_cache_fp8_interleaved(void **state) {
     a.rope_base = 10000.f, a.rope_style = FD_ROPE_INTERLEAVED;
     a.q = q.data(), a.q_out = q_ref.data(), a.k = k.data(), a.v = v.data();
     a.k_cache = kc.data(), a.v_cache = vc.data();
-    a.block_ids = blk.data(), a.offsets = off.data(), a.positions = pos.data();
+    a.block_ids = blk, a.offsets = off, a.positions = tk.pos.data();
     FD_ASSERT_OK(fd_rope_kv_append(&a));
     assert_memory_equal(q_out.data(), q_ref.data(), q.size());
     void *kp = NULL, *vp = NULL;
