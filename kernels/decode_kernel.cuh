@@ -826,10 +826,19 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] *= (e & 2) ? lsc1 : lsc0;
       if (p.variant.softcap > 0.f) {
+        // Rows g + 8 of the m-tile are padding when the tile has at most 8
+        // query rows (groups <= 8 with one token): skip their two MUFU ops
+        // per score (warp-uniform; padding scores stay finite).
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+          for (int e = 0; e < 2; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+        if (mt * 16 + 8 < rows) {
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 2; e < 4; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+        }
       }
 #pragma unroll
       for (int n = 0; n < 2; ++n)
