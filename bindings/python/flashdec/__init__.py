@@ -40,7 +40,7 @@ the header's version rule to it.
 Enums mirror the header's C enums as ``int`` subclasses (members compare equal
 to the C values): :class:`DType` (F32, F16, BF16, and the stored-K/V types
 FP8_E4M3, FP8_E5M2), :class:`Layout` (TOKEN_MAJOR, DIM_MAJOR),
-:class:`DeviceType` (CPU, CUDA),
+:class:`DeviceType` (CPU, CUDA), :class:`RopeStyle` (SPLIT_HALF, INTERLEAVED),
 :class:`RequestState`, :class:`TxState`, :class:`Status` (the fd_status codes)
 and the scheduler/engine/workload enums :class:`EngineRequestState`,
 :class:`StepOutcome`, :class:`ScheduleReason`, :class:`DecisionList`,
@@ -66,7 +66,7 @@ from .ops import (
     reference_attention_dense,
     rope_apply,
 )
-from .types import CacheConfig, Device, DeviceType, DType, Layout, RequestState, TxState
+from .types import CacheConfig, Device, DeviceType, DType, Layout, RequestState, RopeStyle, TxState
 
 HEADER_VERSION = f"{_lib.HEADER_VERSION_MAJOR}.{_lib.HEADER_VERSION_MINOR}.{_lib.HEADER_VERSION_PATCH}"
 __version__ = HEADER_VERSION
@@ -110,6 +110,7 @@ __all__ = list(_engine.__all__) + [
     "Metrics",
     "PrefixInfo",
     "RequestState",
+    "RopeStyle",
     "Status",
     "Transaction",
     "TxInfo",

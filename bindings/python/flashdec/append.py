@@ -19,7 +19,7 @@ from . import _lib
 from ._arrays import Buffer, empty_like_dtype, host_index_array, index_tensor, stream_for, tensor
 from .errors import argument_error, check
 from .ops import _kv_geometry, _u32
-from .types import DeviceType, DType, Layout
+from .types import DeviceType, DType, Layout, RopeStyle, _rope_style
 
 
 def _index(x: Any, name: str, n: int, like: Buffer) -> Tuple[int, Any]:
@@ -169,6 +169,7 @@ def rope_kv_append(
     cache_dtype: Optional[DType] = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    style: RopeStyle = RopeStyle.SPLIT_HALF,
 ) -> Any:
     """Fused RoPE + append (fd_rope_kv_append): rotates q and k of token i at
     positions[i], writes rotated K and raw V into (block_ids[i], offsets[i])
@@ -179,7 +180,10 @@ def rope_kv_append(
     CUDA). Other arguments as :func:`kv_append` (streams, ``cache_dtype`` and
     scales included: into an FP8 cache the rotated K is quantised from its
     FP32 value; ``q_out``, of k's type and allocated on ``stream`` when
-    None, is ready when the stream gets there).
+    None, is ready when the stream gets there). ``style`` is the
+    :class:`RopeStyle` (fd_kv_append_params.rope_style; default SPLIT_HALF),
+    as :func:`flashdec.rope_apply`'s; an unknown value is the library's
+    INVALID_ARGUMENT naming rope_style.
     On failure nothing is written, ``q_out`` included.
     """
     p, keep, kb = _build(k, v, k_cache, v_cache, block_ids, offsets, layout, stream, cache_dtype, k_scale, v_scale)
@@ -193,6 +197,7 @@ def rope_kv_append(
     p.q, p.q_out, p.positions = qb.ptr, ob.ptr, pos_ptr
     p.rotary_dim = _u32(rotary_dim, "rotary_dim")
     p.rope_base = float(rope_base)
+    p.rope_style = _rope_style(style)
     keep += [qb, ob, pos_owner]
     check(_lib.fd_rope_kv_append(ctypes.byref(p)))
     return q_out

@@ -696,10 +696,11 @@ class Transaction:
         q_out: Any = None,
         stream: Any = None,
     ) -> Any:
-        """Rotates q and k at each token's position, writes rotated K and raw V,
-        and returns the rotated Q (into ``q_out``, which may be ``q``; when
-        None it is allocated, on ``stream`` for CUDA). Streams as
-        :meth:`write_layer`; q_out is ready when ``stream`` gets there."""
+        """Rotates q and k at each token's position in the cache's
+        ``config.rope_style``, writes rotated K and raw V, and returns the
+        rotated Q (into ``q_out``, which may be ``q``; when None it is
+        allocated, on ``stream`` for CUDA). Streams as :meth:`write_layer`;
+        q_out is ready when ``stream`` gets there."""
         c = self.cache
         cfg = c._config
         with c._lock:

@@ -10,7 +10,7 @@ import numpy as np
 from . import _lib
 from ._arrays import Buffer, empty_like_dtype, host_index_array, index_tensor, is_torch_tensor, stream_for, tensor
 from .errors import FlashDecError, Status, argument_error, check
-from .types import Device, DeviceType, DType, Layout
+from .types import Device, DeviceType, DType, Layout, RopeStyle, _rope_style
 
 
 def _u32(value: int, name: str) -> int:
@@ -479,12 +479,25 @@ class DecodePlan:
 
 
 def rope_apply(
-    x: Any, positions: Sequence[int], rotary_dim: int, rope_base: float = 10000.0
+    x: Any,
+    positions: Sequence[int],
+    rotary_dim: int,
+    rope_base: float = 10000.0,
+    *,
+    style: RopeStyle = RopeStyle.SPLIT_HALF,
 ) -> Any:
-    """Rotates ``x`` in place (fd_rope_apply, S3.1). Returns ``x``.
+    """Rotates ``x`` in place (S3.1) in the RoPE convention ``style``.
+    Returns ``x``.
 
     x: host array [num_tokens, num_heads, head_dim], contiguous and writable.
     positions: one non-negative position per token.
+    rotary_dim: rotated dims per head, even and <= head_dim; the dims from
+    rotary_dim on stay unchanged in either style.
+    style: :class:`RopeStyle`; SPLIT_HALF (default) rotates the pairs
+    (i, i + rotary_dim/2) through fd_rope_apply, INTERLEAVED the pairs
+    (2i, 2i + 1) through fd_rope_apply_style (which gives fd_rope_apply's
+    bits for SPLIT_HALF). An unknown value: the library's INVALID_ARGUMENT
+    naming rope_style, nothing written.
     """
     xb = tensor(x, "x", writable=True, device=Device.cpu())
     if len(xb.shape) != 3:
@@ -492,13 +505,15 @@ def rope_apply(
     pos = host_index_array(positions, "positions", np.int32)
     if pos.shape[0] != xb.shape[0]:
         raise argument_error(f"positions: expected {xb.shape[0]} entries, got {pos.shape[0]}")
-    check(
-        _lib.fd_rope_apply(
-            int(xb.dtype), xb.ptr, _u32(xb.shape[0], "num_tokens"), _u32(xb.shape[1], "num_heads"),
-            _u32(xb.shape[2], "head_dim"), pos.ctypes.data, _u32(rotary_dim, "rotary_dim"),
-            float(rope_base),
-        )  # fmt: skip
-    )
+    style_value = _rope_style(style)
+    args = (
+        int(xb.dtype), xb.ptr, _u32(xb.shape[0], "num_tokens"), _u32(xb.shape[1], "num_heads"),
+        _u32(xb.shape[2], "head_dim"), pos.ctypes.data, _u32(rotary_dim, "rotary_dim"), float(rope_base),
+    )  # fmt: skip
+    if style_value == RopeStyle.SPLIT_HALF:
+        check(_lib.fd_rope_apply(*args))
+    else:
+        check(_lib.fd_rope_apply_style(*args, style_value))
     return x
 
 

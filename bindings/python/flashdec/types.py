@@ -76,6 +76,32 @@ class Layout(CEnum):
     DIM_MAJOR = 1
 
 
+class RopeStyle(CEnum):
+    """fd_rope_style: which dims of a head RoPE rotates together
+    (docs/semantics.md S3.1). Both use inv_freq[i] = rope_base^(-2i /
+    rotary_dim) and leave dims from rotary_dim on unchanged.
+
+    SPLIT_HALF (default): pair i is (i, i + rotary_dim/2), "rotate_half"
+    (GPT-NeoX; Llama, Mistral, Qwen, Gemma, Phi in Hugging Face layout).
+    INTERLEAVED: pair i is (2i, 2i + 1) (GPT-J, CodeGen, ChatGLM, Meta's
+    original Llama layout). A checkpoint's Q/K weights fix the style."""
+
+    SPLIT_HALF = 0
+    INTERLEAVED = 1
+
+
+def _rope_style(style: int) -> int:
+    """The int32 a ``rope_style`` field or argument passes to C. Any int32
+    goes through (the library refuses an unknown style, naming it); a value
+    outside int32 would wrap in ctypes, so it is refused here."""
+    value = int(style)
+    if not -0x80000000 <= value <= 0x7FFFFFFF:
+        from .errors import argument_error
+
+        raise argument_error(f"rope_style must fit in int32, got {value}")
+    return value
+
+
 class DeviceType(CEnum):
     """fd_device_type: where a cache's memory lives and its work runs."""
 
@@ -145,6 +171,11 @@ class CacheConfig:
     FP8 cache needs F16 or BF16 (or F32 on the CPU). The per-layer scales of
     an FP8 cache are given to :class:`~flashdec.Cache` (``k_scales=``,
     ``v_scales=``), not here: fd_cache_get_config does not report them.
+
+    ``rope_style`` is the :class:`RopeStyle` of the cache's fused RoPE writes
+    (:meth:`Transaction.write_layer_rope`, and so the engine's steps and
+    prefill); default SPLIT_HALF. An unknown value is refused by the library
+    (INVALID_ARGUMENT naming rope_style) when the cache is created.
     """
 
     num_layers: int = field(default_factory=lambda: _default_config().num_layers)
@@ -159,6 +190,7 @@ class CacheConfig:
     layout: Layout = field(default_factory=lambda: Layout(_default_config().layout))
     device: Device = field(default_factory=lambda: Device.from_c(_default_config().device))
     input_dtype: Optional[DType] = None
+    rope_style: RopeStyle = field(default_factory=lambda: RopeStyle(_default_config().rope_style))
 
     @property
     def resolved_input_dtype(self) -> DType:
@@ -185,6 +217,7 @@ class CacheConfig:
         c.layout = int(self.layout)
         c.device = self.device.to_c()
         c.input_dtype = -1 if self.input_dtype is None else int(self.input_dtype)
+        c.rope_style = _rope_style(self.rope_style)
         return c
 
     @staticmethod
@@ -200,6 +233,7 @@ class CacheConfig:
             layout=Layout(c.layout),
             device=Device.from_c(c.device),
             input_dtype=None if c.input_dtype < 0 else DType(c.input_dtype),
+            rope_style=RopeStyle(c.rope_style),
         )
 
     @property

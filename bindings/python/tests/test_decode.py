@@ -171,7 +171,7 @@ def test_misaligned_arrays_raise_before_the_call(rng, monkeypatch):
     def not_called(*_args):
         raise AssertionError("the C function must not be called")
 
-    for name in ("fd_decode", "fd_rope_apply", "fd_reference_attention_dense", "fd_kv_append"):
+    for name in ("fd_decode", "fd_rope_apply", "fd_rope_apply_style", "fd_reference_attention_dense", "fd_kv_append"):
         monkeypatch.setattr(_lib, name, not_called)
     q, kc, vc, tables, lens, _, _ = paged_problem(rng, dtype=np.float16)
     out = np.full(q.shape, 7.0, np.float16)

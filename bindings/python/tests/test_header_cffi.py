@@ -90,6 +90,7 @@ PYTHON_ENUMS = {
     "fd_device_type": fd.DeviceType,
     "fd_request_state": fd.RequestState,
     "fd_tx_state": fd.TxState,
+    "fd_rope_style": fd.RopeStyle,
     "fd_schedule_reason": fd.ScheduleReason,
     "fd_decision_list": fd.DecisionList,
     "fd_engine_request_state": fd.EngineRequestState,
