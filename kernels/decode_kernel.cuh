@@ -428,8 +428,12 @@ struct Params {
 // mma type, and q / out are f16 or bf16 by p.q_bf16 (a bf16 q row is scaled
 // by a power of two into f16's range, folded into its logit scale).
 // kMulti: several query tokens per row (q_indptr, work.max_q_len > 1); the
-// one-token instantiation keeps plain decode's code unchanged.
-template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
+// one-token instantiation keeps plain decode's code unchanged. kVariant: the
+// call has a soft-cap, a sliding window or sinks (p.variant, p.sinks; each a
+// uniform branch in this instantiation); the plain instantiation compiles
+// none of their code (their registers cost the D = 128 kernels 2-3% on the
+// H200 when they were runtime branches only).
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant>
 __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
   constexpr bool kFp8 = KvType<TKV>::kFp8;
   static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
@@ -512,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // the first tile depends on seq_len, so they load after it (one round
   // trip more, once per CTA).
   int pre[kS][kNmax];
-  if (p.variant.window == 0) {
+  if (!kVariant || p.variant.window == 0) {
 #pragma unroll
     for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
   }
@@ -533,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   // j0) sees positions from kv_begin on; its items count tiles from the one
   // holding kv_begin, and blocks wholly before kv_begin are never copied.
   int kv_begin = 0, first_tile = 0;
-  if (p.variant.window > 0) {
+  if (kVariant && p.variant.window > 0) {
     kv_begin = static_cast<int>(p.variant.first_visible(int64_t{seq_len} - q_len + j0));
     first_tile = kv_begin / kTile;
     tile_begin += first_tile;
@@ -564,8 +568,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       const int t = tok0 + cc.token;
       // (t | bs_mask): the last token of t's block; a block with no token
       // at or past `from` lies wholly before the window (maybe freed).
-      const bool valid =
-          t < kv_end && (t | bs_mask) >= from && ids[i] >= 0 && ids[i] < p.num_blocks;
+      const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && ids[i] >= 0 &&
+                         ids[i] < p.num_blocks;
       int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
       if (kDimMajor)
         off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
@@ -761,7 +765,8 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     for (int step = slice0; step < kStepsPerTile; step += slice_step) {
       const int t0 = step * kStepTokens;
       if (tok0 + t0 >= warp_end) break;  // warp-uniform
-      if (p.variant.window > 0 && tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
+      if (kVariant && p.variant.window > 0 &&
+          tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
         continue;  // before the window of every row of the warp
 
       // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
@@ -820,12 +825,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       // The soft-cap (a uniform branch) squashes the scaled scores; then
       // the causal end and the window's start mask them.
       const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
-      const bool head = p.variant.window > 0 && tok0 + t0 < warp_end - p.variant.window;
+      const bool head = kVariant && p.variant.window > 0 && tok0 + t0 < warp_end - p.variant.window;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] *= (e & 2) ? lsc1 : lsc0;
-      if (p.variant.softcap > 0.f) {
+      if (kVariant && p.variant.softcap > 0.f) {
         // Rows g + 8 of the m-tile are padding when the tile has at most 8
         // query rows (groups <= 8 with one token): skip their two MUFU ops
         // per score (warp-uniform; padding scores stay finite).
@@ -1036,7 +1041,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     if (!p.work.has_partials()) {
       const float sum = red_h[2 * h + 1];
       float inv = sum > 0.f ? p.v_scale / sum : 0.f;
-      if (p.sinks != nullptr && sum > 0.f) {
+      if (kVariant && p.sinks != nullptr && sum > 0.f) {
         // The head's sink joins the denominator: rescaled to the larger of
         // the two maxima. -inf (no sink) gives keep = 1 and a zero term:
         // the bits of v_scale / sum.
@@ -1147,11 +1152,15 @@ __global__ void __launch_bounds__(256, 1)
       out_row = static_cast<int64_t>(first + token) * num_q_heads + qh % num_q_heads;
       len = len < 0 ? 0 : (len > max_len ? max_len : len);
       // The splits of the token's query tile that hold its keys.
-      if (active) len = work.q_tile_span(variant, len, q_len, work.q_tile_of(q_len, token));
+      // (Without a window the span is the causal one: no 64-bit division.)
+      const int k = work.q_tile_of(q_len, token);
+      if (active)
+        len = variant.window > 0 ? work.q_tile_span(variant, len, q_len, k)
+                                 : work.q_tile_keys(len, k);
     } else {
       len = seq_lens[qh / num_q_heads];
       len = len < 0 ? 0 : (len > max_len ? max_len : len);
-      len -= work.first_key_tile(variant, len, 1, 0) * work.tile_tokens;
+      if (variant.window > 0) len -= work.first_key_tile(variant, len, 1, 0) * work.tile_tokens;
     }
     nv = active ? work.splits_holding(len) : 0;
   }
@@ -1296,9 +1305,15 @@ cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 
 // Raises the attention kernel's dynamic shared memory limit on the current
 // device (a per-device, per-function setting that launches then rely on).
+// Both instantiations: plain and with attention variants (a run takes the
+// variant from its own params).
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t prepare_decode_variant() {
-  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>,
+  const cudaError_t err = cudaFuncSetAttribute(
+      detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, sizeof(TKV)>::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, true>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               detail::Config<D, sizeof(TKV)>::kSmemBytes);
 }
@@ -1342,7 +1357,8 @@ cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
 cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   using Cfg = detail::Config<D, sizeof(TKV)>;
-  auto kernel = detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti>;
+  auto kernel = l.variant.is_plain() ? detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>
+                                     : detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, true>;
   cudaError_t err = cudaSuccess;
   detail::Params p;
   p.q = l.q;
