@@ -3,7 +3,7 @@
 //! caller-owned paged storage, with no allocator or request state.
 use crate::error::{check, Error, Result};
 use crate::sizes::elem_count;
-use crate::types::{Element, KvElement, Layout};
+use crate::types::{Element, KvElement, Layout, RopeStyle};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
 
@@ -182,6 +182,29 @@ pub fn rope_kv_append_scaled<T: Element, C: KvElement>(
     k_scale: f32,
     v_scale: f32,
 ) -> Result<()> {
+    rope_kv_append_style(pages, q, num_q_heads, k, v, block_ids, offsets, positions, rotary_dim, rope_base, RopeStyle::SplitHalf, q_out, k_scale, v_scale)
+}
+
+/// [`rope_kv_append_scaled`] in the RoPE convention `style`
+/// (`fd_kv_append_params.rope_style`, as [`crate::rope_apply_style`]); the
+/// other forms rotate split-half.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_append_style<T: Element, C: KvElement>(
+    pages: &mut PagedKvMut<'_, C>,
+    q: &[T],
+    num_q_heads: u32,
+    k: &[T],
+    v: &[T],
+    block_ids: &[i32],
+    offsets: &[i32],
+    positions: &[i32],
+    rotary_dim: u32,
+    rope_base: f32,
+    style: RopeStyle,
+    q_out: &mut [T],
+    k_scale: f32,
+    v_scale: f32,
+) -> Result<()> {
     let mut p = base_params(pages, k, v, block_ids, offsets, (k_scale, v_scale))?;
     let n = block_ids.len();
     if positions.len() != n {
@@ -197,6 +220,7 @@ pub fn rope_kv_append_scaled<T: Element, C: KvElement>(
     p.positions = positions.as_ptr();
     p.rotary_dim = rotary_dim;
     p.rope_base = rope_base;
+    p.rope_style = style.raw();
     // SAFETY: as kv_append; q and q_out have the checked length and cannot
     // alias (a shared and a mutable borrow).
     unsafe { run_rope_kv_append(&p) }

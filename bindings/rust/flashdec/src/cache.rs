@@ -1,7 +1,7 @@
 //! The paged KV cache, transactions and shared prefixes.
 use crate::error::{check, Error, Result};
 use crate::ops::{decode_params_base, run_decode};
-use crate::types::{DType, Device, Element, KvElement, Layout};
+use crate::types::{DType, Device, Element, KvElement, Layout, RopeStyle};
 use flashdec_sys as sys;
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
@@ -31,6 +31,10 @@ pub struct CacheConfig {
     /// Type of the K, V and Q given to layer writes and of the engine's step
     /// tensors; `None` (default, C's -1): `dtype`.
     pub input_dtype: Option<DType>,
+    /// RoPE convention of the cache's fused writes
+    /// ([`Transaction::write_layer_rope`], and so the engine's steps and
+    /// prefill); default [`RopeStyle::SplitHalf`].
+    pub rope_style: RopeStyle,
 }
 
 impl Default for CacheConfig {
@@ -55,6 +59,7 @@ impl CacheConfig {
             layout: Layout::from_raw(c.layout).unwrap_or(Layout::TokenMajor),
             device: Device::from_raw(c.device),
             input_dtype: DType::from_raw(c.input_dtype),
+            rope_style: RopeStyle::from_raw(c.rope_style).unwrap_or_default(),
         }
     }
 
@@ -72,6 +77,7 @@ impl CacheConfig {
         c.layout = self.layout.raw();
         c.device = self.device.raw();
         c.input_dtype = self.input_dtype.map_or(-1, DType::raw);
+        c.rope_style = self.rope_style.raw();
         c
     }
 
@@ -717,7 +723,8 @@ impl<'c> Transaction<'c> {
         })
     }
 
-    /// RoPE on q and k at each token's position, writes rotated K and raw V;
+    /// RoPE on q and k at each token's position, in the cache's
+    /// [`CacheConfig::rope_style`]; writes rotated K and raw V;
     /// the rotated Q goes to `q_out` (same length as q, [token_count,
     /// num_q_heads, head_dim]).
     #[allow(clippy::too_many_arguments)]

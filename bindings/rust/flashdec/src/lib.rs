@@ -29,7 +29,7 @@ mod sizes;
 mod types;
 
 pub use append::{
-    default_kv_append_params, kv_append, kv_append_scaled, rope_kv_append, rope_kv_append_scaled, run_kv_append, run_rope_kv_append, PagedKvMut,
+    default_kv_append_params, kv_append, kv_append_scaled, rope_kv_append, rope_kv_append_scaled, rope_kv_append_style, run_kv_append, run_rope_kv_append, PagedKvMut,
 };
 pub use cache::{Cache, CacheConfig, CacheMetrics, Export, ExternalStorage, PrefixInfo, RequestState, Transaction, TxInfo, TxRows, TxTokens};
 pub use engine::{
@@ -40,9 +40,9 @@ pub use engine::{
 pub use error::{status_string, Error, Result, Status};
 pub use ops::{
     cuda_device_count, decode, decode_multi, default_decode_params, default_reference_params, reference_attention,
-    reference_attention_dense, rope_apply, run_decode, DecodeOptions, DecodePlan, PagedKv, ReferenceOptions,
+    reference_attention_dense, rope_apply, rope_apply_style, run_decode, DecodeOptions, DecodePlan, PagedKv, ReferenceOptions,
 };
-pub use types::{Bf16, DType, Device, Element, Fp8E4m3, Fp8E5m2, KvElement, Layout, F16};
+pub use types::{Bf16, DType, Device, Element, Fp8E4m3, Fp8E5m2, KvElement, Layout, RopeStyle, F16};
 
 /// Turns a raw status from a `sys` call into a Result (reads the
 /// thread-local message: call it right after the C call, on the same thread).

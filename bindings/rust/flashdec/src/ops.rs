@@ -1,7 +1,7 @@
 //! Stateless operations: paged decode, RoPE, dense reference, devices.
 use crate::error::{check, Error, Result};
 use crate::sizes::{elem_count, to_u32};
-use crate::types::{Element, KvElement, Layout};
+use crate::types::{Element, KvElement, Layout, RopeStyle};
 use flashdec_sys as sys;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -485,16 +485,52 @@ impl Drop for DecodePlan {
     }
 }
 
-/// RoPE in place (S3.1): x is [positions.len(), num_heads, head_dim].
+/// RoPE in place (S3.1), split-half (`fd_rope_apply`): x is
+/// [positions.len(), num_heads, head_dim]. [`rope_apply_style`] takes the
+/// convention.
 pub fn rope_apply<T: Element>(x: &mut [T], num_heads: u32, head_dim: u32, positions: &[i32], rotary_dim: u32, rope_base: f32) -> Result<()> {
+    let n = rope_tokens(x, num_heads, head_dim, positions)?;
+    check(unsafe {
+        sys::fd_rope_apply(T::DTYPE.raw(), x.as_mut_ptr().cast(), n, num_heads, head_dim, positions.as_ptr(), rotary_dim, rope_base)
+    })
+}
+
+/// [`rope_apply`] in the RoPE convention `style` (`fd_rope_apply_style`):
+/// [`RopeStyle::SplitHalf`] gives `rope_apply`'s bits,
+/// [`RopeStyle::Interleaved`] rotates the pairs (2i, 2i + 1). Dims from
+/// rotary_dim on stay unchanged in either style.
+pub fn rope_apply_style<T: Element>(
+    x: &mut [T],
+    num_heads: u32,
+    head_dim: u32,
+    positions: &[i32],
+    rotary_dim: u32,
+    rope_base: f32,
+    style: RopeStyle,
+) -> Result<()> {
+    let n = rope_tokens(x, num_heads, head_dim, positions)?;
+    check(unsafe {
+        sys::fd_rope_apply_style(
+            T::DTYPE.raw(),
+            x.as_mut_ptr().cast(),
+            n,
+            num_heads,
+            head_dim,
+            positions.as_ptr(),
+            rotary_dim,
+            rope_base,
+            style.raw(),
+        )
+    })
+}
+
+/// Checks x against [positions.len(), num_heads, head_dim]; the token count.
+fn rope_tokens<T: Element>(x: &[T], num_heads: u32, head_dim: u32, positions: &[i32]) -> Result<u32> {
     let want = elem_count(&[positions.len(), num_heads as usize, head_dim as usize], "x")?;
     if x.len() != want {
         return Err(Error::invalid(format!("x: expected {want} elements, got {}", x.len())));
     }
-    let n = u32::try_from(positions.len()).map_err(|_| Error::invalid("positions: too many tokens"))?;
-    check(unsafe {
-        sys::fd_rope_apply(T::DTYPE.raw(), x.as_mut_ptr().cast(), n, num_heads, head_dim, positions.as_ptr(), rotary_dim, rope_base)
-    })
+    u32::try_from(positions.len()).map_err(|_| Error::invalid("positions: too many tokens"))
 }
 
 /// max_seq_len of dense reference K/V of `k_len` and `v_len` elements,

@@ -74,6 +74,37 @@ impl Layout {
     }
 }
 
+/// Which dims of a head RoPE rotates together (`fd_rope_style`,
+/// docs/semantics.md S3.1). Both use inv_freq\[i\] = rope_base^(-2i /
+/// rotary_dim) and leave the dims from rotary_dim on unchanged; a
+/// checkpoint's Q/K weights fix the style.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pair i is (i, i + rotary_dim/2), "rotate_half" (GPT-NeoX; Llama,
+    /// Mistral, Qwen, Gemma, Phi in Hugging Face layout). The default.
+    #[default]
+    SplitHalf,
+    /// Pair i is (2i, 2i + 1) (GPT-J, CodeGen, ChatGLM, Meta's original
+    /// Llama layout).
+    Interleaved,
+}
+
+impl RopeStyle {
+    pub fn raw(self) -> i32 {
+        match self {
+            RopeStyle::SplitHalf => sys::FD_ROPE_SPLIT_HALF,
+            RopeStyle::Interleaved => sys::FD_ROPE_INTERLEAVED,
+        }
+    }
+    pub fn from_raw(raw: i32) -> Option<RopeStyle> {
+        match raw {
+            sys::FD_ROPE_SPLIT_HALF => Some(RopeStyle::SplitHalf),
+            sys::FD_ROPE_INTERLEAVED => Some(RopeStyle::Interleaved),
+            _ => None,
+        }
+    }
+}
+
 /// Where memory lives and work runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Device {
