@@ -1,7 +1,7 @@
 // FP8 E4M3 K/V instantiations of the paged decode kernels: q and out f16 or
 // bf16 (a kernel parameter, the mma runs in f16), head_dim 64/128 x both
-// layouts x one or several query tokens per row: 8 attention kernels, plus
-// the merge kernels of both output types.
+// layouts x one or several query tokens per row x plain / with attention
+// variants: 16 attention kernels, plus the merge kernels of both output types.
 #include "decode_kernel.cuh"
 
 namespace fd {
