@@ -47,9 +47,12 @@ type KVPages[T Elem] struct {
 // the quantisation scales fd_kv_append_params.k_scale / v_scale (K is stored
 // as saturate(k / KScale), V likewise; 0: 1). Otherwise finite and > 0, and
 // other than 1 only into FP8 pages, else the library's InvalidArgument
-// naming the field.
+// naming the field. RopeStyle is RopeKVAppendTyped's RoPE convention
+// (fd_kv_append_params.rope_style, as RopeApplyStyle; zero value
+// RopeSplitHalf; KVAppendTyped ignores it).
 type AppendOptions struct {
 	KScale, VScale float32
+	RopeStyle      RopeStyle
 }
 
 // appendShape checks the slices against each other and returns the
@@ -141,8 +144,9 @@ func RopeKVAppend[T Elem](dtype DType, pages KVPages[T], q []T, numQHeads uint32
 }
 
 // RopeKVAppendTyped is RopeKVAppend into pages of cacheDType, as
-// KVAppendTyped (the rotated K quantised from its FP32 value); q and qOut
-// are of dtype.
+// KVAppendTyped (the rotated K quantised from its FP32 value), in the RoPE
+// convention opt.RopeStyle (RopeKVAppend: split-half); q and qOut are of
+// dtype.
 func RopeKVAppendTyped[T, S Elem](dtype, cacheDType DType, pages KVPages[S], q []T, numQHeads uint32, k, v []T,
 	blockIDs, offsets, positions []int32, rotaryDim uint32, ropeBase float32, qOut []T, opt AppendOptions) error {
 	p, err := appendShape(dtype, cacheDType, pages, k, v, blockIDs, offsets, opt)
@@ -161,6 +165,7 @@ func RopeKVAppendTyped[T, S Elem](dtype, cacheDType DType, pages KVPages[S], q [
 		return invalid("q/q_out: expected %d elements, got %d and %d", want, len(q), len(qOut))
 	}
 	p.num_q_heads, p.rotary_dim, p.rope_base = C.uint32_t(numQHeads), C.uint32_t(rotaryDim), C.float(ropeBase)
+	p.rope_style = C.int32_t(opt.RopeStyle)
 	err = call(func() C.fd_status {
 		return C.fdgo_kv_append(1, &p, dataPtr(q), dataPtr(qOut), dataPtr(k), dataPtr(v), dataPtr(pages.K), dataPtr(pages.V),
 			i32Ptr(blockIDs), i32Ptr(offsets), i32Ptr(positions))

@@ -45,6 +45,10 @@ type CacheConfig struct {
 	StrideToken, StrideDim                               int64
 	InputDType                                           DType
 	KScales, VScales                                     []float32
+	// RopeStyle is the RoPE convention of the cache's fused writes
+	// (WriteLayerRope, and so the engine's steps and prefill); the zero
+	// value is RopeSplitHalf.
+	RopeStyle RopeStyle
 }
 
 // ResolvedInputDType is the type layer writes and engine steps take:
@@ -74,7 +78,7 @@ func configFromC(c *C.fd_cache_config) CacheConfig {
 		KStorage: c.k_storage, VStorage: c.v_storage,
 		StrideLayer: int64(c.stride_layer), StrideBlock: int64(c.stride_block), StrideHead: int64(c.stride_head),
 		StrideToken: int64(c.stride_token), StrideDim: int64(c.stride_dim),
-		InputDType: DType(c.input_dtype),
+		InputDType: DType(c.input_dtype), RopeStyle: RopeStyle(c.rope_style),
 	}
 }
 
@@ -89,7 +93,7 @@ func (cfg CacheConfig) toC() C.fd_cache_config {
 	c.k_storage, c.v_storage = cfg.KStorage, cfg.VStorage
 	c.stride_layer, c.stride_block, c.stride_head = C.int64_t(cfg.StrideLayer), C.int64_t(cfg.StrideBlock), C.int64_t(cfg.StrideHead)
 	c.stride_token, c.stride_dim = C.int64_t(cfg.StrideToken), C.int64_t(cfg.StrideDim)
-	c.input_dtype = C.int32_t(cfg.InputDType)
+	c.input_dtype, c.rope_style = C.int32_t(cfg.InputDType), C.int32_t(cfg.RopeStyle)
 	return c
 }
 
@@ -723,9 +727,9 @@ func WriteLayer[T Elem](t *Tx, layer uint32, k, v []T) error {
 	return err
 }
 
-// WriteLayerRope rotates q and k at each token's position, writes rotated K and
-// raw V, and writes the rotated Q to qOut (same length as q, [token_count,
-// numQHeads, head_dim]).
+// WriteLayerRope rotates q and k at each token's position in the cache's
+// CacheConfig.RopeStyle, writes rotated K and raw V, and writes the rotated Q
+// to qOut (same length as q, [token_count, numQHeads, head_dim]).
 func WriteLayerRope[T Elem](t *Tx, layer uint32, q []T, numQHeads uint32, k, v []T, rotaryDim uint32, ropeBase float32, qOut []T) error {
 	c := t.cache
 	if err := checkElem[T](c.cfg.ResolvedInputDType(), "q"); err != nil {

@@ -177,6 +177,21 @@ const (
 	DimMajor   Layout = C.FD_LAYOUT_DIM_MAJOR
 )
 
+// RopeStyle is an fd_rope_style (docs/semantics.md S3.1): which dims of a
+// head RoPE rotates together. Both use inv_freq[i] = rope_base^(-2i /
+// rotary_dim) and leave the dims from rotary_dim on unchanged; a
+// checkpoint's Q/K weights fix the style. The zero value is RopeSplitHalf.
+type RopeStyle int32
+
+const (
+	// RopeSplitHalf pairs (i, i + rotary_dim/2), "rotate_half" (GPT-NeoX;
+	// Llama, Mistral, Qwen, Gemma, Phi in Hugging Face layout). The default.
+	RopeSplitHalf RopeStyle = C.FD_ROPE_SPLIT_HALF
+	// RopeInterleaved pairs (2i, 2i + 1) (GPT-J, CodeGen, ChatGLM, Meta's
+	// original Llama layout).
+	RopeInterleaved RopeStyle = C.FD_ROPE_INTERLEAVED
+)
+
 // Elem is a Go type FlashDec can read: float32, uint16 bits of f16/bf16, or
 // uint8 bits of FP8 (K/V only).
 type Elem interface{ ~float32 | ~uint16 | ~uint8 }

@@ -439,8 +439,42 @@ func runDecodePlan[Q, KV, O Elem](plan *DecodePlan, scales *[2]float32, q []Q, k
 	return err
 }
 
-// RopeApply rotates x ([len(positions), numHeads, headDim]) in place.
+// RopeApply rotates x ([len(positions), numHeads, headDim]) in place,
+// split-half (fd_rope_apply); RopeApplyStyle takes the convention.
 func RopeApply[T Elem](dtype DType, x []T, numHeads, headDim uint32, positions []int32, rotaryDim uint32, ropeBase float32) error {
+	if err := checkRope[T](dtype, x, numHeads, headDim, positions); err != nil {
+		return err
+	}
+	err := call(func() C.fd_status {
+		return C.fd_rope_apply(C.int32_t(dtype), dataPtr(x), C.uint32_t(len(positions)), C.uint32_t(numHeads), C.uint32_t(headDim),
+			i32Ptr(positions), C.uint32_t(rotaryDim), C.float(ropeBase))
+	})
+	runtime.KeepAlive(x)
+	runtime.KeepAlive(positions)
+	return err
+}
+
+// RopeApplyStyle is RopeApply in the RoPE convention style
+// (fd_rope_apply_style): RopeSplitHalf gives RopeApply's bits,
+// RopeInterleaved rotates the pairs (2i, 2i + 1). Dims from rotaryDim on stay
+// unchanged in either style; an unknown style is the library's
+// InvalidArgument naming rope_style, with nothing written.
+func RopeApplyStyle[T Elem](dtype DType, x []T, numHeads, headDim uint32, positions []int32, rotaryDim uint32, ropeBase float32,
+	style RopeStyle) error {
+	if err := checkRope[T](dtype, x, numHeads, headDim, positions); err != nil {
+		return err
+	}
+	err := call(func() C.fd_status {
+		return C.fd_rope_apply_style(C.int32_t(dtype), dataPtr(x), C.uint32_t(len(positions)), C.uint32_t(numHeads),
+			C.uint32_t(headDim), i32Ptr(positions), C.uint32_t(rotaryDim), C.float(ropeBase), C.int32_t(style))
+	})
+	runtime.KeepAlive(x)
+	runtime.KeepAlive(positions)
+	return err
+}
+
+// checkRope checks x against [len(positions), numHeads, headDim].
+func checkRope[T Elem](dtype DType, x []T, numHeads, headDim uint32, positions []int32) error {
 	if err := checkElem[T](dtype, "x"); err != nil {
 		return err
 	}
@@ -454,13 +488,7 @@ func RopeApply[T Elem](dtype DType, x []T, numHeads, headDim uint32, positions [
 	if len(x) != want {
 		return invalid("x: expected %d elements, got %d", want, len(x))
 	}
-	err := call(func() C.fd_status {
-		return C.fd_rope_apply(C.int32_t(dtype), dataPtr(x), C.uint32_t(len(positions)), C.uint32_t(numHeads), C.uint32_t(headDim),
-			i32Ptr(positions), C.uint32_t(rotaryDim), C.float(ropeBase))
-	})
-	runtime.KeepAlive(x)
-	runtime.KeepAlive(positions)
-	return err
+	return nil
 }
 
 // ReferenceAttentionDense: q [batch, hq, d], k/v [batch, hkv, maxSeqLen, d].
