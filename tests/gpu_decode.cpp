@@ -337,6 +337,24 @@ std::vector<int32_t> ragged_lens(uint32_t bs, uint32_t max_len, fd_test_rng *rng
   return lens;
 }
 
+/* One sweep case: ragged rows up to 320 tokens (130 reduced), `group` q
+ * heads per KV head (one KV head for groups of 16 and more). */
+void check_sweep_case(int32_t dtype, uint32_t dim, uint32_t bs, int storage, uint32_t group,
+                      bool small, fd_test_rng *rng) {
+  Case c;
+  c.dtype = dtype;
+  c.dim = dim;
+  c.bs = bs;
+  c.storage = storage;
+  c.group = group;
+  c.hkv = group >= 16 ? 1 : 2;
+  const uint32_t max_len = small ? 130 : 320;
+  c.lens = ragged_lens(bs, max_len, rng);
+  c.mbps = (max_len + bs - 1) / bs;
+  c.seed = fd_test_next(rng);
+  check_case(c);
+}
+
 void test_sweep(void **state) {
   (void)state;
   const bool small = reduced();
@@ -354,18 +372,7 @@ void test_sweep(void **state) {
             if (small && (dt == FD_DTYPE_F16 || bs == 8 || (g != 1 && g != 4 && g != 32) ||
                           st == kDimPadded))
               continue;
-            Case c;
-            c.dtype = dt;
-            c.dim = D;
-            c.bs = bs;
-            c.storage = st;
-            c.group = g;
-            c.hkv = g >= 16 ? 1 : 2;
-            const uint32_t max_len = small ? 130 : 320;
-            c.lens = ragged_lens(bs, max_len, &rng);
-            c.mbps = (max_len + bs - 1) / bs;
-            c.seed = fd_test_next(&rng);
-            check_case(c);
+            check_sweep_case(dt, D, bs, st, g, small, &rng);
             ++cases;
           }
   print_message("gpu_decode: %d sweep cases x 3 split modes passed\n", cases);
@@ -475,6 +482,61 @@ void test_graph_capture(void **state) {
   }
 }
 
+/* Runs fd_decode with `p` (the output poisoned first) and returns its
+ * `elems` output elements. */
+std::vector<uint16_t> run_elems(Dev &d, fd_decode_params p, size_t elems) {
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, elems * esize()));
+  FD_ASSERT_OK(fd_decode(&p));
+  CUDA_OK(cudaStreamSynchronize(d.stream));
+  CUDA_OK(cudaGetLastError());
+  std::vector<uint16_t> got(elems);
+  CUDA_OK(fd_gpu_download(d.stream, got.data(), d.out, elems * esize()));
+  return got;
+}
+
+/* Worst row-relative error of `got` against `ref` over `rows` query rows of
+ * `dim` elements (an all-zero reference row: the absolute error); fails on
+ * any non-finite output. */
+double worst_row_error(const std::vector<uint16_t> &got, const std::vector<uint16_t> &ref,
+                       size_t rows, uint32_t dim, int32_t dtype, int32_t splits) {
+  double worst = 0;
+  for (size_t t = 0; t < rows; ++t) {
+    double num = 0, den = 0;
+    for (uint32_t e = 0; e < dim; ++e) {
+      const double g = fd_test_load(got.data(), t * dim + e, dtype);
+      const double w = fd_test_load(ref.data(), t * dim + e, dtype);
+      if (!std::isfinite(g)) {
+        print_error("non-finite output at query row %zu dim %u (splits %d)\n", t, e, splits);
+        fail();
+      }
+      num += (g - w) * (g - w), den += w * w;
+    }
+    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  }
+  return worst;
+}
+
+/* Runs `plan` with `p` captured in a CUDA graph (the output poisoned
+ * first) and returns the replay's `elems` output elements. */
+std::vector<uint16_t> replay_captured(Dev &d, const fd_decode_plan *plan, const fd_decode_params &p,
+                                      size_t elems) {
+  const size_t bytes = elems * esize();
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, bytes));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+  const fd_status st = fd_decode_run(plan, &p);
+  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+  FD_ASSERT_OK(st);
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, d.stream));
+  std::vector<uint16_t> replay(elems);
+  CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, bytes));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return replay;
+}
+
 void expect_untouched(const Host &h, const Dev &d);
 
 struct MultiShape {
@@ -526,35 +588,14 @@ void check_multi_token(const MultiShape &sh, bool check_refusal) {
   int32_t *dev_indptr = nullptr;
   CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_indptr), indptr.size() * 4));
   CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
-  auto run = [&](fd_decode_params p) {
-    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-    FD_ASSERT_OK(fd_decode(&p));
-    CUDA_OK(cudaStreamSynchronize(d.stream));
-    CUDA_OK(cudaGetLastError());
-    std::vector<uint16_t> got(q_elems);
-    CUDA_OK(fd_gpu_download(d.stream, got.data(), d.out, qb));
-    return got;
-  };
+  auto run = [&](const fd_decode_params &p) { return run_elems(d, p, q_elems); };
   for (int32_t splits : {1, 0, 5}) {
     fd_decode_params p = device_params(h, d, splits);
     p.q_indptr = dev_indptr;
     p.max_q_len_hint = max_q + sh.extra_hint;
     attach_workspace(p, d);
     const std::vector<uint16_t> got = run(p);
-    double worst = 0;
-    for (size_t t = 0; t < tokens * h.hq; ++t) {
-      double num = 0, den = 0;
-      for (uint32_t e = 0; e < c.dim; ++e) {
-        const double g = fd_test_load(got.data(), t * c.dim + e, c.dtype);
-        const double w = fd_test_load(ref.data(), t * c.dim + e, c.dtype);
-        if (!std::isfinite(g)) {
-          print_error("non-finite output at query row %zu dim %u (splits %d)\n", t, e, splits);
-          fail();
-        }
-        num += (g - w) * (g - w), den += w * w;
-      }
-      worst = std::max(worst, std::sqrt(num / den));
-    }
+    const double worst = worst_row_error(got, ref, tokens * h.hq, c.dim, c.dtype, splits);
     if (worst > tolerance(c.dtype)) {
       print_error(
           "multi-token %s D=%u %s hkv %u group %u max_q %d splits %d: rel error %.3g "
@@ -568,20 +609,7 @@ void check_multi_token(const MultiShape &sh, bool check_refusal) {
       /* A plan's run, captured in a graph, gives the same bits. */
       fd_decode_plan *plan = nullptr;
       FD_ASSERT_OK(fd_decode_plan_create(&p, nullptr, &plan));
-      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-      const fd_status st = fd_decode_run(plan, &p);
-      CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-      FD_ASSERT_OK(st);
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_OK(cudaGraphLaunch(exec, d.stream));
-      std::vector<uint16_t> replay(q_elems);
-      CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
-      assert_memory_equal(got.data(), replay.data(), qb);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      assert_memory_equal(got.data(), replay_captured(d, plan, p, q_elems).data(), qb);
       fd_decode_plan_destroy(plan);
       /* The checked path refuses a row with more query tokens than K/V. */
       if (check_refusal) {
@@ -742,34 +770,13 @@ void check_variant(const VariantCase &vc) {
   CUDA_OK(fd_gpu_upload(d.stream, dev_indptr, indptr.data(), indptr.size() * 4));
   CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&dev_sinks), sinks.size() * 4));
   CUDA_OK(fd_gpu_upload(d.stream, dev_sinks, sinks.data(), sinks.size() * 4));
-  auto run = [&](const fd_decode_params &p) {
-    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-    FD_ASSERT_OK(fd_decode(&p));
-    CUDA_OK(cudaStreamSynchronize(d.stream));
-    CUDA_OK(cudaGetLastError());
-    std::vector<uint16_t> got(q_elems);
-    CUDA_OK(fd_gpu_download(d.stream, got.data(), d.out, qb));
-    return got;
-  };
+  auto run = [&](const fd_decode_params &p) { return run_elems(d, p, q_elems); };
   for (int32_t splits : {1, 0, 5}) {
     fd_decode_params p = with_variant(device_params(h, d, splits), dev_sinks);
     p.q_indptr = multi ? dev_indptr : nullptr;
     attach_workspace(p, d);
     const std::vector<uint16_t> got = run(p);
-    double worst = 0;
-    for (size_t t = 0; t < tokens * h.hq; ++t) {
-      double num = 0, den = 0;
-      for (uint32_t e = 0; e < c.dim; ++e) {
-        const double g = fd_test_load(got.data(), t * c.dim + e, c.dtype);
-        const double w = fd_test_load(ref.data(), t * c.dim + e, c.dtype);
-        if (!std::isfinite(g)) {
-          print_error("non-finite output at query row %zu dim %u (splits %d)\n", t, e, splits);
-          fail();
-        }
-        num += (g - w) * (g - w), den += w * w;
-      }
-      worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
-    }
+    const double worst = worst_row_error(got, ref, tokens * h.hq, c.dim, c.dtype, splits);
     if (worst > tolerance(c.dtype)) {
       print_error(
           "variant %s D=%u %s hkv %u group %u max_q %d softcap %g window %d sinks %s splits %d: "
@@ -803,25 +810,21 @@ void check_variant(const VariantCase &vc) {
       FD_ASSERT_OK(fd_decode_run(plan, &pr));
       std::vector<uint16_t> eager(q_elems);
       CUDA_OK(fd_gpu_download(d.stream, eager.data(), d.out, qb));
-      CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-      const fd_status st = fd_decode_run(plan, &pr);
-      CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-      FD_ASSERT_OK(st);
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_OK(cudaGraphLaunch(exec, d.stream));
-      std::vector<uint16_t> replay(q_elems);
-      CUDA_OK(fd_gpu_download(d.stream, replay.data(), d.out, qb));
-      assert_memory_equal(eager.data(), replay.data(), qb);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      assert_memory_equal(eager.data(), replay_captured(d, plan, pr, q_elems).data(), qb);
       fd_decode_plan_destroy(plan);
     }
   }
   cudaFree(dev_indptr);
   cudaFree(dev_sinks);
+}
+
+/* check_variant on each case, seeds from `seed` on (reduced: the first). */
+void check_variants(std::vector<VariantCase> cases, uint64_t seed) {
+  for (VariantCase &vc : cases) {
+    vc.shape.seed = seed++;
+    check_variant(vc);
+    if (reduced()) break;
+  }
 }
 
 VariantCase variant_case(uint32_t hkv, uint32_t group, int storage, int32_t dtype, uint32_t dim,
@@ -847,12 +850,7 @@ void test_softcap(void **state) {
       variant_case(4, 2, kNhd, FD_DTYPE_F16, 128, {700, 65, 300}, {8, 2, 1}, 50.f, 0, 0),
       variant_case(2, 4, kDimPadded, FD_DTYPE_BF16, 64, {1000, 17}, {300, 17}, 20.f, 0, 0),
   };
-  uint64_t seed = 101;
-  for (VariantCase &vc : cases) {
-    vc.shape.seed = seed++;
-    check_variant(vc);
-    if (reduced()) break;
-  }
+  check_variants(cases, 101);
 }
 
 /* Sliding windows 1, block-1, block, block+1, shorter and longer than the
@@ -925,12 +923,7 @@ void test_variants_combined(void **state) {
       variant_case(2, 4, kTokenPacked, FD_DTYPE_BF16, 256, {1200, 90}, {600, 90}, 50.f, 300,
                    kSinksRandom),
   };
-  uint64_t seed = 401;
-  for (VariantCase &vc : cases) {
-    vc.shape.seed = seed++;
-    check_variant(vc);
-    if (reduced()) break;
-  }
+  check_variants(cases, 401);
 }
 
 /* head_dim 96 (Phi-3) and 256 (Gemma): the sweep's block sizes, storages
@@ -949,18 +942,7 @@ void test_head_dims(void **state) {
         const int32_t dt = (bs + st) % 2 ? FD_DTYPE_F16 : FD_DTYPE_BF16;
         const uint32_t g = groups[(bs / 8 + st) % 4];
         if (small && (bs != 16 || st >= kNhd)) continue;
-        Case c;
-        c.dtype = dt;
-        c.dim = D;
-        c.bs = bs;
-        c.storage = st;
-        c.group = g;
-        c.hkv = g >= 16 ? 1 : 2;
-        const uint32_t max_len = small ? 130 : 320;
-        c.lens = ragged_lens(bs, max_len, &rng);
-        c.mbps = (max_len + bs - 1) / bs;
-        c.seed = fd_test_next(&rng);
-        check_case(c);
+        check_sweep_case(dt, D, bs, st, g, small, &rng);
         ++cases;
       }
   if (!small) {
