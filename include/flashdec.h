@@ -1193,8 +1193,8 @@ typedef struct fd_decode_params {
   fd_device device;         /**< Where every pointer above lives and where the work runs. */
   fd_stream stream;         /**< CUDA stream the work is enqueued on (ignored on CPU). */
   /* Appended in 0.2: attention variants of current models (S2.3). All three
-   * default to off; the CPU backend serves them, the CUDA backend answers
-   * ::FD_ERR_UNSUPPORTED (naming the field) for any value but the default. */
+   * default to off and combine freely; both backends serve them (CUDA: the
+   * head dims and K/V types docs/semantics.md S1 lists). */
   float logit_softcap;    /**< 0 (default): none; > 0: every score s = sm_scale * q.k becomes
                                logit_softcap * tanh(s / logit_softcap) before the softmax
                                (Gemma 2). Finite and >= 0. */
