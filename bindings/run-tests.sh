@@ -25,6 +25,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${FLASHDEC_BIND_BUILD:-$ROOT/build-bind}"
+# Absolute: Go refuses a relative GOPATH under it, and steps change directory.
+case "$BUILD" in /*) ;; *) BUILD="$PWD/$BUILD" ;; esac
 JOBS="${JOBS:-2}"
 failures=()
 
