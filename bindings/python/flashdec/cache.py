@@ -512,7 +512,10 @@ class Cache:
         cache's input_dtype over FP8 E4M3); out is q's unless ``out`` or
         ``out_dtype=`` says otherwise. ``k_scale`` / ``v_scale`` default to
         the layer's current scales (:meth:`kv_scales`; 1 for a cache that is
-        not FP8).
+        not FP8). The attention variants ``logit_softcap=``,
+        ``sliding_window=`` and ``sinks=`` (float32 [num_q_heads], host
+        array on a CPU cache, CUDA tensor on a CUDA cache) are
+        :func:`flashdec.decode`'s, per call (so per layer).
 
         CPU cache: q/out are host arrays; runs before return. CUDA cache: q/out
         are torch CUDA tensors on the cache's device; the block tables and
@@ -586,6 +589,7 @@ class Cache:
                 size = _decode_workspace_size(
                     q, k, v, tables, lens, layout=cfg.layout, out=out,
                     num_splits=kwargs.get("num_splits", 0), max_seq_len_hint=kwargs.get("max_seq_len_hint", 0),
+                    sliding_window=kwargs.get("sliding_window", 0),
                 )  # fmt: skip
                 if size:
                     workspace = torch.empty((size,), dtype=torch.uint8, device=device)

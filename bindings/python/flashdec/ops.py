@@ -93,6 +93,9 @@ def _build_decode(
     kv_dtype: Optional[DType] = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    logit_softcap: float = 0.0,
+    sliding_window: int = 0,
+    sinks: Any = None,
     allocate_out: bool = True,
 ) -> Tuple[_Decode, Any]:
     """fd_decode_params from arrays. The element types come from the arrays
@@ -162,6 +165,12 @@ def _build_decode(
         dec.keep.append(qi)
     p.sm_scale = float(sm_scale)
     p.k_scale, p.v_scale = float(k_scale), float(v_scale)
+    p.logit_softcap, p.sliding_window = float(logit_softcap), int(sliding_window)
+    if sinks is not None:
+        # [num_q_heads] float32 on q's device, like the other inputs.
+        sb = tensor(sinks, "sinks", dtype=DType.F32, shape=(hq,), device=dev)
+        p.sinks = sb.ptr
+        dec.keep.append(sb)
     p.flags = _lib.FD_DECODE_CHECK_INDICES if check_indices else 0
     p.max_seq_len_hint = int(max_seq_len_hint)
     p.max_q_len_hint = int(max_q_len_hint)
@@ -198,6 +207,9 @@ def decode(
     kv_dtype: Optional[DType] = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    logit_softcap: float = 0.0,
+    sliding_window: int = 0,
+    sinks: Any = None,
 ) -> Any:
     """Paged decode attention (fd_decode, docs/semantics.md S2). Returns ``out``.
 
@@ -227,6 +239,17 @@ def decode(
             as stored x k_scale and V as stored x v_scale; finite and > 0
             (else the library's INVALID_ARGUMENT naming the field); default
             1. Any kv_dtype takes them.
+        logit_softcap, sliding_window, sinks: attention variants (S2.3),
+            each off by default (0, 0, None) and combinable:
+            ``logit_softcap`` > 0 turns every score s into
+            cap * tanh(s / cap); ``sliding_window`` w > 0 lets a query at
+            position p see positions p - w + 1 .. p only (with q_indptr,
+            per query token); ``sinks`` is float32 [num_q_heads] logits on
+            q's device (a numpy array on the CPU, a CUDA tensor on CUDA),
+            -inf meaning no sink. The binding checks the sinks' type, length
+            and device; the library the values (INVALID_ARGUMENT naming the
+            field; a NaN sink names its entry, on CUDA only with
+            check_indices).
         block_tables: int32 [batch, max_blocks_per_seq], -1 for unused slots.
         seq_lens: int32 [batch], K/V tokens per row (the row's query tokens
             included).
@@ -267,6 +290,7 @@ def decode(
         cpu_threads=cpu_threads, max_seq_len_hint=max_seq_len_hint,
         check_indices=check_indices, stream=stream, out_dtype=out_dtype, q_indptr=q_indptr,
         max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
+        logit_softcap=logit_softcap, sliding_window=sliding_window, sinks=sinks,
     )  # fmt: skip
     check(_lib.fd_decode(ctypes.byref(dec.params)))
     return out
@@ -287,15 +311,21 @@ def decode_workspace_size(
     q_indptr: Any = None,
     max_q_len_hint: int = 0,
     kv_dtype: Optional[DType] = None,
+    logit_softcap: float = 0.0,
+    sliding_window: int = 0,
+    sinks: Any = None,
 ) -> int:
     """Workspace bytes :func:`decode` needs for these arguments (host only:
     nothing is read from the arrays but a host ``q_indptr[-1]``, nothing
-    allocated or enqueued)."""
+    allocated or enqueued). The variants are :func:`decode`'s:
+    ``sliding_window`` can shrink the split layout (only visible tokens are
+    counted), so pass the call's."""
     dec, _ = _build_decode(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         layout=layout, sm_scale=0.0, num_splits=num_splits, workspace=None, cpu_threads=0,
         max_seq_len_hint=max_seq_len_hint, check_indices=False, stream=None, out_dtype=out_dtype,
-        q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype, allocate_out=False,
+        q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype,
+        logit_softcap=logit_softcap, sliding_window=sliding_window, sinks=sinks, allocate_out=False,
     )  # fmt: skip
     n = ctypes.c_size_t(0)
     check(_lib.fd_decode_workspace_size(ctypes.byref(dec.params), ctypes.byref(n)))
@@ -370,13 +400,16 @@ class DecodePlan:
         kv_dtype: Optional[DType] = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        logit_softcap: float = 0.0,
+        sliding_window: int = 0,
+        sinks: Any = None,
     ) -> None:
         self._handle: Optional[int] = None
         self._options: Dict[str, Any] = dict(
             layout=Layout(layout), sm_scale=sm_scale, num_splits=num_splits, cpu_threads=cpu_threads,
             max_seq_len_hint=max_seq_len_hint, check_indices=check_indices, out_dtype=out_dtype,
             q_indptr=q_indptr, max_q_len_hint=max_q_len_hint, kv_dtype=kv_dtype, k_scale=k_scale,
-            v_scale=v_scale,
+            v_scale=v_scale, logit_softcap=logit_softcap, sliding_window=sliding_window, sinks=sinks,
         )  # fmt: skip
         dec, _ = _build_decode(
             q, k_cache, v_cache, block_tables, seq_lens, out, workspace=None, stream=None,
@@ -431,6 +464,9 @@ class DecodePlan:
         q_indptr: Any = None,
         k_scale: Optional[float] = None,
         v_scale: Optional[float] = None,
+        logit_softcap: Optional[float] = None,
+        sliding_window: Optional[int] = None,
+        sinks: Any = None,
     ) -> Any:
         """One decode call with this plan (fd_decode_run). Returns ``out``
         (allocated when None, as :func:`decode` does).
@@ -440,6 +476,12 @@ class DecodePlan:
 
         ``k_scale`` / ``v_scale``: this run's dequantisation scales (not
         planned: each layer of an FP8 cache has its own); None: the plan's.
+
+        ``logit_softcap`` / ``sliding_window`` / ``sinks``: this run's
+        attention variants (S2.3; the library takes them from each run, so
+        layers may alternate windows); None: the plan's. The plan's window
+        sized its split layout: a run with a longer window (or none) is
+        still exact, only slower.
 
         ``workspace``: uint8 1-D scratch of at least :attr:`workspace_size`
         bytes on the arrays' device; when None and the plan needs one, it is
@@ -452,7 +494,10 @@ class DecodePlan:
             size = self.workspace_size
             if size:
                 workspace = _new_workspace(size, q, stream)
-        given = dict(q_indptr=q_indptr, k_scale=k_scale, v_scale=v_scale)
+        given = dict(
+            q_indptr=q_indptr, k_scale=k_scale, v_scale=v_scale, logit_softcap=logit_softcap,
+            sliding_window=sliding_window, sinks=sinks,
+        )  # fmt: skip
         options = dict(self._options, **{name: x for name, x in given.items() if x is not None})
         dec, out = _build_decode(
             q, k_cache, v_cache, block_tables, seq_lens, out, workspace=workspace, stream=stream,
