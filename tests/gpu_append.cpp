@@ -27,6 +27,7 @@ extern "C" {
 #include <vector>
 
 #include "fd_gpu_test.h"
+#include "fd_test_fp8_close.h"
 
 namespace {
 
@@ -217,24 +218,6 @@ void test_kernels_match_cpu(void **state) {
       "gpu_append: %d cases (split-half and interleaved) x {plain, fused} match the CPU (%zu "
       "rotated values one rounding apart)\n",
       cases, inexact);
-}
-
-/* Equal FP8 codes, or neighbours of one sign (one rounding step apart: the
- * device's cos/sin may differ from the CPU's by an FP32 ulp); returns how
- * many were not equal. */
-size_t expect_fp8_close(const std::vector<uint8_t> &got, const std::vector<uint8_t> &want,
-                        const char *what) {
-  size_t inexact = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == want[i]) continue;
-    const bool nan = (got[i] & 0x7f) == 0x7f || (want[i] & 0x7f) == 0x7f;
-    if (nan || (got[i] & 0x80) != (want[i] & 0x80) || std::abs(int(got[i]) - int(want[i])) > 1) {
-      print_error("%s[%zu]: gpu 0x%02x cpu 0x%02x\n", what, i, got[i], want[i]);
-      fail();
-    }
-    ++inexact;
-  }
-  return inexact;
 }
 
 /* The interleaved style into FP8 E4M3 (the rotation quantised once from

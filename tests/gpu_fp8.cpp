@@ -36,6 +36,7 @@ extern "C" {
 
 #include "dtype.hpp" /* the host FP8 conversions (src/core) */
 #include "fd_gpu_test.h"
+#include "fd_test_fp8_close.h"
 
 namespace {
 
@@ -576,23 +577,6 @@ struct AppendSetup {
   bool dim_major = false;
   int32_t dtype = FD_DTYPE_BF16;
 };
-
-/* Equal FP8 codes, or neighbours of one sign (one rounding step apart);
- * returns how many were not equal. */
-size_t expect_fp8_close(const std::vector<uint8_t> &got, const std::vector<uint8_t> &want,
-                        const char *what) {
-  size_t inexact = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == want[i]) continue;
-    const bool nan = (got[i] & 0x7f) == 0x7f || (want[i] & 0x7f) == 0x7f;
-    if (nan || (got[i] & 0x80) != (want[i] & 0x80) || std::abs(int(got[i]) - int(want[i])) > 1) {
-      print_error("%s[%zu]: gpu 0x%02x cpu 0x%02x\n", what, i, got[i], want[i]);
-      fail();
-    }
-    ++inexact;
-  }
-  return inexact;
-}
 
 /* Equal bits, or values within one unit in the last place of the dtype. */
 size_t expect_ulp_close(const std::vector<uint16_t> &got, const std::vector<uint16_t> &want,
