@@ -1,6 +1,6 @@
 //! The paged KV cache, transactions and shared prefixes.
 use crate::error::{check, Error, Result};
-use crate::ops::{decode_params_base, run_decode};
+use crate::ops::{check_sinks, decode_params_base, run_decode, DecodeOptions};
 use crate::types::{DType, Device, Element, KvElement, Layout, RopeStyle};
 use flashdec_sys as sys;
 use std::cell::Cell;
@@ -551,7 +551,8 @@ impl Cache {
     /// [`Cache::export`] or [`Transaction::block_tables`]). `out` has q's
     /// shape. q and out are each f32, F16 or Bf16 (the CPU backend converts),
     /// whatever the cache's type; the K/V are read with the layer's scales
-    /// ([`Cache::kv_scales`]).
+    /// ([`Cache::kv_scales`]). [`Cache::decode_layer_with`] takes the
+    /// attention variants and the other options.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_layer<Q: Element, O: Element>(
         &self,
@@ -563,13 +564,36 @@ impl Cache {
         out: &mut [O],
         cpu_threads: u32,
     ) -> Result<()> {
+        let options = DecodeOptions { cpu_threads, ..DecodeOptions::default() };
+        self.decode_layer_with(layer, q, num_q_heads, block_tables, seq_lens, out, options)
+    }
+
+    /// [`Cache::decode_layer`] with [`DecodeOptions`]: `sm_scale`,
+    /// `num_splits` (the workspace is allocated for the call), `cpu_threads`,
+    /// `max_seq_len_hint` and the attention variants (`logit_softcap`,
+    /// `sliding_window`, `sinks`: host `[num_q_heads]`, per call, so per
+    /// layer). The K/V are read with the layer's scales: `options.k_scale` /
+    /// `v_scale` are not used. One query token per row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_layer_with<Q: Element, O: Element>(
+        &self,
+        layer: u32,
+        q: &[Q],
+        num_q_heads: u32,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &mut [O],
+        options: DecodeOptions<'_>,
+    ) -> Result<()> {
         let cfg = self.config;
         if cfg.device != Device::Cpu {
             return Err(Error::invalid("decode_layer needs a CPU cache"));
         }
+        check_sinks(options.sinks, num_q_heads)?;
         let (k, v, strides) = self.layer_storage(layer)?;
         let (k_scales, v_scales) = self.kv_scales()?;
         let mut p = decode_params_base(q, num_q_heads, cfg.num_kv_heads, cfg.head_dim, block_tables, seq_lens, out)?;
+        options.fill(&mut p);
         p.k_scale = k_scales[layer as usize];
         p.v_scale = v_scales[layer as usize];
         p.kv_dtype = cfg.dtype.raw();
@@ -582,10 +606,18 @@ impl Cache {
         p.stride_head = strides[1];
         p.stride_token = strides[2];
         p.stride_dim = strides[3];
-        p.cpu_threads = cpu_threads;
-        // SAFETY: every slice length was checked against the shapes in p, the
-        // storage pointers belong to this cache (borrowed for the call), and
-        // block ids/seq_lens of host memory are always checked by the library.
+        // Split-KV partials need scratch: size it and own it for the call.
+        let mut bytes = 0usize;
+        check(unsafe { sys::fd_decode_workspace_size(&p, &mut bytes) })?;
+        let mut workspace = vec![0u64; bytes.div_ceil(8)];
+        if bytes > 0 {
+            p.workspace = workspace.as_mut_ptr().cast();
+            p.workspace_size = bytes;
+        }
+        // SAFETY: every slice length was checked against the shapes in p
+        // (sinks against num_q_heads), the storage pointers belong to this
+        // cache (borrowed for the call), and block ids/seq_lens of host
+        // memory are always checked by the library.
         unsafe { run_decode(&p) }
     }
 }

@@ -176,9 +176,9 @@ impl<T: KvElement> PagedKv<'_, T> {
 
 /// Options of [`decode`], [`decode_multi`] and [`DecodePlan`]; `Default` =
 /// automatic scale/splits, all threads, no bound on query tokens per row,
-/// K/V scales 1.
+/// K/V scales 1, no attention variant.
 #[derive(Copy, Clone, Debug)]
-pub struct DecodeOptions {
+pub struct DecodeOptions<'a> {
     pub sm_scale: f32,
     pub num_splits: i32,
     pub cpu_threads: u32,
@@ -197,16 +197,57 @@ pub struct DecodeOptions {
     pub k_scale: f32,
     /// Dequantisation scale of the stored V, as `k_scale`.
     pub v_scale: f32,
+    /// Attention variants (docs/semantics.md S2.3), each off by default and
+    /// combinable; the library checks the values (`Status::InvalidArgument`
+    /// naming the field). Not planned: a [`DecodePlan`] run takes the run's
+    /// ([`DecodePlan::run_with`]), so layers may alternate windows.
+    ///
+    /// Scores become cap * tanh(s / cap) (0: none; finite and >= 0).
+    pub logit_softcap: f32,
+    /// A query at position p sees p - w + 1 ..= p only (0: none; >= 0).
+    pub sliding_window: i32,
+    /// `[num_q_heads]` sink logits joining each head's softmax denominator
+    /// (`None`: none; -inf: none for that head; NaN is refused naming the
+    /// entry). Host memory: the slice-taking calls serve the CPU backend
+    /// (device sinks go in raw params, [`run_decode`]); a length other than
+    /// num_q_heads is `Status::InvalidArgument` from the binding.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl Default for DecodeOptions {
+impl Default for DecodeOptions<'_> {
     fn default() -> Self {
-        DecodeOptions { sm_scale: 0.0, num_splits: 0, cpu_threads: 0, max_seq_len_hint: 0, max_q_len_hint: 0, k_scale: 1.0, v_scale: 1.0 }
+        DecodeOptions {
+            sm_scale: 0.0,
+            num_splits: 0,
+            cpu_threads: 0,
+            max_seq_len_hint: 0,
+            max_q_len_hint: 0,
+            k_scale: 1.0,
+            v_scale: 1.0,
+            logit_softcap: 0.0,
+            sliding_window: 0,
+            sinks: None,
+        }
     }
 }
 
-impl DecodeOptions {
-    fn fill(&self, p: &mut sys::fd_decode_params) {
+/// Checks that `sinks` has one logit per query head.
+pub(crate) fn check_sinks(sinks: Option<&[f32]>, num_q_heads: u32) -> Result<()> {
+    match sinks {
+        Some(s) if s.len() != num_q_heads as usize => {
+            Err(Error::invalid(format!("sinks: expected {num_q_heads} entries (num_q_heads), got {}", s.len())))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl DecodeOptions<'_> {
+    /// Fills p's option fields; `sinks` must have been checked against
+    /// p.num_q_heads ([`check_sinks`]) and outlive the use of p.
+    pub(crate) fn fill(&self, p: &mut sys::fd_decode_params) {
+        p.logit_softcap = self.logit_softcap;
+        p.sliding_window = self.sliding_window;
+        p.sinks = self.sinks.map_or(std::ptr::null(), |s| s.as_ptr());
         p.k_scale = self.k_scale;
         p.v_scale = self.v_scale;
         p.sm_scale = self.sm_scale;
@@ -234,7 +275,7 @@ pub fn decode<Q: Element, KV: KvElement, O: Element>(
     block_tables: &[i32],
     seq_lens: &[i32],
     out: &mut [O],
-    options: DecodeOptions,
+    options: DecodeOptions<'_>,
 ) -> Result<()> {
     decode_queries(q, None, num_q_heads, kv, block_tables, seq_lens, out, options)
 }
@@ -263,7 +304,7 @@ pub fn decode_multi<Q: Element, KV: KvElement, O: Element>(
     block_tables: &[i32],
     seq_lens: &[i32],
     out: &mut [O],
-    options: DecodeOptions,
+    options: DecodeOptions<'_>,
 ) -> Result<()> {
     decode_queries(q, Some(q_indptr), num_q_heads, kv, block_tables, seq_lens, out, options)
 }
@@ -277,9 +318,10 @@ fn decode_queries<Q: Element, KV: KvElement, O: Element>(
     block_tables: &[i32],
     seq_lens: &[i32],
     out: &mut [O],
-    options: DecodeOptions,
+    options: DecodeOptions<'_>,
 ) -> Result<()> {
     let num_blocks = kv.num_blocks()?;
+    check_sinks(options.sinks, num_q_heads)?;
     let mut p = decode_params_queries(q, q_indptr, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
     kv.fill(&mut p, num_blocks);
     options.fill(&mut p);
@@ -304,11 +346,14 @@ fn decode_queries<Q: Element, KV: KvElement, O: Element>(
 /// its own buffers); freed in `Drop`. It holds no device memory.
 ///
 /// A plan of multi-token queries ([`DecodePlan::new_multi`]) keeps a copy of
-/// the step's `q_indptr`, which every [`DecodePlan::run`] uses.
+/// the step's `q_indptr`, which every [`DecodePlan::run`] uses; a plan keeps
+/// a copy of its options' `sinks`.
 #[derive(Debug)]
 pub struct DecodePlan {
     raw: NonNull<sys::fd_decode_plan>,
-    options: DecodeOptions,
+    /// The planning options, `sinks` taken out (held in `sinks`).
+    options: DecodeOptions<'static>,
+    sinks: Option<Box<[f32]>>,
     q_indptr: Option<Box<[i32]>>,
 }
 
@@ -331,7 +376,7 @@ impl DecodePlan {
         block_tables: &[i32],
         seq_lens: &[i32],
         out: &[O],
-        options: DecodeOptions,
+        options: DecodeOptions<'_>,
         host_seq_lens: Option<&[i32]>,
     ) -> Result<DecodePlan> {
         Self::plan_queries(q, None, num_q_heads, kv, block_tables, seq_lens, out, options, host_seq_lens)
@@ -352,7 +397,7 @@ impl DecodePlan {
         block_tables: &[i32],
         seq_lens: &[i32],
         out: &[O],
-        options: DecodeOptions,
+        options: DecodeOptions<'_>,
         host_seq_lens: Option<&[i32]>,
     ) -> Result<DecodePlan> {
         Self::plan_queries(q, Some(q_indptr), num_q_heads, kv, block_tables, seq_lens, out, options, host_seq_lens)
@@ -367,17 +412,19 @@ impl DecodePlan {
         block_tables: &[i32],
         seq_lens: &[i32],
         out: &[O],
-        options: DecodeOptions,
+        options: DecodeOptions<'_>,
         host_seq_lens: Option<&[i32]>,
     ) -> Result<DecodePlan> {
         let num_blocks = kv.num_blocks()?;
+        check_sinks(options.sinks, num_q_heads)?;
         let mut p = decode_shape_base::<Q, O>(q.len(), q_indptr, num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out.len())?;
         kv.fill(&mut p, num_blocks);
         options.fill(&mut p);
         // SAFETY: plan creation reads no buffer of p (the K/V and q_indptr
         // pointers only for their alignment); the host lengths' count is checked.
         let mut plan = unsafe { Self::from_params(&p, host_seq_lens) }?;
-        plan.options = options;
+        plan.options = DecodeOptions { sinks: None, ..options };
+        plan.sinks = options.sinks.map(Box::from);
         plan.q_indptr = q_indptr.map(Box::from);
         Ok(plan)
     }
@@ -385,6 +432,12 @@ impl DecodePlan {
     /// The query offsets every run uses (`None`: one query token per row).
     pub fn q_indptr(&self) -> Option<&[i32]> {
         self.q_indptr.as_deref()
+    }
+
+    /// The options every [`DecodePlan::run`] uses: the planning options
+    /// (`sinks` a copy); the defaults for a plan from raw parameters.
+    pub fn options(&self) -> DecodeOptions<'_> {
+        DecodeOptions { sinks: self.sinks.as_deref(), ..self.options }
     }
 
     /// Plans from raw parameters (`fd_decode_plan_create`): every field but
@@ -405,7 +458,7 @@ impl DecodePlan {
         let mut raw = std::ptr::null_mut();
         check(sys::fd_decode_plan_create(params, lens, &mut raw))?;
         let raw = NonNull::new(raw).ok_or_else(|| Error::invalid("fd_decode_plan_create returned NULL"))?;
-        Ok(DecodePlan { raw, options: DecodeOptions::default(), q_indptr: None })
+        Ok(DecodePlan { raw, options: DecodeOptions::default(), sinks: None, q_indptr: None })
     }
 
     /// The raw handle, for `sys` calls; owned by this plan.
@@ -436,7 +489,7 @@ impl DecodePlan {
         seq_lens: &[i32],
         out: &mut [O],
     ) -> Result<()> {
-        self.run_scaled(q, num_q_heads, kv, block_tables, seq_lens, out, self.options.k_scale, self.options.v_scale)
+        self.run_with(q, num_q_heads, kv, block_tables, seq_lens, out, self.options())
     }
 
     /// [`DecodePlan::run`] with this run's K/V dequantisation scales instead
@@ -454,10 +507,33 @@ impl DecodePlan {
         k_scale: f32,
         v_scale: f32,
     ) -> Result<()> {
+        self.run_with(q, num_q_heads, kv, block_tables, seq_lens, out, DecodeOptions { k_scale, v_scale, ..self.options() })
+    }
+
+    /// [`DecodePlan::run`] with this run's options instead of the plan's:
+    /// the library takes from each run everything but the planned fields,
+    /// so `sm_scale`, `cpu_threads`, `max_seq_len_hint`, the K/V scales and
+    /// the attention variants (`logit_softcap`, `sliding_window`, `sinks`:
+    /// a run with a longer window than planned, or none, is exact, only
+    /// slower) may differ per run (`num_splits` is the plan's); a different
+    /// `max_q_len_hint` is planned, so refused (`Status::InvalidArgument`
+    /// naming it). Start from [`DecodePlan::options`] to change one field.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with<Q: Element, KV: KvElement, O: Element>(
+        &self,
+        q: &[Q],
+        num_q_heads: u32,
+        kv: &PagedKv<'_, KV>,
+        block_tables: &[i32],
+        seq_lens: &[i32],
+        out: &mut [O],
+        options: DecodeOptions<'_>,
+    ) -> Result<()> {
         let num_blocks = kv.num_blocks()?;
+        check_sinks(options.sinks, num_q_heads)?;
         let mut p = decode_params_queries(q, self.q_indptr(), num_q_heads, kv.num_kv_heads, kv.head_dim, block_tables, seq_lens, out)?;
         kv.fill(&mut p, num_blocks);
-        DecodeOptions { k_scale, v_scale, ..self.options }.fill(&mut p);
+        options.fill(&mut p);
         let bytes = self.workspace_size()?;
         let mut workspace = vec![0u64; bytes.div_ceil(8)];
         if bytes > 0 {
@@ -625,11 +701,7 @@ pub fn reference_attention<T: Element>(
     let batch = seq_lens.len();
     check_query_tokens(q.len(), q_indptr, batch, num_q_heads, head_dim, out.len())?;
     let max_seq_len = dense_max_seq_len(k.len(), v.len(), batch, num_kv_heads, head_dim)?;
-    if let Some(s) = options.sinks {
-        if s.len() != num_q_heads as usize {
-            return Err(Error::invalid(format!("sinks: expected {num_q_heads} entries (num_q_heads), got {}", s.len())));
-        }
-    }
+    check_sinks(options.sinks, num_q_heads)?;
     let mut p = default_reference_params();
     p.dtype = T::DTYPE.raw();
     p.batch = to_u32(batch, "seq_lens: batch")?;
