@@ -71,6 +71,48 @@ type DecodeOptions struct {
 	// else the library's InvalidArgument naming the field. Not planned: see
 	// RunDecodePlanScaled.
 	KScale, VScale float32
+	// Attention variants (fd_decode_params, docs/semantics.md S2.3), each off
+	// by default and combinable; the library checks the values
+	// (InvalidArgument naming the field). Not planned: a plan's runs may
+	// take others (RunDecodePlanWith), so layers may alternate windows.
+	//
+	// LogitSoftcap: scores become cap*tanh(s/cap); 0: none (finite, >= 0).
+	LogitSoftcap float32
+	// SlidingWindow: a query at position p sees p-w+1 .. p only; 0: none.
+	SlidingWindow int32
+	// Sinks: numQHeads sink logits joining each head's softmax denominator,
+	// staged in C memory like q (-inf: none for that head; NaN is refused
+	// naming the entry); nil: none. Another length is InvalidArgument
+	// naming sinks, from the binding.
+	Sinks []float32
+}
+
+// checkSinks checks that sinks (nil: none) has one logit per query head.
+func checkSinks(sinks []float32, numQHeads uint32) error {
+	if sinks != nil && len(sinks) != int(numQHeads) {
+		return invalid("sinks: expected %d entries (num_q_heads), got %d", numQHeads, len(sinks))
+	}
+	return nil
+}
+
+// fillVariants sets p's attention variants, staging the sinks in a (checked
+// with checkSinks first).
+func fillVariants(a *cArena, p *C.fd_decode_params, opt DecodeOptions) {
+	p.logit_softcap, p.sliding_window = C.float(opt.LogitSoftcap), C.int32_t(opt.SlidingWindow)
+	if len(opt.Sinks) > 0 {
+		p.sinks = (*C.float)(a.copyIn(unsafe.Pointer(&opt.Sinks[0]), len(opt.Sinks)*4))
+	}
+}
+
+// clone is opt with its own copies of the slices (a plan keeps one).
+func (opt DecodeOptions) clone() DecodeOptions {
+	if opt.QIndptr != nil {
+		opt.QIndptr = append([]int32{}, opt.QIndptr...)
+	}
+	if opt.Sinks != nil {
+		opt.Sinks = append([]float32{}, opt.Sinks...)
+	}
+	return opt
 }
 
 // orOne is a scale option with 0 meaning 1.
@@ -147,6 +189,9 @@ func decodeCall[Q, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, lens []
 	if err != nil {
 		return err
 	}
+	if err := checkSinks(opt.Sinks, g.numQHeads); err != nil {
+		return err
+	}
 	rows := fmt.Sprint(batch)
 	if opt.QIndptr != nil {
 		rows = fmt.Sprintf("%d query tokens (q_indptr[%d])", tokens, batch)
@@ -168,6 +213,7 @@ func decodeCall[Q, O Elem](dt DecodeDTypes, q []Q, g decodeGeom, tables, lens []
 	defer a.free()
 	p := (*C.fd_decode_params)(a.alloc(int(unsafe.Sizeof(C.fd_decode_params{}))))
 	fillDecodeShape(p, dt, uint32(batch), uint32(len(tables)/batch), g, opt)
+	fillVariants(&a, p, opt)
 	p.q = a.copyIn(dataPtr(q), qElems*elemSize[Q]())
 	p.k_cache, p.v_cache = g.k, g.v
 	p.block_tables = (*C.int32_t)(a.copyIn(unsafe.Pointer(&tables[0]), len(tables)*4))
@@ -332,7 +378,10 @@ type DecodePlan struct {
 // options (fd_decode_plan_create). With hostSeqLens (the step's exact K/V
 // lengths, one per row) the split-KV layout is chosen from them; with nil,
 // from opt.MaxSeqLenHint, as Decode does. opt.QIndptr (multi-token queries,
-// copied into the plan) is the step's: every RunDecodePlan uses it.
+// copied into the plan) is the step's: every RunDecodePlan uses it. The
+// attention variants (LogitSoftcap, SlidingWindow, Sinks, copied) are the
+// runs' default; SlidingWindow also sizes the split layout (only visible
+// tokens count), while a run with a longer window, or none, is still exact.
 func NewDecodePlan(shape DecodeShape, hostSeqLens []int32, opt DecodeOptions) (*DecodePlan, error) {
 	if hostSeqLens != nil && len(hostSeqLens) != int(shape.Batch) {
 		return nil, invalid("host_seq_lens: expected %d entries (batch), got %d", shape.Batch, len(hostSeqLens))
@@ -340,15 +389,17 @@ func NewDecodePlan(shape DecodeShape, hostSeqLens []int32, opt DecodeOptions) (*
 	if opt.QIndptr != nil && len(opt.QIndptr) != int(shape.Batch)+1 {
 		return nil, invalid("q_indptr: expected %d entries (batch + 1), got %d", shape.Batch+1, len(opt.QIndptr))
 	}
-	if opt.QIndptr != nil {
-		opt.QIndptr = append([]int32{}, opt.QIndptr...) // the plan's own copy
+	if err := checkSinks(opt.Sinks, shape.NumQHeads); err != nil {
+		return nil, err
 	}
+	opt = opt.clone() // the plan's own copies of QIndptr and Sinks
 	var a cArena
 	defer a.free()
 	p := (*C.fd_decode_params)(a.alloc(int(unsafe.Sizeof(C.fd_decode_params{}))))
 	g := decodeGeom{numQHeads: shape.NumQHeads, numKVHeads: shape.NumKVHeads, headDim: shape.HeadDim, blockSize: shape.BlockSize,
 		numBlocks: shape.NumBlocks, layout: shape.Layout}
 	fillDecodeShape(p, shape.DTypes, shape.Batch, shape.MaxBlocksPerSeq, g, opt)
+	fillVariants(&a, p, opt)
 	if opt.QIndptr != nil {
 		p.q_indptr = (*C.int32_t)(a.copyIn(unsafe.Pointer(&opt.QIndptr[0]), len(opt.QIndptr)*4))
 	}
@@ -384,6 +435,10 @@ func (p *DecodePlan) handle() (*C.fd_decode_plan, error) {
 // Shape is the shape the plan was made for.
 func (p *DecodePlan) Shape() DecodeShape { return p.shape }
 
+// Options is a copy of the options the plan was made with, which
+// RunDecodePlan uses: change a field and pass it to RunDecodePlanWith.
+func (p *DecodePlan) Options() DecodeOptions { return p.opt.clone() }
+
 // WorkspaceSize is the scratch every run with the plan needs
 // (fd_decode_plan_workspace_size); RunDecodePlan allocates it itself.
 func (p *DecodePlan) WorkspaceSize() (int, error) {
@@ -404,25 +459,39 @@ func (p *DecodePlan) WorkspaceSize() (int, error) {
 // (for example more K/V blocks than planned) is refused with InvalidArgument
 // naming the field.
 func RunDecodePlan[Q, KV, O Elem](plan *DecodePlan, q []Q, k, v []KV, tables, lens []int32, out []O) error {
-	return runDecodePlan(plan, nil, q, k, v, tables, lens, out)
+	if plan == nil {
+		return closedError("decode plan")
+	}
+	return runDecodePlan(plan, plan.opt, q, k, v, tables, lens, out)
 }
 
 // RunDecodePlanScaled is RunDecodePlan with this run's K/V dequantisation
 // scales (0: 1) instead of the plan's options': scales are not planned, and
 // each layer of an FP8 cache has its own.
 func RunDecodePlanScaled[Q, KV, O Elem](plan *DecodePlan, kScale, vScale float32, q []Q, k, v []KV, tables, lens []int32, out []O) error {
-	return runDecodePlan(plan, &[2]float32{kScale, vScale}, q, k, v, tables, lens, out)
+	if plan == nil {
+		return closedError("decode plan")
+	}
+	opt := plan.opt
+	opt.KScale, opt.VScale = kScale, vScale
+	return runDecodePlan(plan, opt, q, k, v, tables, lens, out)
 }
 
-// runDecodePlan runs plan with its options, or with scales (K, V) when not nil.
-func runDecodePlan[Q, KV, O Elem](plan *DecodePlan, scales *[2]float32, q []Q, k, v []KV, tables, lens []int32, out []O) error {
+// RunDecodePlanWith is RunDecodePlan with this run's options instead of the
+// plan's (start from plan.Options()). The library takes from each run all
+// but the planned fields: SmScale, CPUThreads, MaxSeqLenHint, the K/V
+// scales, QIndptr's entries and the attention variants (LogitSoftcap,
+// SlidingWindow, Sinks) may differ per run (NumSplits is the plan's); a
+// different MaxQLenHint is planned, so refused (InvalidArgument naming it).
+func RunDecodePlanWith[Q, KV, O Elem](plan *DecodePlan, opt DecodeOptions, q []Q, k, v []KV, tables, lens []int32, out []O) error {
+	return runDecodePlan(plan, opt, q, k, v, tables, lens, out)
+}
+
+// runDecodePlan runs plan with opt.
+func runDecodePlan[Q, KV, O Elem](plan *DecodePlan, opt DecodeOptions, q []Q, k, v []KV, tables, lens []int32, out []O) error {
 	h, err := plan.handle()
 	if err != nil {
 		return err
-	}
-	opt := plan.opt
-	if scales != nil {
-		opt.KScale, opt.VScale = scales[0], scales[1]
 	}
 	s := plan.shape
 	if err := checkDTypes[Q, KV, O](s.DTypes); err != nil {
@@ -572,8 +641,8 @@ func ReferenceAttention[T Elem](dtype DType, q []T, numQHeads uint32, k, v []T, 
 	if len(q) != want || len(out) != want {
 		return invalid("q/out: expected %d elements (%d query tokens x %d x %d), got %d and %d", want, tokens, numQHeads, headDim, len(q), len(out))
 	}
-	if opt.Sinks != nil && len(opt.Sinks) != int(numQHeads) {
-		return invalid("sinks: expected %d entries (num_q_heads), got %d", numQHeads, len(opt.Sinks))
+	if err := checkSinks(opt.Sinks, numQHeads); err != nil {
+		return err
 	}
 	// fd_reference_params holds pointers: stage it and the buffers in C memory.
 	var a cArena
