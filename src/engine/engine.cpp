@@ -153,7 +153,7 @@ fd_decode_params Engine::decode_params(uint32_t batch) const {
 // step_layer then only runs it (the internal form of fd_decode_run).
 void Engine::plan_step() {
   fd_decode_params p = decode_params(static_cast<uint32_t>(step_ids_.size()));
-  if (step_multi_) p.max_q_len_hint = max_q_len_;
+  if (step_multi()) p.max_q_len_hint = max_q_len_;
   const DecodeProblem problem = resolve_decode_params(&p, DecodeUse::plan);
   step_plan_ = plan_decode(problem, step_effective_lens_.data(), on_cuda());
 }
@@ -456,12 +456,10 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, const uint32_t *token_cou
   step_indptr_.resize(size_t{count} + 1);
   step_indptr_[0] = 0;
   for (uint32_t i = 0; i < count; ++i) step_indptr_[i + 1] = step_indptr_[i] + step_counts_[i];
-  step_multi_ = max_count > 1;
-  step_tokens_ = tokens;
   max_q_len_ = static_cast<int32_t>(max_count);
   fd_tx tx{0, 0};
-  check(step_multi_ ? fd_tx_begin_multi(cache_, ids, step_counts_.data(), count, &tx)
-                    : fd_tx_begin(cache_, ids, count, &tx),
+  check(step_multi() ? fd_tx_begin_multi(cache_, ids, step_counts_.data(), count, &tx)
+                     : fd_tx_begin(cache_, ids, count, &tx),
         "begin_step: ");
   try {
     fd_tx_info info;
@@ -556,7 +554,7 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
       if (layer == 0) {
         check(fd_tx_block_tables_async(cache_, tx, table_stride_, device_->tables(),
                                        device_->lens(), stream));
-        if (step_multi_) check(fd_tx_token_indptr_async(cache_, tx, device_->indptr(), stream));
+        if (step_multi()) check(fd_tx_token_indptr_async(cache_, tx, device_->indptr(), stream));
       }
       q_rot = device_->q_rotated();
       tables = device_->tables();
@@ -575,7 +573,7 @@ void Engine::step_layer(fd_tx tx, uint32_t layer, const void *q, const void *k, 
     p.stream = stream;
     p.k_scale = layer_k_scales_[layer];
     p.v_scale = layer_v_scales_[layer];
-    if (step_multi_) {
+    if (step_multi()) {
       p.q_indptr = indptr;
       p.max_q_len_hint = max_q_len_;
     }

@@ -145,12 +145,12 @@ class Engine {
   uint32_t next_layer_ = 0;
   uint32_t table_stride_ = 0;
   int32_t max_effective_len_ = 0;
-  // Several tokens for some row (a step from fd_engine_begin_step_multi with
-  // a count above 1): the rows' query tokens are packed and decode gets
-  // q_indptr. Otherwise one token per row and today's decode path.
-  bool step_multi_ = false;
-  uint64_t step_tokens_ = 0;
+  // The step's most tokens in one row. Above 1 (a step from
+  // fd_engine_begin_step_multi with a count above 1) the rows' query tokens
+  // are packed and decode gets q_indptr; otherwise one token per row and
+  // today's decode path.
   int32_t max_q_len_ = 1;
+  bool step_multi() const { return max_q_len_ > 1; }
   std::vector<uint32_t> step_counts_;
   std::vector<int32_t> step_indptr_;  // [rows + 1] (CPU caches; CUDA: device twin)
   std::vector<uint64_t> step_ids_;

@@ -49,7 +49,6 @@ class DeviceScratch {
   void *workspace() const { return workspace_; }
   size_t workspace_size() const { return workspace_size_; }
   uint32_t row_capacity() const { return rows_; }
-  uint64_t token_capacity() const { return tokens_; }
   uint64_t table_capacity() const { return table_entries_; }
 
   // Throws FD_ERR_INVALID_ARGUMENT naming `what` unless `p` is device (or
