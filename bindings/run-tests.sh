@@ -89,6 +89,17 @@ if ((${#py_missing[@]})); then
   echo "INSTALL: ${py_missing[*]} into $VENV with pip (the Python suite needs them)"
   "$PY" -m pip install --quiet --disable-pip-version-check "${py_missing[@]}"
 fi
+# flashdec.transformers' suite (CPU parity with eager, issue 18) needs torch and
+# transformers. PyPI's torch is its CUDA build (about 5 GB with the CUDA
+# libraries it pulls in; the CPU-only index is not reachable everywhere):
+# installed once into this venv, which later runs reuse.
+hf_missing=()
+"$PY" -c "import torch" 2>/dev/null || hf_missing+=(torch)
+"$PY" -c "import transformers" 2>/dev/null || hf_missing+=("transformers==5.17.0")
+if ((${#hf_missing[@]})); then
+  echo "INSTALL: ${hf_missing[*]} into $VENV with pip (the flashdec.transformers suite needs them)"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${hf_missing[@]}"
+fi
 if ! command -v go >/dev/null 2>&1; then
   echo "INSTALL: Debian package golang-go with apt-get (no go on PATH; the Go binding needs it)"
   apt-get install -y golang-go >/dev/null || { apt-get update >/dev/null && apt-get install -y golang-go >/dev/null; }
