@@ -184,6 +184,15 @@ run "parity (C, Python, Rust, Go)" parity
 
 # --- examples ----------------------------------------------------------------
 run "example python" "$PY" "$ROOT/examples/python/decode_loop.py"
+# generate_hf.py: a random-init Llama-shaped model generating through
+# flashdec.transformers on the CPU, checked token for token against eager
+# (a few seconds). Needs torch and transformers (installed above).
+if "$PY" -c "import torch, transformers" 2>/dev/null; then
+  run "example python (transformers)" "$PY" "$ROOT/examples/python/generate_hf.py" \
+    --device cpu --prompts 4 --max-prompt-len 20 --max-new-tokens 8 --check
+else
+  echo "SKIP: example python (transformers): torch or transformers does not import"
+fi
 run "example rust" bash -c "cd '$ROOT/examples/rust' && cargo run --offline -q"
 run "example go" bash -c "cd '$ROOT/examples/go' && go run ."
 
