@@ -68,6 +68,7 @@ __all__ = [
     "register",
     "FlashDecCache",
     "ContinuousBatcher",
+    "GraphDecoder",
     "Request",
     "attention_forward",
     "padding_mask",
@@ -324,6 +325,7 @@ class FlashDecCache(_HFCache):
         self._row_ids: List[int] = []  # request id of each generate row
         self._packed: Optional[Tuple[List[int], List[int]]] = None  # ContinuousBatcher's next step
         self._step: Optional[_Step] = None
+        self._graph: Optional["GraphDecoder"] = None  # set while a GraphDecoder runs the model
         self._ids = itertools.count()
 
     # -- transformers' Cache interface ----------------------------------
@@ -460,6 +462,8 @@ class FlashDecCache(_HFCache):
         attention_mask: Optional[torch.Tensor],
         variants: _Variants,
     ) -> torch.Tensor:
+        if self._graph is not None:
+            return self._graph._attend(layer, query, key, value, variants)
         batch, heads, q_len, head_dim = query.shape
         if layer == 0:
             step = self._begin(query, attention_mask)
@@ -735,3 +739,152 @@ class ContinuousBatcher:
             logits_to_keep=last,
         )  # fmt: skip
         return out.logits[0]
+
+
+# -- CUDA graphs -------------------------------------------------------------
+
+
+class GraphDecoder:
+    """Decode steps of a fixed batch of requests (one new token each),
+    replayed from one CUDA graph of the whole model forward.
+
+    The graph holds the model's kernels and, per layer, FlashDec's append
+    (:func:`flashdec.kv_append` at the step's slots) and paged decode (one
+    :class:`~flashdec.DecodePlan` for every step, planned for ``max_seq_len``)
+    over static device buffers. Each :meth:`step` does the cache's host
+    bookkeeping around one replay: it opens the step's transaction, copies
+    its slots, block tables and lengths into those buffers (on the stream,
+    no host wait), replays, then writes each layer's K/V into the
+    transaction (the same values at the same slots: the transaction's record
+    of the writes) and commits.
+
+    Args:
+        model: a CUDA model created with ``attn_implementation="fd_paged"``
+            whose forward has no host synchronisation for one token per row
+            (Llama, Qwen2, Mistral and their kin).
+        cache: its CUDA :class:`FlashDecCache`, holding ``request_ids``.
+        request_ids: the batch's requests (e.g. ``cache._row_ids`` after a
+            prefill through ``generate``-style forwards, or the
+            :class:`ContinuousBatcher`'s ids), in row order.
+        max_seq_len: the longest any of them may grow (sizes the tables).
+
+    :meth:`step` takes each row's new token (CUDA int64 [batch]; its
+    position is the row's length, from the cache) and returns the logits
+    [batch, vocab] (a static buffer, overwritten by the next step). The first step runs the forward eagerly (warm-up), the
+    second captures it; a step that fails aborts its transaction.
+    """
+
+    def __init__(self, model: Any, cache: FlashDecCache, request_ids: Sequence[int], max_seq_len: int) -> None:
+        if cache.fd.config.device.type != DeviceType.CUDA:
+            raise _unsupported("GraphDecoder needs a CUDA cache")
+        self.model, self.cache = model, cache
+        self.ids = [int(r) for r in request_ids]
+        n, dev = len(self.ids), cache.device
+        width = -(-int(max_seq_len) // cache.fd.config.block_size)
+        self.max_seq_len = int(max_seq_len)
+        self.tokens = torch.zeros((n, 1), dtype=torch.long, device=dev)
+        self.positions = torch.zeros((n, 1), dtype=torch.long, device=dev)
+        # Each step's block ids, offsets and positions: written by the host into
+        # one of two pinned buffers, copied to the device without a host wait;
+        # a buffer is rewritten only once its copy of two steps ago is done.
+        self.staged = torch.zeros((3, n), dtype=torch.int32, device=dev)
+        self.slots = self.staged[:2]
+        self._pinned = [torch.zeros((3, n), dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self._copied: List[Optional[torch.cuda.Event]] = [None, None]
+        self.tables = torch.full((n, width), -1, dtype=torch.int32, device=dev)
+        self.lens = torch.zeros((n,), dtype=torch.int32, device=dev)
+        self.plan: Optional[DecodePlan] = None
+        self.workspace: Any = None
+        self.kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.logits: Optional[torch.Tensor] = None
+        self.steps = 0
+
+    def close(self) -> None:
+        if self.plan is not None:
+            self.plan.close()
+            self.plan = None
+        self.graph = None
+
+    def _attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, variants: _Variants) -> torch.Tensor:
+        from .append import kv_append
+
+        batch, heads, q_len, head_dim = query.shape
+        if q_len != 1 or batch != len(self.ids):
+            raise _unsupported(f"GraphDecoder runs one token for each of its {len(self.ids)} rows")
+        c = self.cache
+        q = _pack(query, None, c.q_dtype)
+        k = _pack(key, None, c.kv_input_dtype)
+        v = _pack(value, None, c.kv_input_dtype)
+        k_arr, v_arr = c._layer_arrays[layer]
+        k_scale, v_scale = c._scales[layer]
+        kv_append(k, v, k_arr, v_arr, self.slots[0], self.slots[1], k_scale=k_scale, v_scale=v_scale)
+        self.kv[layer] = (k, v)
+        if self.plan is None:
+            self.plan = DecodePlan(
+                q, k_arr, v_arr, self.tables, self.lens, sm_scale=variants.sm_scale,
+                max_seq_len_hint=self.max_seq_len, kv_dtype=c.fd.config.dtype,
+            )  # fmt: skip
+            size = self.plan.workspace_size
+            self.workspace = torch.empty(size, dtype=torch.uint8, device=c.device) if size else None
+        out = self.plan.run(
+            q, k_arr, v_arr, self.tables, self.lens, workspace=self.workspace, k_scale=k_scale,
+            v_scale=v_scale, logit_softcap=variants.logit_softcap, sliding_window=variants.sliding_window,
+            sinks=variants.sinks_for(c.fd.config.device),
+        )  # fmt: skip
+        return out.to(query.dtype).view(batch, 1, heads, head_dim)
+
+    def _forward(self) -> torch.Tensor:
+        self.cache._graph = self
+        try:
+            out = self.model(
+                input_ids=self.tokens, position_ids=self.positions, past_key_values=self.cache, use_cache=True
+            )
+        finally:
+            self.cache._graph = None
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step: ``tokens`` (int64 [batch] on the cache's device)
+        is each row's new token. Returns logits [batch, vocab]."""
+        c = self.cache
+        tx = c.fd.begin(self.ids)
+        try:
+            t = tx.tokens()
+            if int(t.positions.max()) >= self.max_seq_len:
+                raise FlashDecError(Status.INVALID_ARGUMENT, f"a row grows past max_seq_len {self.max_seq_len}")
+            i = self.steps % 2
+            if self._copied[i] is not None:
+                self._copied[i].synchronize()
+            host = self._pinned[i].numpy()
+            host[0], host[1], host[2] = t.block_ids, t.offsets, t.positions
+            self.staged.copy_(self._pinned[i], non_blocking=True)
+            self._copied[i] = torch.cuda.Event()
+            self._copied[i].record()
+            self.positions.copy_(self.staged[2].view(-1, 1))
+            tx.block_tables_async(self.tables, self.lens)
+            self.tokens.copy_(tokens.view(-1, 1))
+            if self.steps == 0:
+                self.logits = self._forward()
+            else:
+                if self.graph is None:
+                    self.graph = torch.cuda.CUDAGraph()
+                    # thread_local: the library's own pointer queries during
+                    # capture are legal; other threads' CUDA calls are not ours.
+                    with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                        self.logits = self._forward()
+                self.graph.replay()
+            for layer in range(len(c.layers)):
+                k, v = self.kv[layer]
+                tx.write_layer(layer, k, v)
+            tx.commit()
+        except BaseException:
+            try:
+                tx.abort()
+            except FlashDecError:
+                pass
+            raise
+        self.steps += 1
+        assert self.logits is not None
+        return self.logits
