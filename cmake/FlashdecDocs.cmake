@@ -5,7 +5,7 @@ if(DOXYGEN_FOUND)
   # The header, the main page (docs/index.md) and the docs pages as related
   # pages. Every page listed here must build without a warning.
   set(flashdec_doc_pages index semantics abi benchmarks architecture engine cuda-streams
-      kernel-design testing)
+      kernel-design testing transformers)
   set(flashdec_doc_files ${PROJECT_SOURCE_DIR}/include/flashdec.h)
   foreach(page ${flashdec_doc_pages})
     list(APPEND flashdec_doc_files ${PROJECT_SOURCE_DIR}/docs/${page}.md)
