@@ -198,12 +198,6 @@ class _Layer(_HFLayer):
     def get_max_length(self) -> int:
         return -1
 
-    def reset(self) -> None:
-        raise _unsupported("reset(): create a new FlashDecCache instead")
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise _unsupported("beam search (num_beams > 1) reorders rows; use num_beams=1")
-
 
 @dataclasses.dataclass
 class _Step:
@@ -218,6 +212,7 @@ class _Step:
     q_indptr: Any
     max_q: int
     plan: Optional[DecodePlan] = None
+    plan_scale: float = 0.0  # the softmax scale the plan was made with
     workspace: Any = None
     next_layer: int = 0
 
@@ -229,11 +224,9 @@ class FlashDecCache(_HFCache):
         model: the model (or its config) whose K/V it holds; its text config
             gives layers, KV heads and head size, its parameters the device
             and dtype unless given.
-        max_tokens: tokens the cache must hold at once over all requests
-            (rounded up to whole blocks per request is the caller's margin:
-            each request may leave up to ``block_size - 1`` slots unused);
-            default 4096 per row of the first forward is not known yet, so
-            give it (or ``num_blocks``).
+        max_tokens: tokens the cache must hold at once over all requests;
+            the pool gets that many blocks' worth plus 64 blocks for the
+            partly filled last block of each request.
         num_blocks: blocks of the pool, instead of ``max_tokens``.
         block_size: tokens per block (16).
         kv_dtype: the stored K/V type; default the model's dtype. FP8
@@ -506,13 +499,13 @@ class FlashDecCache(_HFCache):
                 max_q_len_hint=step.max_q if step.q_indptr is not None else 0,
                 kv_dtype=self.fd.config.dtype,
             )  # fmt: skip
-            step.plan_scale = variants.sm_scale  # type: ignore[attr-defined]
+            step.plan_scale = variants.sm_scale
             size = step.plan.workspace_size
             if size:
                 step.workspace = (
                     np.empty(size, dtype=np.uint8) if cpu else torch.empty(size, dtype=torch.uint8, device=self.device)
                 )
-        elif variants.sm_scale != step.plan_scale:  # type: ignore[attr-defined]
+        elif variants.sm_scale != step.plan_scale:
             raise _unsupported("a softmax scale that differs between layers of one model")
         return step.plan.run(
             q, k_arr, v_arr, step.tables, step.lens, workspace=step.workspace,
