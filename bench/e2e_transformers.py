@@ -191,7 +191,7 @@ def time_steps(torch, step, first_token, steps, warm=3):
     return s.elapsed_time(e) / (steps - warm)
 
 
-def e2e(torch, transformers, fdt, args, bw):
+def e2e(torch, transformers, fdt, args, bw, save=lambda rows: None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     cfg = llama8b_config(transformers, args.layers)
@@ -269,6 +269,7 @@ def e2e(torch, transformers, fdt, args, bw):
         summarise(row)
         print("e2e " + json.dumps(row), file=sys.stderr)
         results.append(row)
+        save(results)
     # torch.compile last: its compile time must not keep the other rows from finishing.
     for row in results:
         if row["batch"] in args.compile_batch:
@@ -278,6 +279,7 @@ def e2e(torch, transformers, fdt, args, bw):
             row.update(static_compile(torch, model, prompt, args.steps))
             summarise(row)
             print("e2e " + json.dumps(row), file=sys.stderr)
+            save(results)
     return results, weight_bytes
 
 
@@ -362,13 +364,22 @@ def main():
         "flashdec": flashdec.version(),
     }
     result["copy_bandwidth_gbs"] = copy_bandwidth(torch) / 1e9
+
+    def save(rows=None):  # after every part: a run cut short keeps what it measured
+        if rows is not None:
+            result["e2e"] = rows
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
     result["graph_check"] = graph_check(torch, transformers, fdt)
     if "parity" not in args.skip:
         result["parity"] = parity(torch, transformers, fdt, args.parity_steps, args.parity_archs)
+        save()
     if "e2e" not in args.skip:
-        result["e2e"], result["weight_bytes"] = e2e(torch, transformers, fdt, args, result["copy_bandwidth_gbs"] * 1e9)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+        result["e2e"], result["weight_bytes"] = e2e(
+            torch, transformers, fdt, args, result["copy_bandwidth_gbs"] * 1e9, save
+        )
+    save()
     if "e2e" in result:
         print(table(result["e2e"]))
     print(f"graph check: {result['graph_check']}")

@@ -3,7 +3,8 @@
 # CUDA (the library only) in build-e2e, then runs the bench with the Python
 # package from this tree. $OUT gets e2e.json (all numbers), e2e.md (the
 # table and the parity lines), e2e.log (progress, warnings) and build.log.
-# BENCH_ARGS passes options to the bench (e.g. "--batch 1 64").
+# BENCH_ARGS passes options to the bench (e.g. "--batch 1 64"); BENCH_TIMEOUT
+# (seconds, default 480) bounds it (e2e.json is written after every part).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-out}
@@ -16,7 +17,8 @@ start=$SECONDS
 echo "build: $((SECONDS - start)) s"
 # shellcheck disable=SC2086
 FLASHDEC_LIBRARY=$PWD/$BUILD_DIR/libflashdec.so PYTHONPATH=$PWD/bindings/python \
-  python3 bench/e2e_transformers.py --json "$OUT/e2e.json" ${BENCH_ARGS:-} >"$OUT/e2e.md" 2>"$OUT/e2e.log"
+  timeout "${BENCH_TIMEOUT:-480}" python3 bench/e2e_transformers.py --json "$OUT/e2e.json" ${BENCH_ARGS:-} \
+  >"$OUT/e2e.md" 2>"$OUT/e2e.log"
 rc=$?
 echo "bench rc=$rc in $((SECONDS - start)) s"
 cat "$OUT/e2e.md"
