@@ -64,13 +64,22 @@ def copy_bandwidth(torch, nbytes=4 << 30):
 # -- parity ------------------------------------------------------------------
 
 
+def _gpu_config(tt, arch):
+    """The CPU suite's config of ``arch`` with a head size the CUDA kernels
+    serve (64, or Gemma 2's 256)."""
+    cfg = tt._config(arch)
+    if getattr(cfg, "head_dim", None) != 256:
+        cfg.head_dim = 64
+    return cfg
+
+
 def parity(torch, transformers, fdt, steps, archs, device="cuda"):
     sys.path.insert(0, __file__.rsplit("/bench/", 1)[0] + "/bindings/python/tests")
     import test_transformers as tt  # the CPU suite's configs and prompts
 
     rows = []
     for arch in archs:
-        cfg = tt._config(arch)
+        cfg = _gpu_config(tt, arch)
         torch.manual_seed(0)
         cls = transformers.AutoModelForCausalLM
         import copy
@@ -143,7 +152,7 @@ def graph_check(torch, transformers, fdt, steps=24):
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        tt._config("llama"), attn_implementation=fdt.ATTN_IMPLEMENTATION, dtype=torch.bfloat16
+        _gpu_config(tt, "llama"), attn_implementation=fdt.ATTN_IMPLEMENTATION, dtype=torch.bfloat16
     ).cuda().eval()
     prompt = torch.randint(3, tt.VOCAB, (3, 40), device="cuda")
     caches = [fdt.FlashDecCache(model, max_tokens=4096) for _ in range(2)]

@@ -230,7 +230,7 @@ class FlashDecCache(_HFCache):
         num_blocks: blocks of the pool, instead of ``max_tokens``.
         block_size: tokens per block (16).
         kv_dtype: the stored K/V type; default the model's dtype. FP8
-            (``DType.FP8_E4M3``; E5M2 on the CPU) stores K/V in 8 bits with
+            (``DType.FP8_E4M3``; ``FP8_E5M2`` too on the CPU) stores K/V in 8 bits with
             ``k_scales`` / ``v_scales`` per layer (default 1).
         prefix_blocks: blocks kept for shared prefixes
             (:meth:`ContinuousBatcher.add_prefix`); 0 turns them off.
@@ -583,6 +583,7 @@ class Request:
     id: int = -1  # the cache's request id once admitted
     pending: List[int] = dataclasses.field(default_factory=list)  # tokens to feed next
     position: int = 0  # tokens already in the cache
+    blocks: int = 0  # blocks reserved for it while active
 
 
 class ContinuousBatcher:
@@ -641,6 +642,11 @@ class ContinuousBatcher:
             if len(prompt) <= n:
                 raise FlashDecError(Status.INVALID_ARGUMENT, f"add: the prompt must be longer than its prefix ({n})")
         r = Request(prompt, int(max_new_tokens), prefix)
+        pool = self.cache.fd.config.max_blocks
+        if self._blocks_needed(r) > pool:
+            raise FlashDecError(
+                Status.OUT_OF_BLOCKS, f"add: the request needs {self._blocks_needed(r)} blocks; the pool has {pool}"
+            )
         self.waiting.append(r)
         return r
 
@@ -663,28 +669,45 @@ class ContinuousBatcher:
             self.cache.release(rid)
         self._prefixes[name] = len(tokens)
 
-    def _admit(self) -> None:
-        budget = self.max_step_tokens - len(self.active)
-        free = self.cache.fd.metrics().free_blocks
+    def _blocks_needed(self, r: Request) -> int:
+        """Blocks a request may come to hold of its own (its shared prefix's
+        blocks are the prefix's): prompt and every new token."""
         bs = self.cache.fd.config.block_size
+        skip = self._prefixes[r.prefix] if r.prefix is not None else 0
+        return -(-(len(r.prompt) + r.max_new_tokens) // bs) - skip // bs
+
+    def _admit(self) -> None:
+        """Admits waiting requests in order while the step's token budget,
+        ``max_batch`` and the pool allow: each active request keeps a
+        reservation of every block it may grow into, so admitted requests
+        never run out of blocks."""
+        budget = self.max_step_tokens - len(self.active)
+        m = self.cache.fd.metrics()
+        capacity = m.max_blocks - m.resident_prefix_blocks  # what requests may use
+        reserved = sum(r.blocks for r in self.active)
         while self.waiting:
             r = self.waiting[0]
             skip = self._prefixes[r.prefix] if r.prefix is not None else 0
             need_tokens = len(r.prompt) - skip
-            need_blocks = -(-(len(r.prompt) + r.max_new_tokens) // bs) - skip // bs
+            need_blocks = self._blocks_needed(r)
+            if not self.active and need_blocks > capacity:
+                raise FlashDecError(
+                    Status.OUT_OF_BLOCKS,
+                    f"a request needs {need_blocks} blocks; the pool has {capacity} for requests",
+                )
+            if not self.active and need_tokens > self.max_step_tokens:
+                raise FlashDecError(Status.INVALID_ARGUMENT, "a prompt longer than max_step_tokens")
             full = self.max_batch and len(self.active) >= self.max_batch
-            if full or need_tokens > budget or need_blocks > free:
-                if not self.active and need_tokens > self.max_step_tokens:
-                    raise FlashDecError(Status.INVALID_ARGUMENT, "a prompt longer than max_step_tokens")
+            if full or need_tokens > budget or reserved + need_blocks > capacity:
                 break
             self.waiting.pop(0)
             r.id = self.cache.new_request()
             if r.prefix is not None:
                 self.cache.fd.attach_prefix(r.id, r.prefix)
-            r.position, r.pending = skip, r.prompt[skip:]
+            r.position, r.pending, r.blocks = skip, r.prompt[skip:], need_blocks
             self.active.append(r)
             budget -= need_tokens
-            free -= need_blocks
+            reserved += need_blocks
 
     @torch.no_grad()
     def step(self) -> List[Request]:

@@ -287,3 +287,31 @@ def test_batcher_argument_errors():
     m = cache.fd.metrics()
     assert (m.free_blocks, m.active_request_count, m.prefix_registration_count) == (cache.fd.config.max_blocks, 0, 0)
     cache.close()
+
+
+def test_batcher_reserves_blocks_so_admitted_requests_never_run_out():
+    _, ours = _models("llama")
+    cache = fdt.FlashDecCache(ours, num_blocks=8, block_size=16)
+    pool = cache.fd.config.max_blocks
+    batcher = fdt.ContinuousBatcher(ours, cache)
+    prompts = _prompts(3, seed=9)
+    # Each needs ceil((len + 40) / 16) blocks: not all three fit the pool at once.
+    requests = [batcher.add(p[:20] + [5] * (20 - len(p[:20])), 40) for p in prompts]
+    batcher.step()
+    assert sum(r.blocks for r in batcher.active) <= pool
+    assert len(batcher.active) < 3 and batcher.waiting
+    batcher.run()
+    assert all(r.done and len(r.tokens) == 40 for r in requests)
+    assert cache.fd.metrics().free_blocks == pool
+    cache.close()
+
+
+def test_batcher_refuses_a_request_the_pool_can_never_hold():
+    _, ours = _models("llama")
+    cache = fdt.FlashDecCache(ours, num_blocks=4, block_size=16)
+    batcher = fdt.ContinuousBatcher(ours, cache)
+    with pytest.raises(FlashDecError) as e:
+        batcher.add([3] * 20, 200)
+    assert e.value.status == Status.OUT_OF_BLOCKS and "needs 14 blocks; the pool has" in e.value.message
+    assert not batcher.waiting and cache.fd.metrics().active_request_count == 0
+    cache.close()
