@@ -760,12 +760,23 @@ class ContinuousBatcher:
 # -- CUDA graphs -------------------------------------------------------------
 
 
+def _stored(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as the cache stores it: as is, or FP8 saturate(x / scale)
+    rounded to nearest even (docs/semantics.md S1.1)."""
+    if x.dtype == dtype:
+        return x
+    top = torch.finfo(dtype).max
+    return (x.float() / scale).clamp(-top, top).to(dtype)
+
+
 class GraphDecoder:
     """Decode steps of a fixed batch of requests (one new token each),
     replayed from one CUDA graph of the whole model forward.
 
-    The graph holds the model's kernels and, per layer, FlashDec's append
-    (:func:`flashdec.kv_append` at the step's slots) and paged decode (one
+    The graph holds the model's kernels and, per layer, the append of the
+    new K/V at the step's slots (torch indexing into the cache's storage
+    views: :func:`flashdec.kv_append` checks its indices on the host, which
+    a graph cannot hold) and FlashDec's paged decode (one
     :class:`~flashdec.DecodePlan` for every step, planned for ``max_seq_len``)
     over static device buffers. Each :meth:`step` does the cache's host
     bookkeeping around one replay: it opens the step's transaction, copies
@@ -804,7 +815,7 @@ class GraphDecoder:
         # one of two pinned buffers, copied to the device without a host wait;
         # a buffer is rewritten only once its copy of two steps ago is done.
         self.staged = torch.zeros((3, n), dtype=torch.int32, device=dev)
-        self.slots = self.staged[:2]
+        self.slot_index = torch.zeros((2, n), dtype=torch.long, device=dev)  # block ids, offsets
         self._pinned = [torch.zeros((3, n), dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self._copied: List[Optional[torch.cuda.Event]] = [None, None]
         self.tables = torch.full((n, width), -1, dtype=torch.int32, device=dev)
@@ -823,8 +834,6 @@ class GraphDecoder:
         self.graph = None
 
     def _attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, variants: _Variants) -> torch.Tensor:
-        from .append import kv_append
-
         batch, heads, q_len, head_dim = query.shape
         if q_len != 1 or batch != len(self.ids):
             raise _unsupported(f"GraphDecoder runs one token for each of its {len(self.ids)} rows")
@@ -834,7 +843,11 @@ class GraphDecoder:
         v = _pack(value, None, c.kv_input_dtype)
         k_arr, v_arr = c._layer_arrays[layer]
         k_scale, v_scale = c._scales[layer]
-        kv_append(k, v, k_arr, v_arr, self.slots[0], self.slots[1], k_scale=k_scale, v_scale=v_scale)
+        # The append as torch indexing: fd_kv_append checks its indices on the
+        # host (a synchronisation a graph cannot hold). Token-major storage.
+        block, offset = self.slot_index[0], self.slot_index[1]
+        k_arr[block, :, offset] = _stored(k, k_scale, k_arr.dtype)
+        v_arr[block, :, offset] = _stored(v, v_scale, v_arr.dtype)
         self.kv[layer] = (k, v)
         if self.plan is None:
             self.plan = DecodePlan(
@@ -878,6 +891,7 @@ class GraphDecoder:
             self.staged.copy_(self._pinned[i], non_blocking=True)
             self._copied[i] = torch.cuda.Event()
             self._copied[i].record()
+            self.slot_index.copy_(self.staged[:2])
             self.positions.copy_(self.staged[2].view(-1, 1))
             tx.block_tables_async(self.tables, self.lens)
             self.tokens.copy_(tokens.view(-1, 1))
