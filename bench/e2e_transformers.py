@@ -125,6 +125,15 @@ def parity(torch, transformers, fdt, steps, archs, device="cuda"):
             # The reference's own step-by-step logits (its dynamic cache): how
             # far two correct bf16 computations of the same model drift apart.
             base = teacher_forced(ref, transformers.DynamicCache(config=ref.config))
+            # Two correct transformers implementations against each other: eager
+            # fed sdpa's tokens (for the architectures compared with sdpa).
+            other = None
+            if impl == "sdpa":
+                eager = cls.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.bfloat16)
+                eager.load_state_dict(ref.state_dict())
+                eager = eager.to(device).eval()
+                other = teacher_forced(eager, transformers.DynamicCache(config=eager.config))
+                del eager
             # float32 truth: the same weights upcast; which bf16 run is closer to it?
             truth = copy.deepcopy(ref).float()(full, attention_mask=full_mask, position_ids=pos).logits[:, P - 1 : -1]
             err = {"flashdec": (got - truth).abs().mean().item(), impl: (want - truth).abs().mean().item()}
@@ -134,7 +143,9 @@ def parity(torch, transformers, fdt, steps, archs, device="cuda"):
         base_diff = (base - want).abs().amax((1, 2)).tolist()
         rows.append({"arch": arch, "reference": impl, "steps": steps, "agreement": agree, "max_logit_diff": diff,
                      "reference_stepwise_agreement": base_agree, "reference_stepwise_max_logit_diff": base_diff,
-                     "logit_absmax": want.abs().amax().item(), "mean_abs_diff_from_float32": err})  # fmt: skip
+                     "logit_absmax": want.abs().amax().item(), "mean_abs_diff_from_float32": err,
+                     "eager_vs_sdpa_agreement": None if other is None
+                     else (other.argmax(-1) == gen).float().mean(1).tolist()})  # fmt: skip
         print(f"parity {arch}: agreement {[round(a, 4) for a in agree]}, max |dlogit| {max(diff):.4f}; "
               f"{impl} step by step {[round(a, 4) for a in base_agree]}, {max(base_diff):.4f}; "
               f"mean |dlogit| from float32 {err}", file=sys.stderr)
@@ -403,7 +414,8 @@ def main():
     for p in result.get("parity", []):
         print(f"parity {p['arch']} vs {p['reference']}: teacher-forced agreement per prompt "
               f"{[round(a, 4) for a in p['agreement']]}, max logit diff {max(p['max_logit_diff']):.4f} "
-              f"(logits up to {p['logit_absmax']:.2f}); {p['reference']} itself step by step: "
+              f"(logits up to {p['logit_absmax']:.2f}); eager fed sdpa's tokens: {p['eager_vs_sdpa_agreement']}; "
+              f"{p['reference']} itself step by step: "
               f"{[round(a, 4) for a in p['reference_stepwise_agreement']]}, "
               f"{max(p['reference_stepwise_max_logit_diff']):.4f}; mean |logit - float32 model's|: "
               f"{p['mean_abs_diff_from_float32']}")  # fmt: skip
