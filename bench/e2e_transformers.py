@@ -80,23 +80,13 @@ def parity(torch, transformers, fdt, steps, archs, device="cuda"):
 
     rows = []
     for arch in archs:
-        cfg = _gpu_config(tt, arch)
-        torch.manual_seed(0)
-        cls = transformers.AutoModelForCausalLM
         import copy
 
+        cfg = _gpu_config(tt, arch)
+        cls = transformers.AutoModelForCausalLM
         # sdpa has no soft-cap or sinks: Gemma 2 and GPT-OSS are compared with eager.
         impl = "eager" if arch in ("gemma2", "gpt_oss") else "sdpa"
-        ref = cls.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16)
-        ours = cls.from_config(copy.deepcopy(cfg), attn_implementation=fdt.ATTN_IMPLEMENTATION, dtype=torch.bfloat16)
-        ours.load_state_dict(ref.state_dict())
-        if arch == "gpt_oss":
-            with torch.no_grad():
-                for a, b in zip(ref.modules(), ours.modules()):
-                    if hasattr(a, "sinks"):
-                        s = torch.randn_like(a.sinks) * 2
-                        a.sinks.copy_(s)
-                        b.sinks.copy_(s)
+        ref, ours = tt._models(arch, reference=impl, dtype=torch.bfloat16, config=cfg)
         ref, ours = ref.to(device).eval(), ours.to(device).eval()
         ids, mask = tt._left_pad(tt._prompts(4, seed=1))
         ids, mask = ids.to(device), mask.to(device)

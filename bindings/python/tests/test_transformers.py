@@ -57,14 +57,16 @@ def _config(arch: str):
 ARCHS = ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"]
 
 
-def _models(arch: str, seed: int = 0):
-    """The same random weights as an eager model and a FlashDec model."""
+def _models(arch: str, seed: int = 0, *, reference: str = "eager", dtype=None, config=None):
+    """The same random weights as a reference model (``reference``
+    attention) and a FlashDec model (bench/e2e_transformers.py uses it too)."""
     fdt.register()
-    cfg = _config(arch)
+    cfg = config if config is not None else _config(arch)
     torch.manual_seed(seed)
     cls = transformers.AutoModelForCausalLM
-    eager = cls.from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
-    ours = cls.from_config(copy.deepcopy(cfg), attn_implementation=fdt.ATTN_IMPLEMENTATION).eval()
+    kw = {} if dtype is None else {"dtype": dtype}
+    eager = cls.from_config(copy.deepcopy(cfg), attn_implementation=reference, **kw).eval()
+    ours = cls.from_config(copy.deepcopy(cfg), attn_implementation=fdt.ATTN_IMPLEMENTATION, **kw).eval()
     ours.load_state_dict(eager.state_dict())
     if arch == "gpt_oss":  # the sinks start at zero; make them matter
         with torch.no_grad():
