@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
   const int n_tiles = p.work.item_tiles(item, row_tiles);
   // An empty partition writes nothing: the merge reads only partitions that
   // hold tokens. Unsplit rows always write (zeros for an empty row).
-  if (n_tiles <= 0 && p.work.has_partials()) return;
+  if (n_tiles <= 0 && p.work.item_has_partial(static_cast<int32_t>(blockIdx.x))) return;
 
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
@@ -1038,7 +1038,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       acc.z += f * x.z;
       acc.w += f * x.w;
     }
-    if (!p.work.has_partials()) {
+    if (!p.work.item_has_partial(static_cast<int32_t>(blockIdx.x))) {
       const float sum = red_h[2 * h + 1];
       float inv = sum > 0.f ? p.v_scale / sum : 0.f;
       if (kVariant && p.sinks != nullptr && sum > 0.f) {
@@ -1135,6 +1135,7 @@ __global__ void __launch_bounds__(256, 1)
   const int qh = blockIdx.x * heads_per_cta + warp / wph;
   int64_t out_row = qh;  // index of the output row (query token x q heads + head)
   bool active = qh < rows_heads;
+  int64_t unit = 0;  // the (query tile, row, KV head) of the work list
   int nv = 0;
   if (active) {
     int len;
@@ -1154,6 +1155,8 @@ __global__ void __launch_bounds__(256, 1)
       // The splits of the token's query tile that hold its keys.
       // (Without a window the span is the causal one: no 64-bit division.)
       const int k = work.q_tile_of(q_len, token);
+      unit = (static_cast<int64_t>(k) * work.batch + row) * work.num_kv_heads +
+             (qh % num_q_heads) / work.group_size;
       if (active)
         len = variant.window > 0 ? work.q_tile_span(variant, len, q_len, k)
                                  : work.q_tile_keys(len, k);
@@ -1161,8 +1164,12 @@ __global__ void __launch_bounds__(256, 1)
       len = seq_lens[qh / num_q_heads];
       len = len < 0 ? 0 : (len > max_len ? max_len : len);
       if (variant.window > 0) len -= work.first_key_tile(variant, len, 1, 0) * work.tile_tokens;
+      unit = static_cast<int64_t>(qh / num_q_heads) * work.num_kv_heads +
+             (qh % num_q_heads) / work.group_size;
     }
-    nv = active ? work.splits_holding(len) : 0;
+    // A unit of one split wrote its output itself: nothing to merge.
+    if (work.unit_splits(unit) < 2) active = false;
+    nv = active ? work.splits_holding(len, unit) : 0;
   }
   // This kernel follows the attention kernel directly and is scheduled only
   // once all its CTAs are past their own wait, so seq_lens (written before
@@ -1392,7 +1399,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || !l.work.has_partials()) return err;
   const int rows_heads = static_cast<int>(l.work.query_rows());
-  const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.num_splits);
+  const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.slot_splits());
   // The output has q's type: TQ, or by q_dtype over FP8 K/V.
   auto merge = detail::decode_merge_kernel<TQ, D, kMulti>;
   if (detail::KvType<TKV>::kFp8 && p.q_bf16)

@@ -378,6 +378,19 @@ void test_sweep(void **state) {
   print_message("gpu_decode: %d sweep cases x 3 split modes passed\n", cases);
 }
 
+/* A case of one head shape and storage; the caller sets the lengths. */
+Case shape_case(int32_t dtype, uint32_t dim, uint32_t bs, uint32_t hkv, uint32_t group,
+                int storage) {
+  Case c;
+  c.dtype = dtype;
+  c.dim = dim;
+  c.bs = bs;
+  c.hkv = hkv;
+  c.group = group;
+  c.storage = storage;
+  return c;
+}
+
 /* Long rows (split-KV across many CTAs), a hint above the real lengths and
  * a max_blocks_per_seq with spare slots. */
 void test_long_rows(void **state) {
@@ -396,20 +409,49 @@ void test_long_rows(void **state) {
   };
   for (const auto &k : cases) {
     for (int st : {kTokenPacked, kDimPacked}) {
-      Case c;
-      c.dtype = k.dtype;
-      c.dim = k.dim;
-      c.bs = k.bs;
-      c.hkv = k.hkv;
-      c.group = k.group;
+      Case c = shape_case(k.dtype, k.dim, k.bs, k.hkv, k.group, st);
       c.lens = k.lens;
-      c.storage = st;
       c.max_seq_len_hint = k.hint;
       int32_t longest = *std::max_element(k.lens.begin(), k.lens.end());
       c.mbps = static_cast<uint32_t>(longest) / k.bs + 2;
       check_case(c);
     }
   }
+}
+
+/* More (row, KV head) units than resident CTAs: with FD_DECODE_LEAD=force
+ * the automatic split choice takes a lead-unit list (whole waves of unsplit
+ * units, the rest cut finer; decode_work.hpp) whenever one exists for the
+ * device's SM count. Ragged rows (empty, one token, block boundaries, the
+ * hint) land in lead and tail units; each case also runs unsplit, with 5
+ * splits and a second time bit for bit. */
+void test_lead_units(void **state) {
+  (void)state;
+  const bool small = reduced();
+  struct {
+    int32_t dtype;
+    uint32_t dim, bs, hkv, group, batch;
+    int storage;
+  } cases[] = {
+      {FD_DTYPE_BF16, 128, 16, 2, 8, 320, kTokenPacked},
+      {FD_DTYPE_F16, 128, 32, 2, 8, 250, kDimPacked},
+      {FD_DTYPE_BF16, 64, 16, 4, 8, 200, kTokenPacked},
+  };
+  fd_test_rng rng = {1717};
+  setenv("FD_DECODE_LEAD", "force", 1);
+  for (const auto &k : cases) {
+    const int32_t hint = small ? 256 : 1024;
+    Case c = shape_case(k.dtype, k.dim, k.bs, k.hkv, k.group, k.storage);
+    c.lens = ragged_lens(k.bs, static_cast<uint32_t>(hint), &rng);
+    while (c.lens.size() < k.batch)
+      c.lens.push_back(static_cast<int32_t>(
+          c.lens.size() % 3 == 0 ? hint : fd_test_range(&rng, 0, static_cast<uint32_t>(hint))));
+    c.max_seq_len_hint = hint;
+    c.mbps = static_cast<uint32_t>(hint) / k.bs + 1;
+    c.seed = fd_test_next(&rng);
+    check_case(c);
+  }
+  unsetenv("FD_DECODE_LEAD");
 }
 
 /* An out that is only element-aligned (2 bytes past an 8-byte boundary):
@@ -1167,7 +1209,7 @@ int main(void) {
       cmocka_unit_test(test_multi_token),   cmocka_unit_test(test_prefill_chunks),
       cmocka_unit_test(test_softcap),       cmocka_unit_test(test_sliding_window),
       cmocka_unit_test(test_sinks),         cmocka_unit_test(test_variants_combined),
-      cmocka_unit_test(test_head_dims),
+      cmocka_unit_test(test_head_dims),     cmocka_unit_test(test_lead_units),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

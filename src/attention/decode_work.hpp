@@ -5,14 +5,18 @@
 // read it through these functions, so the split layout is decided in exactly
 // one place.
 //
-// The list is regular: item i is (query tile, row, KV head, split) with the
-// split fastest, every split of a row covers `tiles_per_split` tiles of
-// `tile_tokens` tokens starting at split * tiles_per_split, and the last
-// split of a row takes every remaining tile (so a row longer than planned
-// costs speed, never tokens). Because it is closed-form, a kernel finds its
-// item from blockIdx.x with no memory read, and an empty item (a split past
-// its row's end) exits at once. Partial slots are [row, query token, q head,
-// split].
+// The list is closed-form: item i is (query tile, row, KV head, split) with
+// the split fastest, every split of a unit (query tile, row, KV head) covers
+// `tiles_per_split` tiles of `tile_tokens` tokens starting at split *
+// tiles_per_split, and the last split of a row takes every remaining tile (so
+// a row longer than planned costs speed, never tokens). The first
+// `lead_units` units may take another split count (`lead_splits` of
+// `lead_tiles_per_split` tiles): whole waves of lead items, then the other
+// units cut finer to fill the last wave. A unit of one split writes its
+// output; the others write partials that the merge kernel combines. Because
+// it is closed-form, a kernel finds its item from blockIdx.x with no memory
+// read, and an empty item (a split past its row's end) exits at once.
+// Partial slots are [row, query token, q head, slot_splits()].
 //
 // Query tiles (several query tokens per row, q_indptr): a row's query tokens
 // are cut into tiles of `q_tile_tokens` tokens counted from the row's last
@@ -43,10 +47,12 @@ namespace fd {
 struct DecodeWorkItem {
   int32_t row;
   int32_t kv_head;
-  int32_t q_tile;      // query tile, counted from the row's last token (0 with q_tiles == 1)
-  int32_t split;       // index of the item among its row's splits
-  int32_t tile_begin;  // first tile of the item
-  bool last_split;     // takes every tile from tile_begin to the row's end
+  int32_t q_tile;           // query tile, counted from the row's last token (0 with q_tiles == 1)
+  int32_t split;            // index of the item among its row's splits
+  int32_t splits;           // items of its (query tile, row, KV head); 1: no partial
+  int32_t tiles_per_split;  // tiles of each of them but the last
+  int32_t tile_begin;       // first tile of the item
+  bool last_split;          // takes every tile from tile_begin to the row's end
 };
 
 struct DecodeWorkList {
@@ -57,15 +63,38 @@ struct DecodeWorkList {
   int32_t q_tile_tokens = 1;    // query tokens per query tile (max_q_len when q_tiles == 1)
   int32_t q_tiles = 1;          // query tiles per (row, KV head)
   int32_t tile_tokens = 0;      // tokens per tile
-  int32_t num_splits = 1;       // items per (row, KV head); 1: no partials, no merge
+  int32_t num_splits = 1;       // items per (row, KV head) past the lead units; 1: none
   int32_t tiles_per_split = 0;  // tiles of every split but the last
+  // Lead units: the first `lead_units` units (query tile, row, KV head), in
+  // item order, take `lead_splits` splits of `lead_tiles_per_split` tiles
+  // instead (0: every unit takes num_splits). The host plans whole waves of
+  // lead items and cuts the remaining units finer so that they fill the
+  // last wave (decode_cuda.cpp, choose_splits).
+  int32_t lead_units = 0;
+  int32_t lead_splits = 1;
+  int32_t lead_tiles_per_split = 0;
 
+  FD_HD int64_t units() const { return static_cast<int64_t>(q_tiles) * batch * num_kv_heads; }
   // Items in the list (the attention kernel's grid).
   FD_HD int64_t size() const {
-    return static_cast<int64_t>(q_tiles) * batch * num_kv_heads * num_splits;
+    return static_cast<int64_t>(lead_units) * lead_splits + (units() - lead_units) * num_splits;
   }
-  FD_HD bool has_partials() const { return num_splits > 1; }
-  FD_HD int32_t split_tokens() const { return tiles_per_split * tile_tokens; }
+  // Partial slots per query row: the most splits any unit has.
+  FD_HD int32_t slot_splits() const { return num_splits > lead_splits ? num_splits : lead_splits; }
+  FD_HD bool has_partials() const { return slot_splits() > 1; }
+  // Splits and tiles per split of unit u ((query tile x batch + row) x KV
+  // heads + KV head).
+  FD_HD int32_t unit_splits(int64_t u) const { return u < lead_units ? lead_splits : num_splits; }
+  FD_HD int32_t unit_split_tokens(int64_t u) const {
+    return (u < lead_units ? lead_tiles_per_split : tiles_per_split) * tile_tokens;
+  }
+
+  // Whether item `index` writes a partial (its unit has several splits)
+  // rather than the output; from the index alone, so a kernel keeps no
+  // register for it.
+  FD_HD bool item_has_partial(int32_t index) const {
+    return (index < lead_units * lead_splits ? lead_splits : num_splits) > 1;
+  }
 
   // Item `index` in [0, size()); the host keeps size() below 2^31 (one
   // CUDA grid), so 32-bit arithmetic suffices. kTiled false: the caller
@@ -73,19 +102,30 @@ struct DecodeWorkList {
   template <bool kTiled = true>
   FD_HD DecodeWorkItem item(int32_t index) const {
     DecodeWorkItem it;
-    it.split = index % num_splits;
-    const int32_t rest = index / num_splits;
-    it.kv_head = rest % num_kv_heads;
+    const int32_t lead_items = lead_units * lead_splits;
+    int32_t unit;
+    if (index < lead_items) {
+      it.splits = lead_splits;
+      it.tiles_per_split = lead_tiles_per_split;
+      unit = index / lead_splits;
+      it.split = index % lead_splits;
+    } else {
+      it.splits = num_splits;
+      it.tiles_per_split = tiles_per_split;
+      unit = lead_units + (index - lead_items) / num_splits;
+      it.split = (index - lead_items) % num_splits;
+    }
+    it.kv_head = unit % num_kv_heads;
     if (kTiled) {
-      const int32_t rows = rest / num_kv_heads;
+      const int32_t rows = unit / num_kv_heads;
       it.row = rows % batch;
       it.q_tile = rows / batch;
     } else {
-      it.row = rest / num_kv_heads;
+      it.row = unit / num_kv_heads;
       it.q_tile = 0;
     }
-    it.tile_begin = it.split * tiles_per_split;
-    it.last_split = it.split + 1 == num_splits;
+    it.tile_begin = it.split * it.tiles_per_split;
+    it.last_split = it.split + 1 == it.splits;
     return it;
   }
 
@@ -127,15 +167,16 @@ struct DecodeWorkList {
   // Tiles item `it` covers in a row of `row_tiles` tiles (<= 0: empty item).
   FD_HD int32_t item_tiles(const DecodeWorkItem &it, int32_t row_tiles) const {
     const int32_t n = row_tiles - it.tile_begin;
-    return !it.last_split && n > tiles_per_split ? tiles_per_split : n;
+    return !it.last_split && n > it.tiles_per_split ? it.tiles_per_split : n;
   }
 
-  // Splits of a key span of `seq_len` tokens that hold tokens (the merge reads
-  // exactly these partial slots, in split order).
-  FD_HD int32_t splits_holding(int32_t seq_len) const {
-    const int32_t per = split_tokens();
+  // Splits of unit u's key span of `seq_len` tokens that hold tokens (the
+  // merge reads exactly these partial slots, in split order).
+  FD_HD int32_t splits_holding(int32_t seq_len, int64_t u) const {
+    const int32_t per = unit_split_tokens(u);
+    const int32_t splits = unit_splits(u);
     const int32_t n = (seq_len + per - 1) / per;
-    return n > num_splits ? num_splits : n;
+    return n > splits ? splits : n;
   }
 
   // Query rows of the partial slots: (row, query token j < max_q_len, q
@@ -147,11 +188,11 @@ struct DecodeWorkList {
   FD_HD int64_t query_rows() const {
     return static_cast<int64_t>(batch) * max_q_len * num_kv_heads * group_size;
   }
-  // Partial slot of (query row, split): [query rows, num_splits].
+  // Partial slot of (query row, split): [query rows, slot_splits()].
   FD_HD int64_t partial_slot(int64_t query_row, int32_t split) const {
-    return query_row * num_splits + split;
+    return query_row * slot_splits() + split;
   }
-  FD_HD int64_t partial_slots() const { return query_rows() * num_splits; }
+  FD_HD int64_t partial_slots() const { return query_rows() * slot_splits(); }
 };
 
 // The regular list for `wanted` splits of rows up to `max_len` tokens:

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "attention/decode_cpu_indices.hpp"
@@ -53,6 +55,9 @@ constexpr uint32_t kRaggedMinRows = 16;
 // units of one tile's streaming time (measured on an H200, docs/kernel-design.md).
 constexpr double kCtaCostTiles = 1.5;
 constexpr double kMergeCostTiles = 2.0;
+// Lead units (DecodeWorkList::lead_units) replace the regular list only when
+// the wave model gives them at least this much less time.
+constexpr double kLeadGain = 0.95;
 // FP8 K/V: a tile streams in half the time, so the same fixed costs are
 // twice as many tiles.
 double cost_scale(const DecodeProblem &pb) {
@@ -193,6 +198,54 @@ DecodeWorkList make_list(const DecodeProblem &pb, int max_len, int64_t wanted) {
                                cuda::kDecodeMaxSplits, pb.max_q_len, query_tile_tokens(pb));
 }
 
+// Modelled time (in tiles) of `units` units of `tiles` tiles cut into
+// `splits` splits each, in waves of `slots` resident CTAs.
+double wave_cost(int64_t units, int64_t tiles, int64_t splits, int64_t slots, double fixed) {
+  const int64_t per = (tiles + splits - 1) / splits;
+  const int64_t waves = (units * splits + slots - 1) / slots;
+  return static_cast<double>(waves) * (static_cast<double>(per) + kCtaCostTiles * fixed);
+}
+
+// Lead units (decode_work.hpp): when the units overfill the resident slots
+// and the last wave of a regular list would run part-empty (few CTAs per SM
+// stream far below the SM's share of bandwidth: H200 C 256 x 1024 took the
+// same time with 1-4 regular splits), whole waves of units run unsplit and
+// the rest are cut into `tail` splits that fill one more wave. Returns
+// `regular` unless the wave model gives the lead list kLeadGain of its time
+// or less. Lead units of several splits (every unit then merged) lost to
+// the regular list on the H200 (A 128 x 2048: 292 vs 254 us) or tied (B 32
+// x 4096), so they are not considered. FD_DECODE_LEAD=0 turns lead units
+// off, =force takes the best lead list whenever there is one (tests,
+// measurements).
+DecodeWorkList with_lead_units(const DecodeProblem &pb, int max_len, const DecodeWorkList &regular,
+                               int64_t units, int64_t slots, int64_t limit) {
+  const char *env = std::getenv("FD_DECODE_LEAD");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return regular;
+  const bool force = env != nullptr && std::strcmp(env, "force") == 0;
+  const int64_t tiles = (max_len + kTile - 1) / kTile;
+  const double fixed = cost_scale(pb);
+  const double merge = kMergeCostTiles * fixed;
+  const double reg_cost = wave_cost(units, tiles, regular.num_splits, slots, fixed) +
+                          (regular.num_splits > 1 ? merge : 0.0);
+  const int64_t lead_units = units / slots * slots;  // whole waves
+  const int64_t rest = units - lead_units;
+  double best = 0;
+  int64_t best_tail = 0;
+  for (int64_t tail = 2; rest > 0 && tail <= limit && rest * tail <= slots; ++tail) {
+    const double cost = wave_cost(lead_units, tiles, 1, slots, fixed) +
+                        wave_cost(rest, tiles, tail, slots, fixed) + merge;
+    if (best_tail == 0 || cost < best) best = cost, best_tail = tail;
+  }
+  if (lead_units < 1 || best_tail == 0 || (!force && best > kLeadGain * reg_cost)) return regular;
+  DecodeWorkList work = make_list(pb, max_len, best_tail);
+  if (work.num_splits < 2) return regular;
+  const DecodeWorkList lead = make_list(pb, max_len, 1);
+  work.lead_units = static_cast<int32_t>(lead_units);
+  work.lead_splits = lead.num_splits;
+  work.lead_tiles_per_split = lead.tiles_per_split;
+  return work;
+}
+
 // The split choice reads only host-known values: the shape, the longest row
 // (exact lengths when planned with them, else the caller's hint),
 // num_splits, the workspace size and the SM count.
@@ -230,7 +283,8 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   }
   const int64_t by_max_len = (max_len + kMaxSplitTokens - 1) / kMaxSplitTokens;
   if (wanted < by_max_len) wanted = by_max_len;
-  if (pb.batch > 1 && max_len > kMaxSplitTokens) {
+  const bool maybe_ragged = pb.batch > 1 && max_len > kMaxSplitTokens;
+  if (maybe_ragged) {
     int64_t ragged = (max_len + kRaggedSplitTokens - 1) / kRaggedSplitTokens;
     if (pb.batch >= kRaggedMinRows && ctas * 3 >= slots) {
       const int64_t by_slots = (kRaggedCtasPerSlot * slots + ctas - 1) / ctas;
@@ -240,12 +294,16 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
     if (wanted < ragged) wanted = ragged;
   }
   DecodeWorkList work = make_list(pb, max_len, wanted);
+  // Lead units for uniform-looking batches of one query tile (rows that may
+  // be ragged keep the regular cuts above).
+  if (!maybe_ragged && q_tiles == 1 && ctas > slots)
+    work = with_lead_units(pb, max_len, work, ctas, slots, limit);
   if (limit_by_workspace && work.has_partials()) {
     // Fewer partitions when the caller's workspace cannot hold them all.
     const size_t per_split = workspace_bytes(pb, make_list(pb, 2 * kTile, 2)) / 2;
     size_t fit = pb.workspace == nullptr ? 0 : pb.workspace_size / per_split;
     if (pb.workspace != nullptr && !aligned16(pb.workspace)) fit = 0;
-    if (fit < static_cast<size_t>(work.num_splits))
+    if (fit < static_cast<size_t>(work.slot_splits()))
       work = make_list(pb, max_len, fit < 2 ? 1 : static_cast<int64_t>(fit));
   }
   return work;
