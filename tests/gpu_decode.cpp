@@ -337,17 +337,24 @@ std::vector<int32_t> ragged_lens(uint32_t bs, uint32_t max_len, fd_test_rng *rng
   return lens;
 }
 
-/* One sweep case: ragged rows up to 320 tokens (130 reduced), `group` q
- * heads per KV head (one KV head for groups of 16 and more). */
-void check_sweep_case(int32_t dtype, uint32_t dim, uint32_t bs, int storage, uint32_t group,
-                      bool small, fd_test_rng *rng) {
+/* A case of one head shape and storage; the caller sets the lengths. */
+Case shape_case(int32_t dtype, uint32_t dim, uint32_t bs, uint32_t hkv, uint32_t group,
+                int storage) {
   Case c;
   c.dtype = dtype;
   c.dim = dim;
   c.bs = bs;
-  c.storage = storage;
+  c.hkv = hkv;
   c.group = group;
-  c.hkv = group >= 16 ? 1 : 2;
+  c.storage = storage;
+  return c;
+}
+
+/* One sweep case: ragged rows up to 320 tokens (130 reduced), `group` q
+ * heads per KV head (one KV head for groups of 16 and more). */
+void check_sweep_case(int32_t dtype, uint32_t dim, uint32_t bs, int storage, uint32_t group,
+                      bool small, fd_test_rng *rng) {
+  Case c = shape_case(dtype, dim, bs, group >= 16 ? 1 : 2, group, storage);
   const uint32_t max_len = small ? 130 : 320;
   c.lens = ragged_lens(bs, max_len, rng);
   c.mbps = (max_len + bs - 1) / bs;
@@ -376,19 +383,6 @@ void test_sweep(void **state) {
             ++cases;
           }
   print_message("gpu_decode: %d sweep cases x 3 split modes passed\n", cases);
-}
-
-/* A case of one head shape and storage; the caller sets the lengths. */
-Case shape_case(int32_t dtype, uint32_t dim, uint32_t bs, uint32_t hkv, uint32_t group,
-                int storage) {
-  Case c;
-  c.dtype = dtype;
-  c.dim = dim;
-  c.bs = bs;
-  c.hkv = hkv;
-  c.group = group;
-  c.storage = storage;
-  return c;
 }
 
 /* Long rows (split-KV across many CTAs), a hint above the real lengths and
