@@ -294,9 +294,10 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
     if (wanted < ragged) wanted = ragged;
   }
   DecodeWorkList work = make_list(pb, max_len, wanted);
-  // Lead units for uniform-looking batches of one query tile (rows that may
-  // be ragged keep the regular cuts above).
-  if (!maybe_ragged && q_tiles == 1 && ctas > slots)
+  // Lead units for uniform-looking batches of one query token per row (rows
+  // that may be ragged keep the regular cuts above; several query tokens per
+  // row were neither measured nor tested with lead units).
+  if (!maybe_ragged && pb.max_q_len <= 1 && ctas > slots)
     work = with_lead_units(pb, max_len, work, ctas, slots, limit);
   if (limit_by_workspace && work.has_partials()) {
     // Fewer partitions when the caller's workspace cannot hold them all.
