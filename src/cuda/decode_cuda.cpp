@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "attention/decode_cpu_indices.hpp"
@@ -214,14 +212,12 @@ double wave_cost(int64_t units, int64_t tiles, int64_t splits, int64_t slots, do
 // `regular` unless the wave model gives the lead list kLeadGain of its time
 // or less. Lead units of several splits (every unit then merged) lost to
 // the regular list on the H200 (A 128 x 2048: 292 vs 254 us) or tied (B 32
-// x 4096), so they are not considered. FD_DECODE_LEAD=0 turns lead units
-// off, =force takes the best lead list whenever there is one (tests,
-// measurements).
+// x 4096), so they are not considered. The choice reads nothing but its
+// arguments (no environment switch): tests reach lead lists through shapes
+// that take them (tests/gpu_decode.cpp) and their layout through
+// tests/unit_decode_work.cpp.
 DecodeWorkList with_lead_units(const DecodeProblem &pb, int max_len, const DecodeWorkList &regular,
                                int64_t units, int64_t slots, int64_t limit) {
-  const char *env = std::getenv("FD_DECODE_LEAD");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return regular;
-  const bool force = env != nullptr && std::strcmp(env, "force") == 0;
   const int64_t tiles = (max_len + kTile - 1) / kTile;
   const double fixed = cost_scale(pb);
   const double merge = kMergeCostTiles * fixed;
@@ -236,7 +232,7 @@ DecodeWorkList with_lead_units(const DecodeProblem &pb, int max_len, const Decod
                         wave_cost(rest, tiles, tail, slots, fixed) + merge;
     if (best_tail == 0 || cost < best) best = cost, best_tail = tail;
   }
-  if (lead_units < 1 || best_tail == 0 || (!force && best > kLeadGain * reg_cost)) return regular;
+  if (lead_units < 1 || best_tail == 0 || best > kLeadGain * reg_cost) return regular;
   DecodeWorkList work = make_list(pb, max_len, best_tail);
   if (work.num_splits < 2) return regular;
   const DecodeWorkList lead = make_list(pb, max_len, 1);
