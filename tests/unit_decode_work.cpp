@@ -86,7 +86,8 @@ void check_list(const DecodeWorkList &w, int32_t planned_tiles) {
 // plans them: the lead list is the regular one of lead_splits splits).
 DecodeWorkList with_lead(int32_t batch, int32_t heads, int32_t tile, int32_t len, int32_t wanted,
                          int32_t lead, int32_t lead_splits, int32_t max_q = 1, int32_t q_tile = 0) {
-  DecodeWorkList w = fd::make_decode_work_list(batch, heads, 8, tile, len, wanted, 128, max_q, q_tile);
+  DecodeWorkList w =
+      fd::make_decode_work_list(batch, heads, 8, tile, len, wanted, 128, max_q, q_tile);
   const DecodeWorkList l =
       fd::make_decode_work_list(batch, heads, 8, tile, len, lead_splits, 128, max_q, q_tile);
   w.lead_units = lead;
@@ -118,8 +119,10 @@ void test_lead_unit_lists(void **state) {
       {4, 2, 700, 3, 8, 1},      {9, 1, 130, 2, 1, 1},
   };
   for (const auto &c : cases) {
-    const DecodeWorkList w = with_lead(c.batch, c.heads, 64, c.len, c.wanted, c.lead, c.lead_splits);
-    assert_int_equal(w.size(), int64_t{c.lead} * w.lead_splits + (w.units() - c.lead) * w.num_splits);
+    const DecodeWorkList w =
+        with_lead(c.batch, c.heads, 64, c.len, c.wanted, c.lead, c.lead_splits);
+    assert_int_equal(w.size(),
+                     int64_t{c.lead} * w.lead_splits + (w.units() - c.lead) * w.num_splits);
     assert_int_equal(w.slot_splits(), w.num_splits > w.lead_splits ? w.num_splits : w.lead_splits);
     check_list(w, (c.len + 63) / 64);
   }
