@@ -425,6 +425,33 @@ FD_API fd_status fd_cache_blocks_needed(const fd_cache *cache, const uint64_t *r
                                         uint32_t count, uint32_t *needed, uint32_t *free_blocks);
 
 /**
+ * @brief Number of new blocks growing the listed requests by
+ * @p token_counts[i] tokens each needs: the blocks ::fd_tx_begin_multi with
+ * the same lists allocates (a row's new tokens fill its last block, then
+ * whole new ones).
+ *
+ * Appended in 0.2 (issue 14): callers that plan multi-token steps (the
+ * engine, schedulers) ask the cache rather than restate its block rule.
+ * @param[in] cache Borrowed for the call; not NULL.
+ * @param[in] request_ids Host memory, borrowed for the call; @p count active,
+ *   unique ids.
+ * @param[in] token_counts Host memory, borrowed for the call; @p count
+ *   entries, each >= 1; NULL means one token per row (the same result as
+ *   ::fd_cache_blocks_needed).
+ * @param count Entries of both lists, >= 1.
+ * @param[out] needed Not NULL; receives the block count (saturated at
+ *   UINT32_MAX).
+ * @param[out] free_blocks Receives the current free block count; may be NULL.
+ * @return ::FD_OK; ::FD_ERR_INVALID_ARGUMENT (NULL, count 0, duplicates, a
+ *   token count of 0, a row or the whole step past INT32_MAX tokens, as
+ *   ::fd_tx_begin_multi refuses them); ::FD_ERR_NOT_FOUND;
+ *   ::FD_ERR_INVALID_STATE (a terminal id).
+ */
+FD_API fd_status fd_cache_blocks_needed_multi(const fd_cache *cache, const uint64_t *request_ids,
+                                              const uint32_t *token_counts, uint32_t count,
+                                              uint32_t *needed, uint32_t *free_blocks);
+
+/**
  * @brief Largest number of blocks owned by any of the listed requests: the
  * smallest valid @p table_stride for ::fd_cache_export.
  * @param[in] cache Borrowed for the call; not NULL.

@@ -624,6 +624,84 @@ void begin_multi_errors(void **) {
   fd_cache_destroy(c);
 }
 
+/* fd_cache_blocks_needed_multi is what fd_tx_begin_multi allocates, for rows
+ * empty, mid-block and at a block boundary; NULL counts are
+ * fd_cache_blocks_needed's answer; a need above the free blocks is an
+ * answer, not an error. */
+void blocks_needed_multi_matches_begin(void **) {
+  fd_cache *c = cs_make_cache(1, 1, 2, 2, 9);
+  cs_add(c, {1, 2, 3});
+  cs_grow(c, {2, 3}, 3);
+  cs_grow(c, {3}, 1); /* lengths 0, 3, 4 in blocks of 2 */
+  const uint64_t ids[3] = {1, 2, 3};
+  const uint32_t lists[][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 3}, {3, 3, 3}, {4, 1, 2}};
+  for (const auto &k : lists) {
+    uint32_t needed = 99, free_blocks = 99;
+    FD_ASSERT_OK(fd_cache_blocks_needed_multi(c, ids, k, 3, &needed, &free_blocks));
+    assert_int_equal(free_blocks, cs_metrics(c).free_blocks);
+    fd_tx tx;
+    FD_ASSERT_OK(fd_tx_begin_multi(c, ids, k, 3, &tx));
+    fd_tx_info info;
+    info.struct_size = sizeof info;
+    FD_ASSERT_OK(fd_tx_get_info(c, tx, &info));
+    assert_int_equal(needed, info.new_block_count);
+    FD_ASSERT_OK(fd_tx_abort(c, tx));
+  }
+  uint32_t one = 0, multi = 0;
+  FD_ASSERT_OK(fd_cache_blocks_needed(c, ids, 3, &one, NULL));
+  FD_ASSERT_OK(fd_cache_blocks_needed_multi(c, ids, NULL, 3, &multi, NULL));
+  assert_int_equal(one, 2); /* rows of 0 and 4 tokens start a block */
+  assert_int_equal(multi, one);
+  const uint32_t big[3] = {9, 9, 9}; /* 5 + 4 + 5 new blocks, 5 free */
+  FD_ASSERT_OK(fd_cache_blocks_needed_multi(c, ids, big, 3, &multi, NULL));
+  assert_int_equal(multi, 14);
+  assert_int_equal(cs_metrics(c).free_blocks, 5);
+  fd_cache_destroy(c);
+}
+
+/* fd_cache_blocks_needed_multi refuses what fd_tx_begin_multi refuses, with
+ * the same messages, and changes nothing. */
+void blocks_needed_multi_errors(void **) {
+  fd_cache *c = cs_make_cache(1, 1, 2, 2, 6);
+  cs_add(c, {1, 2, 3});
+  cs_grow(c, {1}, 3);
+  FD_ASSERT_OK(fd_cache_cancel_request(c, 3));
+  const CsFrozen f = cs_freeze(c, {1, 2, 3});
+  const uint64_t ok[2] = {1, 2}, dup[3] = {1, 2, 1}, unknown[2] = {1, 5}, term[2] = {3, 1};
+  const uint32_t k2[3] = {2, 3, 1}, zero[2] = {2, 0}, huge[2] = {0x7ffffffeu, 1},
+                 halves[2] = {0x40000000u, 0x40000000u};
+  uint32_t needed = 77, free_blocks = 88;
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(NULL, ok, k2, 2, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "cache");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, NULL, k2, 2, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "request_ids");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, k2, 0, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "count");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, k2, 2, NULL, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "needed");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, dup, k2, 3, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "request_ids[2] = 1");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, unknown, k2, 2, &needed, &free_blocks),
+                  FD_ERR_NOT_FOUND, "unknown request 5");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, term, k2, 2, &needed, &free_blocks),
+                  FD_ERR_INVALID_STATE, "request 3 is cancelled");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, zero, 2, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT,
+                  "token_counts[1] is 0: each row appends at least one token");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, huge, 2, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "INT32_MAX");
+  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, halves, 2, &needed, &free_blocks),
+                  FD_ERR_INVALID_ARGUMENT, "token_counts sum");
+  alignas(8) unsigned char raw[16] = {0};
+  FD_ASSERT_FAILS(
+      fd_cache_blocks_needed_multi(c, ok, (const uint32_t *)(raw + 1), 2, &needed, &free_blocks),
+      FD_ERR_INVALID_ARGUMENT, "token_counts");
+  assert_int_equal(needed, 77);
+  assert_int_equal(free_blocks, 88);
+  cs_assert_unchanged(c, f);
+  fd_cache_destroy(c);
+}
+
 /* commit_keep's refusals leave the transaction open and unchanged. */
 void commit_keep_errors(void **) {
   fd_cache *c = cs_make_cache(2, 1, 2, 2, 12);
@@ -784,6 +862,8 @@ int main(void) {
       cmocka_unit_test(commit_is_keep_all),
       cmocka_unit_test(truncate_releases_blocks),
       cmocka_unit_test(begin_multi_errors),
+      cmocka_unit_test(blocks_needed_multi_matches_begin),
+      cmocka_unit_test(blocks_needed_multi_errors),
       cmocka_unit_test(commit_keep_errors),
       cmocka_unit_test(get_tokens_errors),
       cmocka_unit_test(truncate_errors),

@@ -257,6 +257,21 @@ func (c *Cache) BlocksNeeded(ids []uint64) (needed, free uint32, err error) {
 	return uint32(n), uint32(f), err
 }
 
+// BlocksNeededMulti returns the blocks growing ids[i] by tokenCounts[i] >= 1
+// tokens needs (what BeginMulti with the same lists allocates), and the free blocks.
+func (c *Cache) BlocksNeededMulti(ids []uint64, tokenCounts []uint32) (needed, free uint32, err error) {
+	if err := checkRowCounts(len(tokenCounts), len(ids), "token_counts"); err != nil {
+		return 0, 0, err
+	}
+	var n, f C.uint32_t
+	err = c.do(func(h *C.fd_cache) C.fd_status {
+		return C.fd_cache_blocks_needed_multi(h, idsPtr(ids), u32Ptr(tokenCounts), C.uint32_t(len(ids)), &n, &f)
+	})
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(tokenCounts)
+	return uint32(n), uint32(f), err
+}
+
 func (c *Cache) MaxBlocksPerSeq(ids []uint64) (uint32, error) {
 	var n C.uint32_t
 	err := c.do(func(h *C.fd_cache) C.fd_status {

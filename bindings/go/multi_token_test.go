@@ -94,6 +94,12 @@ func TestBeginMultiPositionsBlocksAndTokenIndptr(t *testing.T) {
 	writeAll(t, tx, 1, &seed)
 	must(t, tx.Commit())
 
+	if needed, _, err := c.BlocksNeededMulti([]uint64{1, 2}, []uint32{4, 2}); err != nil || needed != 2 {
+		t.Fatalf("BlocksNeededMulti: %d, %v", needed, err)
+	}
+	if _, _, err := c.BlocksNeededMulti([]uint64{1, 2}, []uint32{4}); err == nil {
+		t.Fatal("BlocksNeededMulti with one count for two rows succeeded")
+	}
 	tx, err = c.BeginMulti([]uint64{1, 2}, []uint32{4, 2})
 	must(t, err)
 	info, err := tx.Info()

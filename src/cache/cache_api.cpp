@@ -117,6 +117,19 @@ FD_API fd_status fd_cache_blocks_needed(const fd_cache *cache, const uint64_t *r
   });
 }
 
+FD_API fd_status fd_cache_blocks_needed_multi(const fd_cache *cache, const uint64_t *request_ids,
+                                              const uint32_t *token_counts, uint32_t count,
+                                              uint32_t *needed, uint32_t *free_blocks) {
+  return fd::guard([&] {
+    const fd::PagedCache &c = cache_of(cache);
+    require_non_null(needed, "needed");
+    const uint32_t n = c.blocks_needed(request_ids, count, token_counts);
+    *needed = n;
+    if (free_blocks != nullptr) *free_blocks = c.free_blocks();
+    return FD_OK;
+  });
+}
+
 FD_API fd_status fd_cache_max_blocks_per_seq(const fd_cache *cache, const uint64_t *request_ids,
                                              uint32_t count, uint32_t *max_blocks_per_seq) {
   return fd::guard([&] {

@@ -38,15 +38,18 @@ uint64_t PagedCache::check_token_counts(const uint64_t *ids, const uint32_t *tok
   return needed;
 }
 
+void PagedCache::check_token_count_entries(const uint32_t *token_counts, uint32_t count) {
+  if (token_counts == nullptr) return;
+  require_aligned(token_counts, alignof(uint32_t), "token_counts");
+  for (uint32_t i = 0; i < count; ++i)
+    if (token_counts[i] == 0)
+      fail(FD_ERR_INVALID_ARGUMENT, "token_counts[%u] is 0: each row appends at least one token",
+           i);
+}
+
 fd_tx PagedCache::begin(const uint64_t *ids, uint32_t count, const uint32_t *token_counts) {
   check_id_list(ids, count, true);  // fills id_records_
-  if (token_counts != nullptr) {
-    require_aligned(token_counts, alignof(uint32_t), "token_counts");
-    for (uint32_t i = 0; i < count; ++i)
-      if (token_counts[i] == 0)
-        fail(FD_ERR_INVALID_ARGUMENT, "token_counts[%u] is 0: each row appends at least one token",
-             i);
-  }
+  check_token_count_entries(token_counts, count);
   require_no_open_transaction("begin a transaction");
   check_records_active(ids, count);
   const uint64_t needed = check_token_counts(ids, token_counts, count);

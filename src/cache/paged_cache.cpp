@@ -219,13 +219,12 @@ int32_t PagedCache::request_state(uint64_t id) const {
   return r == nullptr ? FD_REQUEST_UNKNOWN : r->state;
 }
 
-uint32_t PagedCache::blocks_needed(const uint64_t *ids, uint32_t count) const {
-  check_active_ids(ids, count, true);
-  const int32_t block_size = static_cast<int32_t>(s_.config.block_size);
-  uint32_t needed = 0;
-  for (uint32_t i = 0; i < count; ++i)
-    if (id_records_[i]->seq_len % block_size == 0) ++needed;
-  return needed;
+uint32_t PagedCache::blocks_needed(const uint64_t *ids, uint32_t count,
+                                   const uint32_t *token_counts) const {
+  check_active_ids(ids, count, true);  // fills id_records_
+  check_token_count_entries(token_counts, count);
+  const uint64_t needed = check_token_counts(ids, token_counts, count);
+  return static_cast<uint32_t>(std::min<uint64_t>(needed, UINT32_MAX));
 }
 
 uint32_t PagedCache::max_blocks_per_seq(const uint64_t *ids, uint32_t count) const {

@@ -78,7 +78,10 @@ class PagedCache {
   // back the admissions of a decision that failed half way. Never fails:
   // returns false, changing nothing, for a request outside that description.
   bool discard_new_request(uint64_t id) noexcept;
-  uint32_t blocks_needed(const uint64_t *ids, uint32_t count) const;
+  // New blocks growing each listed request by token_counts[i] tokens (NULL:
+  // one each) needs: fd_cache_blocks_needed(_multi), begin's own count.
+  uint32_t blocks_needed(const uint64_t *ids, uint32_t count,
+                         const uint32_t *token_counts = nullptr) const;
   uint32_t free_blocks() const { return s_.allocator.free_blocks(); }
 
   // FP8 scales (fd_cache_set_kv_scales / fd_cache_get_kv_scales).
@@ -157,8 +160,10 @@ class PagedCache {
   // As check_id_list, and every id is active.
   void check_active_ids(const uint64_t *ids, uint32_t count, bool require_unique) const;
   OpenTransaction &mutable_transaction(fd_tx tx);
-  // begin's checks of token_counts (non-NULL entries >= 1, lengths within
-  // int32) and its block need; id_records_ holds the rows' records.
+  // A non-NULL token_counts list: aligned, every entry >= 1.
+  static void check_token_count_entries(const uint32_t *token_counts, uint32_t count);
+  // begin's checks of the rows' new lengths (within int32, the whole step
+  // too) and its block need; id_records_ holds the rows' records.
   uint64_t check_token_counts(const uint64_t *ids, const uint32_t *token_counts,
                               uint32_t count) const;
   // Checks a layer write's layer and data pointers (non-NULL, aligned); a

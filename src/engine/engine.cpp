@@ -349,18 +349,6 @@ uint64_t Engine::check_token_counts(const uint64_t *ids, const uint32_t *token_c
   return tokens;
 }
 
-uint32_t Engine::blocks_needed(const uint64_t *ids, const uint32_t *token_counts,
-                               uint32_t count) const {
-  // A row's tokens fill its last block, then new ones (fd_tx_begin_multi).
-  const uint64_t bs = cache_config_.block_size;
-  uint64_t needed = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    const uint64_t len = static_cast<uint64_t>(seq_len_of(ids[i]));
-    needed += (len + token_counts[i] + bs - 1) / bs - (len + bs - 1) / bs;
-  }
-  return static_cast<uint32_t>(std::min<uint64_t>(needed, UINT32_MAX));
-}
-
 fd_engine_step Engine::begin_step(const uint64_t *ids, const uint32_t *token_counts,
                                   uint32_t count) {
   require_no_step("begin_step");
@@ -414,8 +402,8 @@ fd_engine_step Engine::begin_step(const uint64_t *ids, const uint32_t *token_cou
   }
   const uint64_t tokens = check_token_counts(ids, token_counts, count);
   uint32_t needed = 0, free_blocks = 0;
-  check(fd_cache_blocks_needed(cache_, ids, count, &needed, &free_blocks), "begin_step: ");
-  if (token_counts != nullptr) needed = blocks_needed(ids, token_counts, count);
+  check(fd_cache_blocks_needed_multi(cache_, ids, token_counts, count, &needed, &free_blocks),
+        "begin_step: ");
   const uint32_t max_count = *std::max_element(step_counts_.begin(), step_counts_.end());
   fd_engine_step out;
   std::memset(&out, 0, sizeof out);

@@ -98,8 +98,6 @@ class Engine {
   // Checks a step's token counts; returns the step's tokens and sets
   // step_counts_ (scratch: nothing else changes).
   uint64_t check_token_counts(const uint64_t *ids, const uint32_t *token_counts, uint32_t count);
-  // New blocks a multi-token step needs (the rule of fd_tx_begin_multi).
-  uint32_t blocks_needed(const uint64_t *ids, const uint32_t *token_counts, uint32_t count) const;
   [[noreturn]] void abort_and_rethrow(const char *during);
   void close_step();
   void prune_evicted_prefixes();

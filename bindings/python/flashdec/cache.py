@@ -244,11 +244,22 @@ class Cache:
         self._call(_lib.fd_cache_request_state, _rid(request_id), ctypes.byref(s))
         return RequestState(s.value)
 
-    def blocks_needed(self, request_ids: Sequence[int]) -> Tuple[int, int]:
-        """(blocks needed to grow every row by one token, free blocks now)."""
+    def blocks_needed(
+        self, request_ids: Sequence[int], *, token_counts: Optional[Sequence[int]] = None
+    ) -> Tuple[int, int]:
+        """(blocks needed to grow every row by one token, or row i by
+        ``token_counts[i]`` tokens as :meth:`begin` with the same lists
+        would (fd_cache_blocks_needed_multi), free blocks now)."""
         ids = _ids(request_ids)
         needed, free = ctypes.c_uint32(0), ctypes.c_uint32(0)
-        self._call(_lib.fd_cache_blocks_needed, _ids_ptr(ids), len(ids), ctypes.byref(needed), ctypes.byref(free))
+        if token_counts is None:
+            self._call(_lib.fd_cache_blocks_needed, _ids_ptr(ids), len(ids), ctypes.byref(needed), ctypes.byref(free))
+        else:
+            counts = _row_counts(token_counts, "token_counts", len(ids))
+            self._call(
+                _lib.fd_cache_blocks_needed_multi, _ids_ptr(ids), counts.ctypes.data, len(ids),
+                ctypes.byref(needed), ctypes.byref(free),
+            )  # fmt: skip
         return int(needed.value), int(free.value)
 
     def max_blocks_per_seq(self, request_ids: Sequence[int]) -> int:

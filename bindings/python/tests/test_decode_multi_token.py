@@ -333,7 +333,10 @@ def test_multi_token_transaction_decode_matches_reference(rng):
             cache.add_request(rid)
         for step in range(3):
             commit_token(cache, [1, 2] if step < 2 else [1], rng)
+        needed, free = cache.blocks_needed([1, 2], token_counts=[3, 2])
         with cache.begin([1, 2], token_counts=[3, 2]) as tx:
+            assert needed == tx.info().new_block_count
+            assert free == cache.metrics().free_blocks + needed
             for layer in range(2):
                 tx.write_layer(layer, *(rng.standard_normal((5, 2, 8)).astype(np.float32) for _ in range(2)))
             indptr = tx.token_indptr_async(np.empty(3, np.int32))
@@ -350,3 +353,23 @@ def test_multi_token_transaction_decode_matches_reference(rng):
             assert lens.tolist() == [6, 4]
             ref = fd.reference_attention(q, dense[0], dense[1], lens, q_indptr=indptr)
             np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_blocks_needed_with_token_counts_refusals():
+    """blocks_needed(token_counts=) refuses what begin(token_counts=) refuses
+    and changes nothing."""
+    with fd.Cache(small_config()) as cache:
+        cache.add_request(1)
+        before = cache.metrics()
+        for counts, status, text in (
+            ([1, 2], fd.Status.INVALID_ARGUMENT, "expected 1 entries"),
+            ([0], fd.Status.INVALID_ARGUMENT, "token_counts[0] is 0"),
+        ):
+            with pytest.raises(fd.FlashDecError) as e:
+                cache.blocks_needed([1], token_counts=counts)
+            assert e.value.status == status and text in e.value.message
+        with pytest.raises(fd.FlashDecError) as e:
+            cache.blocks_needed([7], token_counts=[2])
+        assert e.value.status == fd.Status.NOT_FOUND
+        assert cache.metrics() == before
+        assert cache.blocks_needed([1], token_counts=[9]) == (3, before.free_blocks)  # blocks of 4

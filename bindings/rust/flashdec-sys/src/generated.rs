@@ -617,6 +617,16 @@ extern "C" {
     ) -> fd_status;
 }
 extern "C" {
+    pub fn fd_cache_blocks_needed_multi(
+        cache: *const fd_cache,
+        request_ids: *const u64,
+        token_counts: *const u32,
+        count: u32,
+        needed: *mut u32,
+        free_blocks: *mut u32,
+    ) -> fd_status;
+}
+extern "C" {
     pub fn fd_cache_max_blocks_per_seq(
         cache: *const fd_cache,
         request_ids: *const u64,

@@ -320,6 +320,17 @@ impl Cache {
         Ok((needed, free))
     }
 
+    /// (blocks needed to grow request `ids[i]` by `token_counts[i] >= 1` tokens,
+    /// as `begin_multi` with the same lists would, free blocks).
+    pub fn blocks_needed_multi(&self, ids: &[u64], token_counts: &[u32]) -> Result<(u32, u32)> {
+        let (mut needed, mut free) = (0u32, 0u32);
+        let n = row_counts(token_counts, ids.len(), "token_counts")?;
+        check(unsafe {
+            sys::fd_cache_blocks_needed_multi(self.raw.as_ptr(), ids.as_ptr(), token_counts.as_ptr(), n, &mut needed, &mut free)
+        })?;
+        Ok((needed, free))
+    }
+
     pub fn max_blocks_per_seq(&self, ids: &[u64]) -> Result<u32> {
         let mut m = 0u32;
         let n = u32_len(ids.len(), "request_ids")?;

@@ -56,6 +56,10 @@ fn begin_multi_positions_blocks_and_token_indptr() {
     write_all(&mut tx, 2, 1, &mut seed);
     tx.commit().map_err(|(e, _)| e).unwrap();
 
+    let (needed, _) = c.blocks_needed_multi(&[1, 2], &[4, 2]).unwrap();
+    assert_eq!(needed, 2);
+    let e = c.blocks_needed_multi(&[1, 2], &[4]).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
     let mut tx = c.begin_multi(&[1, 2], &[4, 2]).unwrap();
     let info = tx.info().unwrap();
     assert_eq!((info.batch, info.token_count, info.new_block_count, info.max_blocks_per_seq), (2, 6, 2, 2));
