@@ -658,6 +658,18 @@ class ContinuousBatcher:
         bs = self.cache.fd.config.block_size
         if not tokens or len(tokens) % bs:
             raise FlashDecError(Status.INVALID_ARGUMENT, f"add_prefix: a positive multiple of block_size ({bs}) tokens")
+        # While it is computed the prefix's blocks exist twice (the scratch
+        # request's and the registered copy), beside the active requests'
+        # reservations, which it must not eat into.
+        n = len(tokens) // bs
+        m = self.cache.fd.metrics()
+        room = m.max_blocks - m.resident_prefix_blocks - sum(r.blocks for r in self.active)
+        if 2 * n > room:
+            raise FlashDecError(
+                Status.OUT_OF_BLOCKS,
+                f"add_prefix: computing {n} prefix blocks needs {2 * n} free blocks beside the active "
+                f"requests' reservations; {room} are",
+            )
         rid = self.cache.new_request()
         try:
             self._forward([rid], [tokens], [0])

@@ -317,3 +317,22 @@ def test_batcher_refuses_a_request_the_pool_can_never_hold():
     assert e.value.status == Status.OUT_OF_BLOCKS and "needs 14 blocks; the pool has" in e.value.message
     assert not batcher.waiting and cache.fd.metrics().active_request_count == 0
     cache.close()
+
+
+def test_batcher_prefix_does_not_eat_active_reservations():
+    _, ours = _models("llama")
+    cache = fdt.FlashDecCache(ours, num_blocks=8, block_size=16, prefix_blocks=4)
+    batcher = fdt.ContinuousBatcher(ours, cache)
+    r = batcher.add([3] * 20, 60)  # reserves ceil(80 / 16) = 5 of the 12 blocks
+    batcher.step()
+    before = cache.fd.metrics()
+    with pytest.raises(FlashDecError) as e:
+        batcher.add_prefix("p", [4] * 64)  # 4 blocks, 8 while computed: 7 are left
+    assert e.value.status == Status.OUT_OF_BLOCKS and "needs 8 free blocks" in e.value.message
+    after = cache.fd.metrics()
+    assert (after.used_blocks, after.resident_prefix_count) == (before.used_blocks, 0)
+    batcher.run()
+    assert r.done and len(r.tokens) == 60
+    batcher.add_prefix("p", [4] * 64)  # nothing active: room for it now
+    assert cache.fd.prefix_info("p").num_blocks == 4
+    cache.close()
