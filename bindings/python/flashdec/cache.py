@@ -512,11 +512,12 @@ class Cache:
         """Decode attention of ``q`` ([rows, num_q_heads, head_dim]) over this cache's ``layer`` for the listed requests' committed
         tokens, or, with ``tx``, for the transaction's rows including their new
         token (effective_seq_lens). Returns ``out`` (allocated when None).
-        Extra keyword arguments go to :func:`flashdec.decode`; on a CPU cache
-        that includes ``q_indptr`` (multi-token queries, the rows' last
-        tokens: q is then [q_indptr[-1], num_q_heads, head_dim]); for a
-        transaction from ``begin(..., token_counts=)`` that is its
-        :meth:`Transaction.token_indptr_async` (attention over its tokens).
+        Extra keyword arguments go to :func:`flashdec.decode`, including
+        ``q_indptr`` (multi-token queries, the rows' last tokens: q is then
+        [q_indptr[-1], num_q_heads, head_dim]; on a CUDA cache a CUDA tensor,
+        with ``max_q_len_hint``); for a transaction from ``begin(...,
+        token_counts=)`` that is its :meth:`Transaction.token_indptr_async`
+        (attention over its tokens).
 
         Element types: q's own (f32, f16 or bf16 on a CPU cache, over any
         cache dtype; CUDA serves what its kernels do, e.g. q = out = the
@@ -585,7 +586,8 @@ class Cache:
             else:
                 ids = _ids(request_ids)
                 rows, stride = len(ids), max(1, self.max_blocks_per_seq(ids))
-            if qb.shape[0] != rows:
+            multi = kwargs.get("q_indptr") is not None
+            if not multi and qb.shape[0] != rows:
                 raise argument_error(f"q: expected {rows} rows (one per request), got {qb.shape[0]}")
             tables = torch.empty((rows, stride), dtype=torch.int32, device=device)
             lens = torch.empty((rows,), dtype=torch.int32, device=device)
@@ -600,7 +602,8 @@ class Cache:
                 size = _decode_workspace_size(
                     q, k, v, tables, lens, layout=cfg.layout, out=out,
                     num_splits=kwargs.get("num_splits", 0), max_seq_len_hint=kwargs.get("max_seq_len_hint", 0),
-                    sliding_window=kwargs.get("sliding_window", 0),
+                    sliding_window=kwargs.get("sliding_window", 0), q_indptr=kwargs.get("q_indptr"),
+                    max_q_len_hint=kwargs.get("max_q_len_hint", 0),
                 )  # fmt: skip
                 if size:
                     workspace = torch.empty((size,), dtype=torch.uint8, device=device)

@@ -373,3 +373,36 @@ def test_blocks_needed_with_token_counts_refusals():
         assert e.value.status == fd.Status.NOT_FOUND
         assert cache.metrics() == before
         assert cache.blocks_needed([1], token_counts=[9]) == (3, before.free_blocks)  # blocks of 4
+
+
+def test_cache_decode_over_a_multi_token_transaction_on_cuda(rng):
+    """Cache.decode(tx=...) with the transaction's token offsets on a CUDA
+    cache (q_indptr a device tensor, max_q_len_hint) equals the same calls
+    on a CPU cache holding the same float16 tokens."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or fd.cuda_device_count() == 0:
+        pytest.skip("needs torch with CUDA and libflashdec built with CUDA")
+    cfg = dict(num_layers=1, num_kv_heads=2, head_dim=64, block_size=16, max_blocks=8, dtype=fd.DType.F16)
+    data = [rng.standard_normal((n, 2, 64)).astype(np.float16) for n in (2, 2, 5, 5)]
+    q = rng.standard_normal((5, 8, 64)).astype(np.float16)
+    outs = []
+    for device in (fd.Device.cpu(), fd.Device.cuda(0)):
+        put = (lambda x: x) if device.type == fd.DeviceType.CPU else (lambda x: torch.from_numpy(x).cuda())
+        with fd.Cache(fd.CacheConfig(device=device, **cfg)) as cache:
+            cache.add_request(1)
+            cache.add_request(2)
+            with cache.begin([1, 2]) as tx:
+                tx.write_layer(0, put(data[0]), put(data[1]))
+                tx.commit()
+            with cache.begin([1, 2], token_counts=[3, 2]) as tx:
+                tx.write_layer(0, put(data[2]), put(data[3]))
+                if device.type == fd.DeviceType.CPU:
+                    indptr = tx.token_indptr_async(np.empty(3, np.int32))
+                    outs.append(cache.decode(0, q, tx=tx, q_indptr=indptr))
+                else:
+                    indptr = tx.token_indptr_async(torch.empty(3, dtype=torch.int32, device="cuda"))
+                    out = cache.decode(0, put(q), tx=tx, q_indptr=indptr, max_q_len_hint=3)
+                    torch.cuda.synchronize()
+                    outs.append(out.cpu().numpy())
+                tx.abort()
+    np.testing.assert_allclose(outs[1].astype(np.float32), outs[0].astype(np.float32), rtol=2e-2, atol=2e-2)
