@@ -81,19 +81,14 @@ void check_list(const DecodeWorkList &w, int32_t planned_tiles) {
         }
 }
 
-// A regular list of `wanted` splits with its first `lead` units taking
-// `lead_splits` splits of their own (as decode_cuda.cpp's choose_splits
-// plans them: the lead list is the regular one of lead_splits splits).
+// A regular list of `wanted` splits with its first `lead` units taking the
+// split layout of a list of `lead_splits` splits (fd::lead_list, as
+// decode_cuda.cpp's choose_splits builds them).
 DecodeWorkList with_lead(int32_t batch, int32_t heads, int32_t tile, int32_t len, int32_t wanted,
                          int32_t lead, int32_t lead_splits, int32_t max_q = 1, int32_t q_tile = 0) {
-  DecodeWorkList w =
-      fd::make_decode_work_list(batch, heads, 8, tile, len, wanted, 128, max_q, q_tile);
-  const DecodeWorkList l =
-      fd::make_decode_work_list(batch, heads, 8, tile, len, lead_splits, 128, max_q, q_tile);
-  w.lead_units = lead;
-  w.lead_splits = l.num_splits;
-  w.lead_tiles_per_split = l.tiles_per_split;
-  return w;
+  return fd::lead_list(
+      fd::make_decode_work_list(batch, heads, 8, tile, len, wanted, 128, max_q, q_tile),
+      fd::make_decode_work_list(batch, heads, 8, tile, len, lead_splits, 128, max_q, q_tile), lead);
 }
 
 void test_regular_lists(void **state) {

@@ -220,6 +220,17 @@ inline DecodeWorkList make_decode_work_list(int32_t batch, int32_t num_kv_heads,
   return w;
 }
 
+// `tail` (the layout of the units after the lead ones) with its first
+// `lead_units` units taking `lead`'s splits instead (decode_cuda.cpp plans
+// lead = the list of one split, tail = a finer one).
+inline DecodeWorkList lead_list(DecodeWorkList tail, const DecodeWorkList &lead,
+                                int32_t lead_units) {
+  tail.lead_units = lead_units;
+  tail.lead_splits = lead.num_splits;
+  tail.lead_tiles_per_split = lead.tiles_per_split;
+  return tail;
+}
+
 // The longest key span a plan counts for a row of `len` keys (the split
 // layout's length): with a sliding window, from the tile holding the first
 // position the row's heaviest query tile can see (its earliest token at

@@ -233,13 +233,9 @@ DecodeWorkList with_lead_units(const DecodeProblem &pb, int max_len, const Decod
     if (best_tail == 0 || cost < best) best = cost, best_tail = tail;
   }
   if (lead_units < 1 || best_tail == 0 || best > kLeadGain * reg_cost) return regular;
-  DecodeWorkList work = make_list(pb, max_len, best_tail);
-  if (work.num_splits < 2) return regular;
-  const DecodeWorkList lead = make_list(pb, max_len, 1);
-  work.lead_units = static_cast<int32_t>(lead_units);
-  work.lead_splits = lead.num_splits;
-  work.lead_tiles_per_split = lead.tiles_per_split;
-  return work;
+  const DecodeWorkList tail = make_list(pb, max_len, best_tail);
+  if (tail.num_splits < 2) return regular;
+  return lead_list(tail, make_list(pb, max_len, 1), static_cast<int32_t>(lead_units));
 }
 
 // The split choice reads only host-known values: the shape, the longest row
