@@ -562,37 +562,50 @@ void truncate_releases_blocks(void **) {
 
 /* ---- error paths: status, message naming the parameter, nothing changed ---- */
 
-void begin_multi_errors(void **) {
+/* The refusals fd_tx_begin_multi and fd_cache_blocks_needed_multi share
+ * (the same checks of the id and count lists, the same messages), through
+ * `call(cache, ids, token_counts, count)` on a cache of 6 blocks of 2 with
+ * requests 1 (3 tokens), 2 (empty) and 3 (cancelled). */
+template <typename Call>
+void shared_token_list_refusals(fd_cache *c, Call call) {
+  const uint64_t ok[2] = {1, 2}, dup[3] = {1, 2, 1}, unknown[2] = {1, 5}, term[2] = {3, 1};
+  const uint32_t k2[3] = {2, 3, 1}, zero[2] = {2, 0}, huge[2] = {0x7ffffffeu, 1},
+                 halves[2] = {0x40000000u, 0x40000000u};
+  FD_ASSERT_FAILS(call(NULL, ok, k2, 2), FD_ERR_INVALID_ARGUMENT, "cache");
+  FD_ASSERT_FAILS(call(c, NULL, k2, 2), FD_ERR_INVALID_ARGUMENT, "request_ids");
+  FD_ASSERT_FAILS(call(c, ok, k2, 0), FD_ERR_INVALID_ARGUMENT, "count");
+  FD_ASSERT_FAILS(call(c, dup, k2, 3), FD_ERR_INVALID_ARGUMENT, "request_ids[2] = 1");
+  FD_ASSERT_FAILS(call(c, unknown, k2, 2), FD_ERR_NOT_FOUND, "unknown request 5");
+  FD_ASSERT_FAILS(call(c, term, k2, 2), FD_ERR_INVALID_STATE, "request 3 is cancelled");
+  FD_ASSERT_FAILS(call(c, ok, zero, 2), FD_ERR_INVALID_ARGUMENT,
+                  "token_counts[1] is 0: each row appends at least one token");
+  FD_ASSERT_FAILS(call(c, ok, huge, 2), FD_ERR_INVALID_ARGUMENT, "token_counts[0]");
+  FD_ASSERT_FAILS(call(c, ok, huge, 2), FD_ERR_INVALID_ARGUMENT, "INT32_MAX");
+  FD_ASSERT_FAILS(call(c, ok, halves, 2), FD_ERR_INVALID_ARGUMENT, "token_counts sum");
+  /* Misaligned token_counts. */
+  alignas(8) unsigned char raw[16] = {0};
+  FD_ASSERT_FAILS(call(c, ok, (const uint32_t *)(raw + 1), 2), FD_ERR_INVALID_ARGUMENT,
+                  "token_counts");
+}
+
+fd_cache *refusal_cache() {
   fd_cache *c = cs_make_cache(1, 1, 2, 2, 6);
   cs_add(c, {1, 2, 3});
   cs_grow(c, {1}, 3);
   FD_ASSERT_OK(fd_cache_cancel_request(c, 3));
+  return c;
+}
+
+void begin_multi_errors(void **) {
+  fd_cache *c = refusal_cache();
   CsFrozen f = cs_freeze(c, {1, 2, 3});
   fd_tx tx = {77, 88};
-  const uint64_t ok[2] = {1, 2}, dup[3] = {1, 2, 1}, unknown[2] = {1, 5}, term[2] = {3, 1};
-  const uint32_t k2[3] = {2, 3, 1}, zero[2] = {2, 0}, huge[2] = {0x7ffffffeu, 1},
-                 halves[2] = {0x40000000u, 0x40000000u}, too_many[2] = {5, 5};
-  FD_ASSERT_FAILS(fd_tx_begin_multi(NULL, ok, k2, 2, &tx), FD_ERR_INVALID_ARGUMENT, "cache");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, NULL, k2, 2, &tx), FD_ERR_INVALID_ARGUMENT, "request_ids");
+  const uint64_t ok[2] = {1, 2};
+  const uint32_t k2[3] = {2, 3, 1}, too_many[2] = {5, 5};
+  shared_token_list_refusals(c, [&](fd_cache *cc, const uint64_t *ids, const uint32_t *k,
+                                    uint32_t n) { return fd_tx_begin_multi(cc, ids, k, n, &tx); });
   FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, NULL, 2, &tx), FD_ERR_INVALID_ARGUMENT, "token_counts");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, k2, 0, &tx), FD_ERR_INVALID_ARGUMENT, "count");
   FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, k2, 2, NULL), FD_ERR_INVALID_ARGUMENT, "tx");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, dup, k2, 3, &tx), FD_ERR_INVALID_ARGUMENT,
-                  "request_ids[2] = 1");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, unknown, k2, 2, &tx), FD_ERR_NOT_FOUND, "unknown request 5");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, term, k2, 2, &tx), FD_ERR_INVALID_STATE,
-                  "request 3 is cancelled");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, zero, 2, &tx), FD_ERR_INVALID_ARGUMENT,
-                  "token_counts[1] is 0: each row appends at least one token");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, huge, 2, &tx), FD_ERR_INVALID_ARGUMENT,
-                  "token_counts[0]");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, huge, 2, &tx), FD_ERR_INVALID_ARGUMENT, "INT32_MAX");
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, halves, 2, &tx), FD_ERR_INVALID_ARGUMENT,
-                  "token_counts sum");
-  /* Misaligned token_counts. */
-  alignas(8) unsigned char raw[16] = {0};
-  FD_ASSERT_FAILS(fd_tx_begin_multi(c, ok, (const uint32_t *)(raw + 1), 2, &tx),
-                  FD_ERR_INVALID_ARGUMENT, "token_counts");
   assert_int_equal(tx.id, 77);
   assert_int_equal(tx.cache_version, 88);
   cs_assert_unchanged(c, f);
@@ -662,40 +675,17 @@ void blocks_needed_multi_matches_begin(void **) {
 /* fd_cache_blocks_needed_multi refuses what fd_tx_begin_multi refuses, with
  * the same messages, and changes nothing. */
 void blocks_needed_multi_errors(void **) {
-  fd_cache *c = cs_make_cache(1, 1, 2, 2, 6);
-  cs_add(c, {1, 2, 3});
-  cs_grow(c, {1}, 3);
-  FD_ASSERT_OK(fd_cache_cancel_request(c, 3));
+  fd_cache *c = refusal_cache();
   const CsFrozen f = cs_freeze(c, {1, 2, 3});
-  const uint64_t ok[2] = {1, 2}, dup[3] = {1, 2, 1}, unknown[2] = {1, 5}, term[2] = {3, 1};
-  const uint32_t k2[3] = {2, 3, 1}, zero[2] = {2, 0}, huge[2] = {0x7ffffffeu, 1},
-                 halves[2] = {0x40000000u, 0x40000000u};
+  const uint64_t ok[2] = {1, 2};
+  const uint32_t k2[2] = {2, 3};
   uint32_t needed = 77, free_blocks = 88;
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(NULL, ok, k2, 2, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT, "cache");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, NULL, k2, 2, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT, "request_ids");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, k2, 0, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT, "count");
+  shared_token_list_refusals(
+      c, [&](fd_cache *cc, const uint64_t *ids, const uint32_t *k, uint32_t n) {
+        return fd_cache_blocks_needed_multi(cc, ids, k, n, &needed, &free_blocks);
+      });
   FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, k2, 2, NULL, &free_blocks),
                   FD_ERR_INVALID_ARGUMENT, "needed");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, dup, k2, 3, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT, "request_ids[2] = 1");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, unknown, k2, 2, &needed, &free_blocks),
-                  FD_ERR_NOT_FOUND, "unknown request 5");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, term, k2, 2, &needed, &free_blocks),
-                  FD_ERR_INVALID_STATE, "request 3 is cancelled");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, zero, 2, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT,
-                  "token_counts[1] is 0: each row appends at least one token");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, huge, 2, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT, "INT32_MAX");
-  FD_ASSERT_FAILS(fd_cache_blocks_needed_multi(c, ok, halves, 2, &needed, &free_blocks),
-                  FD_ERR_INVALID_ARGUMENT, "token_counts sum");
-  alignas(8) unsigned char raw[16] = {0};
-  FD_ASSERT_FAILS(
-      fd_cache_blocks_needed_multi(c, ok, (const uint32_t *)(raw + 1), 2, &needed, &free_blocks),
-      FD_ERR_INVALID_ARGUMENT, "token_counts");
   assert_int_equal(needed, 77);
   assert_int_equal(free_blocks, 88);
   cs_assert_unchanged(c, f);
