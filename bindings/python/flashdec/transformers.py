@@ -106,12 +106,11 @@ def padding_mask(
     **kwargs: Any,
 ) -> Optional[torch.Tensor]:
     """The mask transformers hands to :func:`attention_forward`: the 2-D
-    boolean padding mask (its last ``kv_length`` columns), or None when no
-    token is padding. Causality and windows are the kernels' own."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask[:, -kv_length:]
-    return None if bool(mask.all()) else mask
+    boolean padding mask (its last ``kv_length`` columns), or None without
+    one. Causality and windows are the kernels' own."""
+    # No all-ones test here: it would wait for the device, and the step
+    # (FlashDecCache._begin) reads the new tokens' columns once anyway.
+    return None if attention_mask is None else attention_mask[:, -kv_length:]
 
 
 def attention_forward(
@@ -204,13 +203,13 @@ class _Step:
     """The open forward: its transaction and what every layer reuses."""
 
     tx: Transaction
-    rows: List[int]  # batch rows (or packed requests) in the transaction, in order
     token_mask: Optional[torch.Tensor]  # [batch, q_len] bool; None: every token
-    counts: np.ndarray  # new tokens per transaction row
-    tables: Any
-    lens: Any
+    tables: Any  # block tables on the cache's device
+    lens: Any  # effective lengths on the cache's device
+    host_lens: np.ndarray  # the same lengths on the host (they plan the split layout)
     q_indptr: Any
     max_q: int
+    advance: int = 0  # positions generate's rows move on by at commit (0 for a packed step)
     plan: Optional[DecodePlan] = None
     plan_scale: float = 0.0  # the softmax scale the plan was made with
     workspace: Any = None
@@ -391,7 +390,9 @@ class FlashDecCache(_HFCache):
     def _begin(self, query: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> _Step:
         self._abort_step()  # a forward that failed midway left its step open
         batch, q_len = query.shape[0], query.shape[2]
-        if self._packed is not None:
+        packed = self._packed is not None
+        first = not packed and not self._row_ids  # this forward adds generate's rows
+        if packed:
             ids, counts = self._packed
             self._packed = None
             if batch != 1 or q_len != sum(counts):
@@ -400,9 +401,8 @@ class FlashDecCache(_HFCache):
                     f"set_next_step announced {sum(counts)} tokens in one row; the forward has {batch} x {q_len}",
                 )
             token_mask = None
-            rows = list(range(len(ids)))
         else:
-            if not self._row_ids:
+            if first:
                 self._row_ids = [self.new_request() for _ in range(batch)]
             elif len(self._row_ids) != batch:
                 raise FlashDecError(
@@ -419,32 +419,37 @@ class FlashDecCache(_HFCache):
             counts = [counts[b] for b in rows]
             if len(rows) == batch and all(c == q_len for c in counts):
                 token_mask = None
-            self._seen += q_len
-        tx = self.fd.begin(ids, token_counts=counts)
         try:
-            step = self._device_views(tx, rows, token_mask, np.asarray(counts, dtype=np.int32))
+            tx = self.fd.begin(ids, token_counts=counts)
+        except BaseException:
+            if first:  # a refused first forward leaves the cache as it found it
+                for rid in self._row_ids:
+                    self.fd.cancel_request(rid)
+                self._row_ids = []
+            raise
+        try:
+            step = self._device_views(tx, token_mask, max(counts))
         except BaseException:
             tx.abort()
             raise
+        step.advance = 0 if packed else q_len  # generate's positions, padding included
         self._step = step
         return step
 
-    def _device_views(self, tx: Transaction, rows: List[int], token_mask: Any, counts: np.ndarray) -> _Step:
-        max_q = int(counts.max()) if len(counts) else 0
-        multi = max_q > 1
-        indptr = np.zeros(len(counts) + 1, dtype=np.int32)
-        np.cumsum(counts, out=indptr[1:])
+    def _device_views(self, tx: Transaction, token_mask: Any, max_q: int) -> _Step:
+        """What every layer of the step reads: tables and lengths (and the
+        token offsets of a multi-token step) where the decode reads them."""
+        host_lens = tx.rows().effective_seq_lens
         if self.fd.config.device.type == DeviceType.CPU:
-            tables = tx.block_tables()
-            lens = tx.rows().effective_seq_lens
-            return _Step(tx, rows, token_mask, counts, tables, lens, indptr if multi else None, max_q)
+            indptr = tx.token_indptr_async(np.empty(len(host_lens) + 1, np.int32)) if max_q > 1 else None
+            return _Step(tx, token_mask, tx.block_tables(), host_lens, host_lens, indptr, max_q)
         info = tx.info()
         dev = self.device
         tables = torch.empty((info.batch, max(1, info.max_blocks_per_seq)), dtype=torch.int32, device=dev)
         lens = torch.empty((info.batch,), dtype=torch.int32, device=dev)
         tx.block_tables_async(tables, lens)
-        q_indptr = tx.token_indptr_async(torch.empty((info.batch + 1,), dtype=torch.int32, device=dev)) if multi else None
-        return _Step(tx, rows, token_mask, counts, tables, lens, q_indptr, max_q)
+        indptr = tx.token_indptr_async(torch.empty(info.batch + 1, dtype=torch.int32, device=dev)) if max_q > 1 else None
+        return _Step(tx, token_mask, tables, lens, host_lens, indptr, max_q)
 
     def _attend(
         self,
@@ -477,6 +482,7 @@ class FlashDecCache(_HFCache):
                 if step.plan is not None:
                     step.plan.close()
                 step.tx.commit()
+                self._seen += step.advance
         except BaseException:
             self._abort_step()
             raise
@@ -488,29 +494,41 @@ class FlashDecCache(_HFCache):
         return full
 
     def _decode(self, step: _Step, layer: int, q: torch.Tensor, variants: _Variants) -> torch.Tensor:
-        k_arr, v_arr = self._layer_arrays[layer]
-        k_scale, v_scale = self._scales[layer]
-        cpu = self.fd.config.device.type == DeviceType.CPU
         if step.plan is None:
-            step.plan = DecodePlan(
-                q, k_arr, v_arr, step.tables, step.lens,
-                host_seq_lens=step.tx.rows().effective_seq_lens if not cpu else step.lens,
-                sm_scale=variants.sm_scale, q_indptr=step.q_indptr,
+            step.plan, step.workspace = self._plan(
+                q, step.tables, step.lens, variants, host_seq_lens=step.host_lens, q_indptr=step.q_indptr,
                 max_q_len_hint=step.max_q if step.q_indptr is not None else 0,
-                kv_dtype=self.fd.config.dtype,
             )  # fmt: skip
             step.plan_scale = variants.sm_scale
-            size = step.plan.workspace_size
-            if size:
-                step.workspace = (
-                    np.empty(size, dtype=np.uint8) if cpu else torch.empty(size, dtype=torch.uint8, device=self.device)
-                )
-        elif variants.sm_scale != step.plan_scale:
+        return self._run_plan(step.plan, step.plan_scale, step.workspace, layer, q, step.tables, step.lens, variants)
+
+    def _plan(self, q: Any, tables: Any, lens: Any, variants: _Variants, **options: Any) -> Tuple[DecodePlan, Any]:
+        """A decode plan for every layer of a step (layer 0's storage stands
+        for all: they share shape and type) and the workspace its runs need."""
+        k_arr, v_arr = self._layer_arrays[0]
+        plan = DecodePlan(
+            q, k_arr, v_arr, tables, lens, sm_scale=variants.sm_scale, kv_dtype=self.fd.config.dtype, **options
+        )
+        size = plan.workspace_size
+        if not size:
+            return plan, None
+        cpu = self.fd.config.device.type == DeviceType.CPU
+        return plan, np.empty(size, np.uint8) if cpu else torch.empty(size, dtype=torch.uint8, device=self.device)
+
+    def _run_plan(
+        self, plan: DecodePlan, plan_scale: float, workspace: Any, layer: int, q: Any, tables: Any, lens: Any,
+        variants: _Variants,
+    ) -> Any:  # fmt: skip
+        """One layer's decode with a step's plan: the layer's storage and
+        scales, the call's variants."""
+        if variants.sm_scale != plan_scale:
             raise _unsupported("a softmax scale that differs between layers of one model")
-        return step.plan.run(
-            q, k_arr, v_arr, step.tables, step.lens, workspace=step.workspace,
-            k_scale=k_scale, v_scale=v_scale, logit_softcap=variants.logit_softcap,
-            sliding_window=variants.sliding_window, sinks=variants.sinks_for(self.fd.config.device),
+        k_arr, v_arr = self._layer_arrays[layer]
+        k_scale, v_scale = self._scales[layer]
+        return plan.run(
+            q, k_arr, v_arr, tables, lens, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
+            logit_softcap=variants.logit_softcap, sliding_window=variants.sliding_window,
+            sinks=variants.sinks_for(self.fd.config.device),
         )  # fmt: skip
 
 
@@ -833,6 +851,7 @@ class GraphDecoder:
         self.tables = torch.full((n, width), -1, dtype=torch.int32, device=dev)
         self.lens = torch.zeros((n,), dtype=torch.int32, device=dev)
         self.plan: Optional[DecodePlan] = None
+        self.plan_scale = 0.0
         self.workspace: Any = None
         self.kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
         self.graph: Optional[torch.cuda.CUDAGraph] = None
@@ -862,17 +881,9 @@ class GraphDecoder:
         v_arr[block, :, offset] = _stored(v, v_scale, v_arr.dtype)
         self.kv[layer] = (k, v)
         if self.plan is None:
-            self.plan = DecodePlan(
-                q, k_arr, v_arr, self.tables, self.lens, sm_scale=variants.sm_scale,
-                max_seq_len_hint=self.max_seq_len, kv_dtype=c.fd.config.dtype,
-            )  # fmt: skip
-            size = self.plan.workspace_size
-            self.workspace = torch.empty(size, dtype=torch.uint8, device=c.device) if size else None
-        out = self.plan.run(
-            q, k_arr, v_arr, self.tables, self.lens, workspace=self.workspace, k_scale=k_scale,
-            v_scale=v_scale, logit_softcap=variants.logit_softcap, sliding_window=variants.sliding_window,
-            sinks=variants.sinks_for(c.fd.config.device),
-        )  # fmt: skip
+            self.plan, self.workspace = c._plan(q, self.tables, self.lens, variants, max_seq_len_hint=self.max_seq_len)
+            self.plan_scale = variants.sm_scale
+        out = c._run_plan(self.plan, self.plan_scale, self.workspace, layer, q, self.tables, self.lens, variants)
         return out.to(query.dtype).view(batch, 1, heads, head_dim)
 
     def _forward(self) -> torch.Tensor:
@@ -921,6 +932,8 @@ class GraphDecoder:
                 k, v = self.kv[layer]
                 tx.write_layer(layer, k, v)
             tx.commit()
+            if self.ids == c._row_ids:  # generate's rows: their positions moved on
+                c._seen += 1
         except BaseException:
             try:
                 tx.abort()

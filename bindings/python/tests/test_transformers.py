@@ -13,6 +13,7 @@ Per architecture (random-init from its config class; nothing is downloaded):
 from __future__ import annotations
 
 import copy
+import types
 
 import numpy as np
 import pytest
@@ -335,4 +336,93 @@ def test_batcher_prefix_does_not_eat_active_reservations():
     assert r.done and len(r.tokens) == 60
     batcher.add_prefix("p", [4] * 64)  # nothing active: room for it now
     assert cache.fd.prefix_info("p").num_blocks == 4
+    cache.close()
+
+
+def _refused(call, status, text):
+    with pytest.raises(FlashDecError) as e:
+        call()
+    assert e.value.status == status and text in e.value.message, e.value.message
+
+
+def test_cache_creation_refusals():
+    _, ours = _models("llama")
+    _refused(lambda: fdt.FlashDecCache(ours), Status.INVALID_ARGUMENT, "give max_tokens or num_blocks")
+    _refused(
+        lambda: fdt.FlashDecCache(ours, max_tokens=64, dtype=torch.float64), Status.UNSUPPORTED, "model dtype"
+    )
+    cfg = _config("llama")
+    cfg.is_causal = False
+    _refused(lambda: fdt.FlashDecCache(cfg, max_tokens=64), Status.UNSUPPORTED, "non-causal")
+    _refused(
+        lambda: fdt.GraphDecoder(ours, fdt.FlashDecCache(ours, max_tokens=64), [0], 64),
+        Status.UNSUPPORTED, "needs a CUDA cache",
+    )  # fmt: skip
+
+
+def test_refused_forwards_change_nothing():
+    _, ours = _models("llama")
+    ids, mask = _left_pad(_prompts(2, seed=10))
+    with torch.no_grad():
+        # A first forward the pool cannot hold: the rows it added are taken back.
+        small = fdt.FlashDecCache(ours, num_blocks=1, block_size=16)
+        before = small.fd.metrics()
+        _refused(lambda: ours(ids, attention_mask=mask, past_key_values=small), Status.OUT_OF_BLOCKS, "new blocks")
+        after = small.fd.metrics()
+        assert (after.used_blocks, after.active_request_count) == (before.used_blocks, 0)
+        assert small.get_seq_length() == 0 and small.batch_size == -1
+        cache = fdt.FlashDecCache(ours, max_tokens=1024)
+        ours(ids, attention_mask=mask, past_key_values=cache)
+        seen, lens = cache.get_seq_length(), cache.fd.export(cache._row_ids)[1].tolist()
+        three = torch.full((3, 1), 5)
+        _refused(lambda: ours(three, past_key_values=cache), Status.INVALID_ARGUMENT, "the cache holds 2 rows")
+        cache.set_next_step(cache._row_ids, [1, 1])
+        _refused(lambda: ours(ids[:1], past_key_values=cache), Status.INVALID_ARGUMENT, "set_next_step announced 2")
+        for rows, counts in (([], []), ([0, 1], [1])):
+            _refused(lambda: cache.set_next_step(rows, counts), Status.INVALID_ARGUMENT, "one token count per request")
+        assert (cache.get_seq_length(), cache.fd.export(cache._row_ids)[1].tolist()) == (seen, lens)
+        assert cache.fd.metrics().open_transaction_count == 0
+
+
+def test_attention_call_refusals():
+    _, ours = _models("llama")
+    cache = fdt.FlashDecCache(ours, max_tokens=256)
+    cache._row_ids = [cache.new_request()]
+    q = torch.randn(1, 4, 2, 16)
+    k = torch.randn(1, 2, 2, 16)
+    module = types.SimpleNamespace(training=False)
+
+    def call(layer, key=k, value=k, **kw):
+        tagged, v = cache.layers[layer].update(key, value)
+        return fdt.attention_forward(module, q, tagged, v, None, **kw)
+
+    _refused(lambda: call(1), Status.INVALID_STATE, "layer 1 ran out of order")
+    wide = torch.randn(1, 2, 2, 32)
+    _refused(lambda: call(0, key=wide, value=wide), Status.UNSUPPORTED, "head sizes")
+    training = types.SimpleNamespace(training=True)
+    _refused(lambda: fdt.attention_forward(training, q, k, k, None, dropout=0.1), Status.UNSUPPORTED, "dropout")
+    call(0, scaling=0.25)
+    _refused(lambda: call(1, scaling=0.5), Status.UNSUPPORTED, "softmax scale that differs")
+    # Each refusal aborted the step: nothing was committed.
+    m = cache.fd.metrics()
+    assert (m.open_transaction_count, m.transaction_commit_count, m.used_blocks) == (0, 0, 0)
+    assert cache.get_seq_length() == 0
+    cache.close()
+
+
+def test_batcher_admission_refusals():
+    _, ours = _models("llama")
+    cache = fdt.FlashDecCache(ours, num_blocks=6, block_size=16, prefix_blocks=4)
+    batcher = fdt.ContinuousBatcher(ours, cache, max_step_tokens=16)
+    batcher.add([3] * 20, 4)
+    _refused(batcher.step, Status.INVALID_ARGUMENT, "a prompt longer than max_step_tokens")
+    assert len(batcher.waiting) == 1 and not batcher.active
+    batcher.waiting.clear()
+    batcher.max_step_tokens = 8192
+    batcher.add_prefix("p", [4] * 64)  # 4 of the 10 blocks now hold the prefix
+    batcher.add([3] * 90, 10)  # 7 blocks: fits the pool, not what the prefix leaves
+    before = cache.fd.metrics()
+    _refused(batcher.step, Status.OUT_OF_BLOCKS, "needs 7 blocks; the pool has 6 for requests")
+    after = cache.fd.metrics()
+    assert len(batcher.waiting) == 1 and (after.used_blocks, after.active_request_count) == (before.used_blocks, 0)
     cache.close()
