@@ -13,8 +13,8 @@ cudaError_t launch_decode_typed<__nv_bfloat16, __nv_bfloat16>(const DecodeLaunch
 
 template <>
 cudaError_t prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(int32_t head_dim, bool dim_major,
-                                                               bool multi) {
-  return prepare_decode_dispatch<__nv_bfloat16, __nv_bfloat16>(head_dim, dim_major, multi);
+                                                               bool multi, bool sm90) {
+  return prepare_decode_dispatch<__nv_bfloat16, __nv_bfloat16>(head_dim, dim_major, multi, sm90);
 }
 
 }  // namespace cuda

@@ -12,8 +12,9 @@ cudaError_t launch_decode_typed<__half, __half>(const DecodeLaunch &launch) {
 }
 
 template <>
-cudaError_t prepare_decode_typed<__half, __half>(int32_t head_dim, bool dim_major, bool multi) {
-  return prepare_decode_dispatch<__half, __half>(head_dim, dim_major, multi);
+cudaError_t prepare_decode_typed<__half, __half>(int32_t head_dim, bool dim_major, bool multi,
+                                                 bool sm90) {
+  return prepare_decode_dispatch<__half, __half>(head_dim, dim_major, multi, sm90);
 }
 
 }  // namespace cuda

@@ -14,8 +14,8 @@ cudaError_t launch_decode_typed<__half, __nv_fp8_e4m3>(const DecodeLaunch &launc
 
 template <>
 cudaError_t prepare_decode_typed<__half, __nv_fp8_e4m3>(int32_t head_dim, bool dim_major,
-                                                        bool multi) {
-  return prepare_decode_dispatch<__half, __nv_fp8_e4m3>(head_dim, dim_major, multi);
+                                                        bool multi, bool sm90) {
+  return prepare_decode_dispatch<__half, __nv_fp8_e4m3>(head_dim, dim_major, multi, sm90);
 }
 
 }  // namespace cuda

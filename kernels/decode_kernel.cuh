@@ -1305,6 +1305,24 @@ cudaError_t launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned thread
 
 }  // namespace detail
 
+// The Hopper kernel for several query tokens per row (decode_sm90.cu,
+// compiled for sm_90a only): defined and instantiated there for 16-bit q =
+// K/V (T) and head_dim 64 / 128.
+namespace sm90 {
+template <class T, int D>
+cudaError_t prepare_attention();
+template <class T, int D>
+cudaError_t launch_attention(const detail::Params &p, cudaStream_t stream);
+}  // namespace sm90
+
+// Whether an instantiation of decode_kernel has an sm90 twin: several query
+// tokens per row, 16-bit K/V of q's type, token-major, head_dim 64 or 128
+// (a run takes it on a compute capability 9.0 device without attention
+// variants: DecodeLaunch::sm90, Variant::is_plain).
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
+constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &&
+                          !detail::KvType<TKV>::kFp8 && (D == 64 || D == 128);
+
 // Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
 // element-type pair in decode_<dtype>.cu so they compile in parallel).
 template <class TQ, class TKV>
@@ -1315,7 +1333,15 @@ cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 // Both instantiations: plain and with attention variants (a run takes the
 // variant from its own params).
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
-cudaError_t prepare_decode_variant() {
+cudaError_t prepare_decode_variant(bool sm90) {
+  if constexpr (kHasSm90<TQ, TKV, D, kDimMajor, kMulti>) {
+    if (sm90) {
+      const cudaError_t err = sm90::prepare_attention<TQ, D>();
+      if (err != cudaSuccess) return err;
+    }
+  } else {
+    (void)sm90;
+  }
   const cudaError_t err = cudaFuncSetAttribute(
       detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>,
       cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, sizeof(TKV)>::kSmemBytes);
@@ -1328,7 +1354,7 @@ cudaError_t prepare_decode_variant() {
 // Prepares the variant of one element-type pair for `head_dim` and layout
 // (defined per pair in decode_<dtype>.cu, beside launch_decode_typed).
 template <class TQ, class TKV>
-cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi);
+cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi, bool sm90);
 
 // Head dims of the kernels: 64 and 128 for every type pair, 96 and 256 for
 // 16-bit K/V only (the host refuses them over FP8).
@@ -1336,28 +1362,28 @@ template <class TKV>
 constexpr bool kServesWideDims = !detail::KvType<TKV>::kFp8;
 
 template <class TQ, class TKV, bool kMulti>
-cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major) {
+cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major, bool sm90) {
   if constexpr (kServesWideDims<TKV>) {
     if (head_dim == 96)
-      return dim_major ? prepare_decode_variant<TQ, TKV, 96, true, kMulti>()
-                       : prepare_decode_variant<TQ, TKV, 96, false, kMulti>();
+      return dim_major ? prepare_decode_variant<TQ, TKV, 96, true, kMulti>(sm90)
+                       : prepare_decode_variant<TQ, TKV, 96, false, kMulti>(sm90);
     if (head_dim == 256)
-      return dim_major ? prepare_decode_variant<TQ, TKV, 256, true, kMulti>()
-                       : prepare_decode_variant<TQ, TKV, 256, false, kMulti>();
+      return dim_major ? prepare_decode_variant<TQ, TKV, 256, true, kMulti>(sm90)
+                       : prepare_decode_variant<TQ, TKV, 256, false, kMulti>(sm90);
   }
   if (head_dim == 128)
-    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>()
-                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti>();
+    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>(sm90)
+                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti>(sm90);
   if (head_dim == 64)
-    return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>()
-                     : prepare_decode_variant<TQ, TKV, 64, false, kMulti>();
+    return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>(sm90)
+                     : prepare_decode_variant<TQ, TKV, 64, false, kMulti>(sm90);
   return cudaErrorInvalidValue;
 }
 
 template <class TQ, class TKV>
-cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi) {
-  return multi ? prepare_decode_layouts<TQ, TKV, true>(head_dim, dim_major)
-               : prepare_decode_layouts<TQ, TKV, false>(head_dim, dim_major);
+cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi, bool sm90) {
+  return multi ? prepare_decode_layouts<TQ, TKV, true>(head_dim, dim_major, sm90)
+               : prepare_decode_layouts<TQ, TKV, false>(head_dim, dim_major, sm90);
 }
 
 // Launches one variant; prepare_decode_variant must have run on this device.
@@ -1396,7 +1422,17 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.partial_o = l.partial_o;
   p.partial_ml = l.partial_ml;
   const unsigned grid = static_cast<unsigned>(l.work.size());
-  err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
+  bool launched = false;
+  if constexpr (kHasSm90<TQ, TKV, D, kDimMajor, kMulti>) {
+    const int64_t rows = static_cast<int64_t>(l.work.q_tile_tokens) * l.work.group_size;
+    if (l.sm90 && sm90_serves(l.q_dtype, l.kv_dtype, l.dim_major, l.head_dim, l.work.max_q_len,
+                              rows, l.variant.is_plain())) {
+      err = sm90::launch_attention<TQ, D>(p, l.stream);
+      launched = true;
+    }
+  }
+  if (!launched)
+    err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || !l.work.has_partials()) return err;
   const int rows_heads = static_cast<int>(l.work.query_rows());
   const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.slot_splits());

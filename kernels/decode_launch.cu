@@ -26,17 +26,20 @@ cudaError_t prepare_decode(const DecodeLaunch &launch) {
   const bool q16 = launch.q_dtype == FD_DTYPE_F16 || launch.q_dtype == FD_DTYPE_BF16;
   if (launch.kv_dtype == FD_DTYPE_FP8_E4M3 && q16)
     return prepare_decode_typed<__half, __nv_fp8_e4m3>(launch.head_dim, launch.dim_major,
-                                                       launch.work.max_q_len > 1);
+                                                       launch.work.max_q_len > 1, launch.sm90);
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major,
-                                                launch.work.max_q_len > 1);
+                                                launch.work.max_q_len > 1, launch.sm90);
   if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
-    return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(launch.head_dim, launch.dim_major,
-                                                              launch.work.max_q_len > 1);
+    return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(
+        launch.head_dim, launch.dim_major, launch.work.max_q_len > 1, launch.sm90);
   return cudaErrorInvalidValue;
 }
 
-int decode_ctas_per_sm(int32_t head_dim) {
+int decode_ctas_per_sm(int32_t head_dim, bool sm90) {
+  // decode_sm90.cu: D = 128 by its 97 KB of shared memory (190 registers
+  // per thread), D = 64 by its 154 registers (49 KB).
+  if (sm90) return head_dim == 64 ? 3 : 2;
   switch (head_dim) {
     case 64: return detail::Config<64>::kCtasPerSm;
     case 96: return detail::Config<96>::kCtasPerSm;

@@ -11,6 +11,7 @@
 
 #include "attention/decode_work.hpp"
 #include "attention/variant.hpp"
+#include "flashdec.h"
 
 namespace fd {
 namespace cuda {
@@ -55,6 +56,10 @@ struct DecodeLaunch {
   float *partial_o = nullptr;   // [partial slots, head_dim]
   float *partial_ml = nullptr;  // [partial slots, 2]: max, sum
   cudaStream_t stream = nullptr;
+  // The device has compute capability 9.0 (the sm_90a kernels of
+  // decode_sm90.cu run there): calls with several query tokens per row that
+  // it serves take it (decode_kernel.cuh, kHasSm90).
+  bool sm90 = false;
 };
 
 // Makes the attention kernel that `launch` names (element types, head_dim,
@@ -69,9 +74,25 @@ cudaError_t prepare_decode(const DecodeLaunch &launch);
 // configuration).
 cudaError_t launch_decode(const DecodeLaunch &launch);
 
+// Whether the Hopper kernel (decode_sm90.cu) serves a call on a compute
+// capability 9.0 device: several query tokens per row with at least 16
+// query rows per query tile (`query_rows`: query tokens per tile x GQA
+// group; below that the mma.sync kernel, which splits each tile's tokens
+// among its warps, streams K/V faster: measured on an H200, docs/perf), q
+// and K/V of one 16-bit type, token-major, head_dim 64 or 128, no attention
+// variant (`plain`). decode_kernel.cuh launches it exactly then (kHasSm90
+// and DecodeLaunch::sm90); the host plans its splits by its CTAs per SM.
+inline bool sm90_serves(int32_t q_dtype, int32_t kv_dtype, bool dim_major, int32_t head_dim,
+                        int32_t max_q_len, int64_t query_rows, bool plain) {
+  const bool t16 = q_dtype == kv_dtype && (q_dtype == FD_DTYPE_F16 || q_dtype == FD_DTYPE_BF16);
+  return t16 && !dim_major && (head_dim == 64 || head_dim == 128) && max_q_len > 1 &&
+         query_rows >= 16 && plain;
+}
+
 // CTAs of the attention kernel that fit on one multiprocessor (by its shared
-// memory use); the host uses it to size split-KV so the grid fills the GPU.
-int decode_ctas_per_sm(int32_t head_dim);
+// memory use; `sm90`: of the Hopper kernel); the host uses it to size
+// split-KV so the grid fills the GPU.
+int decode_ctas_per_sm(int32_t head_dim, bool sm90 = false);
 
 }  // namespace cuda
 }  // namespace fd

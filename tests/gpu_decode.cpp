@@ -584,6 +584,7 @@ struct MultiShape {
   uint32_t dim = 128;
   int32_t extra_hint = 0; /* max_q_len_hint above the longest row's q_len */
   uint64_t seed = 99;
+  uint32_t bs = 16;
 };
 
 /* One multi-token case: the CUDA kernel against the CPU backend on the same
@@ -595,6 +596,7 @@ void check_multi_token(const MultiShape &sh, bool check_refusal) {
   Case c;
   c.hkv = sh.hkv, c.group = sh.group, c.storage = sh.storage, c.dtype = sh.dtype;
   c.dim = sh.dim;
+  c.bs = sh.bs;
   c.lens = sh.lens;
   c.seed = sh.seed;
   const Host h = make_host(c);
@@ -714,6 +716,32 @@ void test_prefill_chunks(void **state) {
     check_multi_token(sh, false);
   }
   print_message("gpu_decode: %zu prompt-chunk cases x 3 split modes passed\n", shapes.size());
+}
+
+/* The cases the Hopper kernel (kernels/decode_sm90.cu) takes on a compute
+ * capability 9.0 device: 16-bit q = K/V, token-major (packed and NHD
+ * strides), head_dim 64 and 128, no attention variant. Block sizes 8 and 32;
+ * GQA groups 1, 5 and 16 (query tiles of 64 rows, of 60 rows with padding
+ * rows, and of one row per KV head and token); chunks longer than one query
+ * tile over long caches and rows of one token beside them. Elsewhere the
+ * mma.sync kernel serves the same cases. */
+void test_multi_token_hopper(void **state) {
+  (void)state;
+  int major = 0, minor = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  std::vector<MultiShape> shapes;
+  shapes.push_back(
+      {4, 2, kTokenPacked, FD_DTYPE_BF16, {257, 64, 1200, 5}, {40, 64, 33, 1}, 128, 0, 31, 8});
+  shapes.push_back({2, 16, kNhd, FD_DTYPE_F16, {129, 500}, {4, 3}, 64, 0, 32, 32});
+  shapes.push_back({2, 5, kTokenPacked, FD_DTYPE_F16, {300, 77}, {150, 77}, 128, 3, 33, 16});
+  if (!reduced()) {
+    shapes.push_back({1, 1, kTokenPacked, FD_DTYPE_BF16, {4109}, {700}, 128, 0, 34, 32});
+    shapes.push_back({8, 4, kNhd, FD_DTYPE_BF16, {2048, 4096}, {8, 2048}, 64, 0, 35, 16});
+  }
+  for (const MultiShape &sh : shapes) check_multi_token(sh, false);
+  print_message("gpu_decode: %zu multi-token cases of the %s kernel x 3 split modes passed\n",
+                shapes.size(), major == 9 && minor == 0 ? "sm90 (wgmma)" : "mma.sync");
 }
 
 /* Attention variants (S2.3) and head_dim 96 / 256 on CUDA (issue 16): the
@@ -1198,13 +1226,21 @@ void test_errors(void **state) {
 int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_errors),        cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_unaligned_out), cmocka_unit_test(test_sweep),
-      cmocka_unit_test(test_long_rows),     cmocka_unit_test(test_plan_run),
-      cmocka_unit_test(test_multi_token),   cmocka_unit_test(test_prefill_chunks),
-      cmocka_unit_test(test_softcap),       cmocka_unit_test(test_sliding_window),
-      cmocka_unit_test(test_sinks),         cmocka_unit_test(test_variants_combined),
-      cmocka_unit_test(test_head_dims),     cmocka_unit_test(test_lead_units),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_graph_capture),
+      cmocka_unit_test(test_unaligned_out),
+      cmocka_unit_test(test_sweep),
+      cmocka_unit_test(test_long_rows),
+      cmocka_unit_test(test_plan_run),
+      cmocka_unit_test(test_multi_token),
+      cmocka_unit_test(test_prefill_chunks),
+      cmocka_unit_test(test_multi_token_hopper),
+      cmocka_unit_test(test_softcap),
+      cmocka_unit_test(test_sliding_window),
+      cmocka_unit_test(test_sinks),
+      cmocka_unit_test(test_variants_combined),
+      cmocka_unit_test(test_head_dims),
+      cmocka_unit_test(test_lead_units),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -182,6 +182,26 @@ int multiprocessor_count(int32_t ordinal) {
   return sms > 0 ? sms : 1;
 }
 
+// Compute capability 9.0 exactly: the sm_90a kernels (kernels/decode_sm90.cu)
+// run on no other device.
+bool is_sm90(int32_t ordinal) {
+  int major = 0, minor = 0;
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
+             "cudaDeviceGetAttribute(computeCapabilityMajor)");
+  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal),
+             "cudaDeviceGetAttribute(computeCapabilityMinor)");
+  return major == 9 && minor == 0;
+}
+
+// Whether a call of this problem runs the Hopper kernel (kernels/decode_sm90.cu).
+bool takes_sm90(const DecodeProblem &pb) {
+  return cuda::sm90_serves(pb.q_dtype, pb.kv.dtype, pb.kv.dim_major(),
+                           static_cast<int32_t>(pb.head_dim), pb.max_q_len,
+                           static_cast<int64_t>(query_tile_tokens(pb)) * pb.group_size,
+                           pb.variant.is_plain()) &&
+         is_sm90(pb.device_ordinal);
+}
+
 size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
   if (!work.has_partials()) return 0;
   return static_cast<size_t>(work.partial_slots()) * (pb.head_dim + 2) * sizeof(float);
@@ -253,7 +273,7 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   const int64_t q_tiles = query_tiles(pb);
   const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads * q_tiles;
   const int64_t slots = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
-                        cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim));
+                        cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim), takes_sm90(pb));
   // Query tiles that fill the GPU by themselves are not split: the work is
   // compute-bound, every tile sees a different number of keys, and partials
   // of every query row would cost workspace and a merge pass.
@@ -354,6 +374,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     kernel.head_dim = static_cast<int32_t>(problem.head_dim);
     kernel.dim_major = problem.kv.dim_major();
     kernel.work.max_q_len = problem.max_q_len;
+    kernel.sm90 = is_sm90(problem.device_ordinal);
     cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
   // The split layout counts only the keys a row's queries can see: with a
@@ -414,6 +435,7 @@ void cuda_run_decode(const DecodeProblem &problem, const DecodeWorkList &work) {
     l.partial_ml = l.partial_o + static_cast<size_t>(work.partial_slots()) * problem.head_dim;
   }
   l.stream = stream;
+  l.sm90 = is_sm90(problem.device_ordinal);
   cuda_check(cuda::launch_decode(l), "launching the CUDA decode kernel");
 }
 
