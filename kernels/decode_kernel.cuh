@@ -1333,7 +1333,7 @@ cudaError_t launch_decode_typed(const DecodeLaunch &launch);
 // Both instantiations: plain and with attention variants (a run takes the
 // variant from its own params).
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
-cudaError_t prepare_decode_variant(bool sm90) {
+cudaError_t prepare_decode_variant(bool sm90 = false) {
   if constexpr (kHasSm90<TQ, TKV, D, kDimMajor, kMulti>) {
     if (sm90) {
       const cudaError_t err = sm90::prepare_attention<TQ, D>();
