@@ -58,25 +58,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 template <class T>
 __device__ __forceinline__ void mma_qk(float (&s)[32], const uint32_t (&a)[4], uint64_t desc,
                                        int accumulate) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    wgmma_m64n64k16_bf16<0>(s, a, desc, accumulate);
-  else
-    wgmma_m64n64k16_f16<0>(s, a, desc, accumulate);
+  wgmma_m64n64k16<T, 0>(s, a, desc, accumulate);
 }
 // O += P * V-tile, one k-step (16 tokens).
 template <class T, int D>
 __device__ __forceinline__ void mma_pv(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (D == 128) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value)
-      wgmma_m64n128k16_bf16<1>(o, a, desc, 1);
-    else
-      wgmma_m64n128k16_f16<1>(o, a, desc, 1);
-  } else {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value)
-      wgmma_m64n64k16_bf16<1>(o, a, desc, 1);
-    else
-      wgmma_m64n64k16_f16<1>(o, a, desc, 1);
-  }
+  if constexpr (D == 128)
+    wgmma_m64n128k16<T, 1>(o, a, desc, 1);
+  else
+    wgmma_m64n64k16<T, 1>(o, a, desc, 1);
 }
 
 template <class T, int D>
