@@ -190,6 +190,8 @@ run "example python" "$PY" "$ROOT/examples/python/decode_loop.py"
 if "$PY" -c "import torch, transformers" 2>/dev/null; then
   run "example python (transformers)" "$PY" "$ROOT/examples/python/generate_hf.py" \
     --device cpu --prompts 4 --max-prompt-len 20 --max-new-tokens 8 --check
+  # The Python host-cost benchmark, a few calls of each row (keeps it working).
+  run "bench python host cost (smoke)" "$PY" "$ROOT/bench/python_host_cost.py" --calls 4 --reps 1
 else
   echo "SKIP: example python (transformers): torch or transformers does not import"
 fi

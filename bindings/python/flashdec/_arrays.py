@@ -12,6 +12,7 @@ Metadata arrays (request ids, positions, block tables on the host) are small;
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
@@ -45,9 +46,10 @@ def is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_value_types() -> dict:
     """DType -> torch dtype of the value types this torch has (the float8
-    types since torch 2.1)."""
+    types since torch 2.1). Built once (every call describes tensors)."""
     import torch  # only reached when a tensor was passed, so torch is present
 
     types = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
@@ -65,6 +67,7 @@ def torch_dtype(dtype: DType) -> Any:
     return types[DType(dtype)]
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_dtype_map() -> dict:
     import torch
 
@@ -96,25 +99,33 @@ class Buffer:
         return True
 
 
+_CPU = Device.cpu()
+# numpy dtype -> what _describe reports: a DType for value types, the
+# dtype's name ("int32", ...) otherwise; filled as dtypes are seen (numpy's
+# dtype.name is slow enough to show on a per-layer call).
+_NUMPY_DESCRIBED: dict = dict(_NUMPY_TO_DTYPE)
+
+
 def _describe(x: Any, name: str) -> Buffer:
     if isinstance(x, np.ndarray):
-        if x.dtype in _NUMPY_TO_DTYPE:
-            dt: Any = _NUMPY_TO_DTYPE[x.dtype]
-        else:
-            dt = x.dtype.name
-        item = x.dtype.itemsize
-        if not x.flags.aligned:
+        dt: Any = _NUMPY_DESCRIBED.get(x.dtype)
+        if dt is None:
+            dt = _NUMPY_DESCRIBED.setdefault(x.dtype, x.dtype.name)
+        item = x.itemsize
+        ptr, _ = x.__array_interface__["data"]
+        strides = x.strides
+        if ptr % item:
             # The library reads elements through typed pointers: a misaligned
             # buffer (e.g. np.frombuffer at an odd offset) is refused here.
-            raise argument_error(f"{name}: data at {x.ctypes.data:#x} is not aligned to its item size {item}")
-        if any(s % item for s in x.strides):
-            raise argument_error(f"{name}: strides {x.strides} are not multiples of the item size")
+            raise argument_error(f"{name}: data at {ptr:#x} is not aligned to its item size {item}")
+        if any(st % item for st in strides):
+            raise argument_error(f"{name}: strides {strides} are not multiples of the item size")
         return Buffer(
-            ptr=int(x.ctypes.data),
+            ptr=ptr,
             dtype=dt,
-            shape=tuple(int(d) for d in x.shape),
-            strides=tuple(int(s) // item for s in x.strides),
-            device=Device.cpu(),
+            shape=x.shape,
+            strides=tuple(st // item for st in strides),
+            device=_CPU,
             owner=x,
         )
     if is_torch_tensor(x):
@@ -131,14 +142,14 @@ def _describe(x: Any, name: str) -> Buffer:
             device = Device.cuda(index)
             stream = int(torch.cuda.current_stream(x.device).cuda_stream)
         elif x.device.type == "cpu":
-            device = Device.cpu()
+            device = _CPU
         else:
             raise argument_error(f"{name}: tensors on {x.device} are not supported (cpu or cuda only)")
         return Buffer(
             ptr=int(x.data_ptr()),
             dtype=dt,
-            shape=tuple(int(d) for d in x.shape),
-            strides=tuple(int(s) for s in x.stride()),
+            shape=tuple(x.shape),
+            strides=x.stride(),
             device=device,
             owner=x,
             torch_stream=stream,

@@ -427,6 +427,9 @@ class DecodePlan:
             )
         )
         self._handle = handle.value
+        n = ctypes.c_size_t(0)
+        check(_lib.fd_decode_plan_workspace_size(self._handle, ctypes.byref(n)))
+        self._workspace_size = int(n.value)  # fixed for the plan's life; run() reads it every call
 
     def close(self) -> None:
         """Frees the plan (fd_decode_plan_destroy); idempotent."""
@@ -491,7 +494,7 @@ class DecodePlan:
         """
         h = self._h()
         if workspace is None:
-            size = self.workspace_size
+            size = self._workspace_size
             if size:
                 workspace = _new_workspace(size, q, stream)
         given = dict(

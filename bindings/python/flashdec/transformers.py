@@ -302,6 +302,10 @@ class FlashDecCache(_HFCache):
             input_dtype=model_dtype if stored in (DType.FP8_E4M3, DType.FP8_E5M2) else None,
         )
         self.fd = Cache(cfg, k_scales=k_scales, v_scales=v_scales)
+        # The cache's device and stored type, read once: Cache.config copies
+        # the whole configuration, too slow for a per-layer call.
+        self._fd_device = cfg.device
+        self._fd_dtype = cfg.dtype
         super().__init__(layers=[_Layer(self, i, t == "sliding_attention") for i, t in enumerate(layer_types)])
         self.num_q_heads = heads
         self.device = device
@@ -440,7 +444,7 @@ class FlashDecCache(_HFCache):
         """What every layer of the step reads: tables and lengths (and the
         token offsets of a multi-token step) where the decode reads them."""
         host_lens = tx.rows().effective_seq_lens
-        if self.fd.config.device.type == DeviceType.CPU:
+        if self._fd_device.type == DeviceType.CPU:
             indptr = tx.token_indptr_async(np.empty(len(host_lens) + 1, np.int32)) if max_q > 1 else None
             return _Step(tx, token_mask, tx.block_tables(), host_lens, host_lens, indptr, max_q)
         info = tx.info()
@@ -507,12 +511,12 @@ class FlashDecCache(_HFCache):
         for all: they share shape and type) and the workspace its runs need."""
         k_arr, v_arr = self._layer_arrays[0]
         plan = DecodePlan(
-            q, k_arr, v_arr, tables, lens, sm_scale=variants.sm_scale, kv_dtype=self.fd.config.dtype, **options
+            q, k_arr, v_arr, tables, lens, sm_scale=variants.sm_scale, kv_dtype=self._fd_dtype, **options
         )
         size = plan.workspace_size
         if not size:
             return plan, None
-        cpu = self.fd.config.device.type == DeviceType.CPU
+        cpu = self._fd_device.type == DeviceType.CPU
         return plan, np.empty(size, np.uint8) if cpu else torch.empty(size, dtype=torch.uint8, device=self.device)
 
     def _run_plan(
@@ -528,7 +532,7 @@ class FlashDecCache(_HFCache):
         return plan.run(
             q, k_arr, v_arr, tables, lens, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
             logit_softcap=variants.logit_softcap, sliding_window=variants.sliding_window,
-            sinks=variants.sinks_for(self.fd.config.device),
+            sinks=variants.sinks_for(self._fd_device),
         )  # fmt: skip
 
 
