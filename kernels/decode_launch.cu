@@ -37,9 +37,7 @@ cudaError_t prepare_decode(const DecodeLaunch &launch) {
 }
 
 int decode_ctas_per_sm(int32_t head_dim, bool sm90) {
-  // decode_sm90.cu: D = 128 by its 97 KB of shared memory (190 registers
-  // per thread), D = 64 by its 154 registers (49 KB).
-  if (sm90) return head_dim == 64 ? 3 : 2;
+  if (sm90) return sm90::ctas_per_sm(head_dim);
   switch (head_dim) {
     case 64: return detail::Config<64>::kCtasPerSm;
     case 96: return detail::Config<96>::kCtasPerSm;

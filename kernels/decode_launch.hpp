@@ -79,5 +79,10 @@ cudaError_t launch_decode(const DecodeLaunch &launch);
 // split-KV so the grid fills the GPU.
 int decode_ctas_per_sm(int32_t head_dim, bool sm90 = false);
 
+namespace sm90 {
+// CTAs of the Hopper kernel (decode_sm90.cu) per SM at head_dim 64 or 128.
+int ctas_per_sm(int32_t head_dim);
+}  // namespace sm90
+
 }  // namespace cuda
 }  // namespace fd

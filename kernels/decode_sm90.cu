@@ -40,6 +40,12 @@ struct Shape {
   static constexpr int kChunks = kTile * D / 8 / kThreads;  // 16-byte copies per thread, K or V
   // Dynamic shared memory: the ring plus slack to align it to 1024 bytes.
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  // CTAs per SM the host plans splits with (ctas_per_sm): head_dim 128 is
+  // held to 2 by its shared memory, 64 to 3 by its registers (the launch
+  // bound below keeps them at or under 168 per thread).
+  static constexpr int kCtasPerSm = D == 64 ? 3 : 2;
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024,
+                "the planned CTAs fit in shared memory");
 };
 
 // Two floats rounded to T, `lo` in the low half (one cvt instruction).
@@ -70,7 +76,8 @@ __device__ __forceinline__ void mma_pv(float (&o)[D / 2], const uint32_t (&a)[4]
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 2) attention_kernel(const detail::Params p) {
+__global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
+    attention_kernel(const detail::Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Shape<D>;
   extern __shared__ unsigned char smem_raw[];
@@ -288,6 +295,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(const detail::Pa
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 
+  // Pairs of dims as one 4-byte store when out is 4-byte aligned (q's rows
+  // are: the host requires it), else two 2-byte stores.
+  const bool out4 = (reinterpret_cast<uintptr_t>(p.out) & 3) == 0;
   // The thread's dims of each 8-column n-tile: 8 n + 2 tig, + 1.
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -297,9 +307,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(const detail::Pa
     if (!partial) {
       const float inv = l > 0.f ? p.v_scale / l : 0.f;
       T *dst = static_cast<T *>(p.out) + q_offset(h);
-      // Pairs of dims as one 4-byte store when out is 4-byte aligned (q's
-      // rows are: the host requires it), else two 2-byte stores.
-      const bool out4 = (reinterpret_cast<uintptr_t>(p.out) & 3) == 0;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         const uint32_t v = pack2<T>(o[4 * n + 2 * hh] * inv, o[4 * n + 2 * hh + 1] * inv);
@@ -334,6 +341,10 @@ template <class T, int D>
 cudaError_t prepare_attention() {
   return cudaFuncSetAttribute(attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               Shape<D>::kSmemBytes);
+}
+
+int ctas_per_sm(int32_t head_dim) {
+  return head_dim == 64 ? Shape<64>::kCtasPerSm : Shape<128>::kCtasPerSm;
 }
 
 template <class T, int D>

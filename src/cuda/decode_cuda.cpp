@@ -193,13 +193,15 @@ bool is_sm90(int32_t ordinal) {
   return major == 9 && minor == 0;
 }
 
-// Whether a call of this problem runs the Hopper kernel (kernels/decode_sm90.cu).
-bool takes_sm90(const DecodeProblem &pb) {
-  return cuda::sm90_serves(pb.q_dtype, pb.kv.dtype, pb.kv.dim_major(),
+// Whether a call of this problem runs the Hopper kernel
+// (kernels/decode_sm90.cu) on a device that is (`sm90_device`) or is not of
+// compute capability 9.0.
+bool takes_sm90(const DecodeProblem &pb, bool sm90_device) {
+  return sm90_device &&
+         cuda::sm90_serves(pb.q_dtype, pb.kv.dtype, pb.kv.dim_major(),
                            static_cast<int32_t>(pb.head_dim), pb.max_q_len,
                            static_cast<int64_t>(query_tile_tokens(pb)) * pb.group_size,
-                           pb.variant.is_plain()) &&
-         is_sm90(pb.device_ordinal);
+                           pb.variant.is_plain());
 }
 
 size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
@@ -261,7 +263,8 @@ DecodeWorkList with_lead_units(const DecodeProblem &pb, int max_len, const Decod
 // The split choice reads only host-known values: the shape, the longest row
 // (exact lengths when planned with them, else the caller's hint),
 // num_splits, the workspace size and the SM count.
-DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by_workspace) {
+DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by_workspace,
+                             bool sm90_device) {
   if (max_len < 1) max_len = 1;
   const int tiles_total = (max_len + kTile - 1) / kTile;
   if (pb.num_splits == 1) return make_list(pb, max_len, 1);
@@ -272,8 +275,9 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   // that leaves a nearly empty last wave loses to one that fills it.
   const int64_t q_tiles = query_tiles(pb);
   const int64_t ctas = static_cast<int64_t>(pb.batch) * pb.num_kv_heads * q_tiles;
-  const int64_t slots = static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
-                        cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim), takes_sm90(pb));
+  const int64_t slots =
+      static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
+      cuda::decode_ctas_per_sm(static_cast<int32_t>(pb.head_dim), takes_sm90(pb, sm90_device));
   // Query tiles that fill the GPU by themselves are not split: the work is
   // compute-bound, every tile sees a different number of keys, and partials
   // of every query row would cost workspace and a merge pass.
@@ -366,6 +370,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
   // Once per plan, not per run: the kernel's shared memory limit is a
   // per-device setting, and runs on this plan use the same device, element
   // types, head_dim and layout (attention/decode_plan.cpp checks it).
+  const bool sm90 = is_sm90(problem.device_ordinal);
   {
     CudaDeviceScope scope(problem.device_ordinal);
     cuda::DecodeLaunch kernel;
@@ -374,7 +379,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     kernel.head_dim = static_cast<int32_t>(problem.head_dim);
     kernel.dim_major = problem.kv.dim_major();
     kernel.work.max_q_len = problem.max_q_len;
-    kernel.sm90 = is_sm90(problem.device_ordinal);
+    kernel.sm90 = sm90;
     cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
   // The split layout counts only the keys a row's queries can see: with a
@@ -391,7 +396,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     for (uint32_t r = 0; r < problem.batch; ++r)
       max_len = std::max(max_len, span(host_seq_lens[r]));
   }
-  return choose_splits(problem, max_len, limit_by_workspace);
+  return choose_splits(problem, max_len, limit_by_workspace, sm90);
 }
 
 size_t cuda_decode_workspace_bytes(const DecodeProblem &problem, const DecodeWorkList &work) {
