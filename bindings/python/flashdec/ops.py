@@ -448,10 +448,10 @@ class DecodePlan:
 
     @property
     def workspace_size(self) -> int:
-        """Workspace bytes every :meth:`run` needs (fd_decode_plan_workspace_size)."""
-        n = ctypes.c_size_t(0)
-        check(_lib.fd_decode_plan_workspace_size(self._h(), ctypes.byref(n)))
-        return int(n.value)
+        """Workspace bytes every :meth:`run` needs (fd_decode_plan_workspace_size,
+        read when the plan was made: it is fixed for the plan's life)."""
+        self._h()  # a closed plan: INVALID_STATE, as every other call
+        return self._workspace_size
 
     def run(
         self,
@@ -494,7 +494,7 @@ class DecodePlan:
         """
         h = self._h()
         if workspace is None:
-            size = self._workspace_size
+            size = self.workspace_size
             if size:
                 workspace = _new_workspace(size, q, stream)
         given = dict(

@@ -42,6 +42,11 @@ def test_plan_run_equals_decode_bit_for_bit(rng, host, dtype):
     with pytest.raises(fd.FlashDecError) as e:
         plan.run(q, kc, vc, tables, lens)
     assert e.value.status == fd.Status.INVALID_STATE
+    assert e.value.message == "decode plan is closed"
+    with pytest.raises(fd.FlashDecError) as e:
+        plan.workspace_size
+    assert e.value.status == fd.Status.INVALID_STATE
+    assert e.value.message == "decode plan is closed"
 
 
 def test_plan_with_caller_workspace_and_threads(rng):
