@@ -40,8 +40,9 @@ namespace fd {
 namespace cuda {
 namespace detail {
 
+// Warps of a CTA that own m-tiles and token slices (head_dim 256 runs each
+// of them as a pair of warps, Config::kDimSplit).
 constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 constexpr int kTile = kDecodeTileTokens;
 constexpr int kStepTokens = 16;  // tokens per warp step (the PV mma's k)
 constexpr int kStepsPerTile = kTile / kStepTokens;
@@ -85,6 +86,12 @@ struct Config {
   // (192 KB; O alone is 128 registers per thread).
   static constexpr int kStages =
       kElemBytes == 2 ? (D == 64 || D == 256 ? 3 : 2) : (D == 128 ? 4 : 6);
+  // D = 256 runs 8 warps: each of the kWarps (m-tile, token slice) roles is
+  // a pair of warps that compute the same scores and each accumulate half of
+  // O's dims (64 O registers per thread instead of 128, so no spill and two
+  // warps per SM sub-partition instead of one). Other dims: one warp a role.
+  static constexpr int kDimSplit = D == 256 ? 2 : 1;
+  static constexpr int kThreads = kWarps * 32 * kDimSplit;
   static constexpr int kChunksPerThread = kTile * D * kElemBytes / 16 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
   static constexpr int kCtasPerSm = D == 64 ? 4 : (D == 256 ? 1 : 3);
@@ -357,7 +364,7 @@ struct CopyCoords {
 template <bool kDimMajor, int D>
 __device__ __forceinline__ CopyCoords copy_coords(int tid, int i, int cpb_log2) {
   constexpr int kChunks = TileShape<kDimMajor, D>::kChunks;
-  const int q = tid + kThreads * i;
+  const int q = tid + Config<D>::kThreads * i;
   CopyCoords cc;
   if (kDimMajor) {
     // A block holds D << cpb_log2 chunks: block q_dim / D of the tile, dim
@@ -384,7 +391,7 @@ __device__ __forceinline__ CopyCoords copy_coords(int tid, int i, int cpb_log2) 
 // block's [dim][block_size] slab. `smem` is the byte offset.
 template <bool kDimMajor, int D>
 __device__ __forceinline__ CopyCoords copy_coords_f8(int tid, int i, int bs_log2) {
-  const int q = tid + kThreads * i;
+  const int q = tid + Config<D, 1>::kThreads * i;
   CopyCoords cc;
   if (kDimMajor) {
     const int pcb_log2 = bs_log2 > 4 ? bs_log2 - 4 : 0;
@@ -432,15 +439,23 @@ struct Params {
 // call has a soft-cap, a sliding window or sinks (p.variant, p.sinks; each a
 // uniform branch in this instantiation); the plain instantiation compiles
 // none of their code (their registers cost the D = 128 kernels 2-3% on the
-// H200 when they were runtime branches only).
+// H200 when they were runtime branches only; even the sinks' epilogue branch
+// alone, never taken, made small plain calls 0.2-0.4 us slower).
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant>
-__global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel(const Params p) {
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
+    decode_kernel(const Params p) {
   constexpr bool kFp8 = KvType<TKV>::kFp8;
   static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
                 "the tensor-core path reads 16-bit q and 16-bit or FP8 K/V elements");
   static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
   using Cfg = Config<D, sizeof(TKV)>;
   using M = Mma<TQ>;
+  constexpr int kThreads = Cfg::kThreads;
+  // Warps per role and the O dims each accumulates (D = 256: pairs, half
+  // the dims each; see Config::kDimSplit).
+  constexpr int kDimSplit = Cfg::kDimSplit;
+  constexpr int kODims = D / kDimSplit;
+  static_assert(!kFp8 || kDimSplit == 1, "FP8 K/V serves head_dim 64 and 128");
   constexpr int kChunks = TileShape<kDimMajor, D>::kRowChunks;  // per staged token-major row
   constexpr int kNch = Cfg::kChunksPerThread;
   // FP8 dim-major tiles of 8-token blocks take 8-byte pieces: twice as many.
@@ -451,7 +466,10 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
-  const int warp = tid >> 5;
+  // The warp's role (m-tile and token slices) and, D = 256, which half of
+  // O's dims it accumulates (both warps of a role compute the same scores).
+  const int warp = kDimSplit > 1 ? (tid >> 5) % kWarps : tid >> 5;
+  const int half = kDimSplit > 1 ? (tid >> 5) / kWarps : 0;
   const DecodeWorkItem item = p.work.template item<kMulti>(static_cast<int32_t>(blockIdx.x));
   const int split = item.split;
   const int kvh = item.kv_head;
@@ -722,9 +740,9 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
     }
   }
 
-  float o[D / 8][4];
+  float o[kODims / 8][4];  // this warp's dims: half * kODims + 8 n + ..
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < kODims / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = neg_inf(), m1 = neg_inf();  // running max (base 2) of heads g, g+8
   float l0 = 0.f, l1 = 0.f;              // this thread's part of the running sums
   const int mi = lane >> 3;              // ldmatrix: which 8x8 matrix this lane addresses
@@ -888,7 +906,7 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       // warp skips rescaling O when no row's max moved (corr is exactly 1).
       if (!kFp8 || __any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
+        for (int n = 0; n < kODims / 8; ++n) {
           o[n][0] *= corr0;
           o[n][1] *= corr0;
           o[n][2] *= corr1;
@@ -925,18 +943,21 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
           }
         }
       } else {
+        // The warp's dims start at chunk n_half (a multiple of 8 for D =
+        // 256, so the row's XOR swizzle leaves it in place).
+        const int n_half = half * (kODims / 8);
         const int vd_base =
             kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
         // Two 8-dim n-tiles per ldmatrix.x4.
 #pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
+        for (int n = 0; n < kODims / 8; n += 2) {
           uint32_t b[4];
           if (kDimMajor) {
-            ldsm_x4(sv_u + 2 * (vd_base + n * (64 << cpb_log2)), b);
+            ldsm_x4(sv_u + 2 * (vd_base + (n_half + n) * (64 << cpb_log2)), b);
           } else {
             const int r = t0 + (mi & 1) * 8 + rr;
             const int c = n + (mi >> 1);
-            ldsm_x4_t(sv_u + 2 * tile_offset(r, c, kChunks), b);
+            ldsm_x4_t(sv_u + 2 * (tile_offset(r, c, kChunks) + n_half * 8), b);
           }
           M::run(o[n], pa, b[0], b[1]);
           M::run(o[n + 1], pa, b[2], b[3]);
@@ -979,14 +1000,14 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       }
     } else {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int d = n * 8 + 2 * tig;
+      for (int n = 0; n < kODims / 8; ++n) {
+        const int d = half * kODims + n * 8 + 2 * tig;
         if (row0) *reinterpret_cast<float2 *>(wo + g * Dp + d) = make_float2(o[n][0], o[n][1]);
         if (row1)
           *reinterpret_cast<float2 *>(wo + (g + 8) * Dp + d) = make_float2(o[n][2], o[n][3]);
       }
     }
-    if (tig == 0) {
+    if (tig == 0 && half == 0) {  // (both warps of a role hold the same max and sum)
       red_m[warp * 16 + g] = m0;
       red_m[warp * 16 + g + 8] = m1;
       red_l[warp * 16 + g] = l0;
@@ -1044,8 +1065,12 @@ __global__ void __launch_bounds__(kThreads, Config<D>::kCtasPerSm) decode_kernel
       if (kVariant && p.sinks != nullptr && sum > 0.f) {
         // The head's sink joins the denominator: rescaled to the larger of
         // the two maxima. -inf (no sink) gives keep = 1 and a zero term:
-        // the bits of v_scale / sum.
-        const float sink = VariantPolicy::sink_log2(p.sinks[kvh * group + h % group]);
+        // the bits of v_scale / sum. The head's index comes from q_row0
+        // (live for the output anyway) in one-token calls, so no other
+        // register stays live through the main loop for it (kvh did: 32
+        // bytes of spill in the D = 128 variant kernel, 2-5% of its time).
+        const int head0 = kMulti ? kvh * group : static_cast<int>((q_row0 / D) % num_q_heads);
+        const float sink = VariantPolicy::sink_log2(p.sinks[head0 + h % group]);
         const float mx = red_h[2 * h], top = fmaxf(sink, mx);
         const float keep = exp2f(mx - top);
         inv = (p.v_scale * keep) / (sum * keep + exp2f(sink - top));
@@ -1432,7 +1457,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
     }
   }
   if (!launched)
-    err = detail::launch_pdl(kernel, grid, detail::kThreads, Cfg::kSmemBytes, l.stream, p);
+    err = detail::launch_pdl(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || !l.work.has_partials()) return err;
   const int rows_heads = static_cast<int>(l.work.query_rows());
   const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.slot_splits());
