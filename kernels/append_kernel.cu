@@ -36,6 +36,7 @@
 #include <cstdint>
 
 #include "append_launch.hpp"
+#include "core/fp8_quantise.hpp"
 #include "flashdec.h"
 #include "rope_rotate.cuh"
 
@@ -239,13 +240,23 @@ __device__ __forceinline__ void rotate_pair_word(uint32_t &w, float c, float s) 
   w = Elem<T>::store2(rope_first(x.x, x.y, c, s), rope_second(x.x, x.y, c, s));
 }
 
+// The FP8 quantisation of a K or V unit: its scale and fp8_quantise_rcp's
+// reciprocal of it.
+struct Quant {
+  float scale, rcp;
+  __device__ __forceinline__ explicit Quant(float s) : scale(s), rcp(fp8_quantise_rcp(s)) {}
+};
+
 // Two FP32 values quantised into FP8 E4M3 (the first in the low byte):
 // saturate(v / scale) rounded to nearest even (cvt.rn.satfinite: +-inf gives
-// +-448), NaN stored as the canonical 0x7f whatever its sign (a byte whose
-// low 7 bits are all set is NaN; its sign bit is cleared).
-__device__ __forceinline__ uint32_t quantise2(float v0, float v1, float scale) {
-  const uint32_t b =
-      __nv_cvt_float2_to_fp8x2(make_float2(v0 / scale, v1 / scale), __NV_SATFINITE, __NV_E4M3);
+// +-448; fp8_quantise2: bit-equal to dividing, mostly at a multiply's cost),
+// NaN stored as the canonical 0x7f whatever its sign (a byte whose low 7 bits
+// are all set is NaN; its sign bit is cleared).
+__device__ __forceinline__ uint32_t quantise2(float v0, float v1, const Quant &q) {
+  auto cvt2 = [](float a, float b) -> uint32_t {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  };
+  const uint32_t b = fp8_quantise2(v0, v1, q.scale, q.rcp, cvt2);
   return b & ~(((b & 0x7f7fu) + 0x0101u) & 0x8080u);
 }
 
@@ -270,41 +281,65 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
                                            const AppendLaunch &a, const float *cos_s,
                                            const float *sin_s, Run (&x)[N], Run (&y)[N]) {
   const int row = table_row(half);
+  const Quant qz(u.scale);  // (kF8 K / V units)
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     if (t < ntok) {
       const int64_t off = u.dst_token >= 0 ? int64_t{r0 + t} * u.dst_token : slot(a, r0 + t);
       if (kF8 && u.dst_token < 0) {
-        // FP8 cache: the (rotated) values in FP32, quantised once.
+        // FP8 cache: the (rotated) values in FP32, quantised once, four
+        // elements (one output word) at a time; a full unit reads its cos /
+        // sin as float4s (split-half) or float2s (interleaved).
         unsigned char *dst = u.dst + off;
+        const float *c = cos_s + t * row + u.pair, *sp = sin_s + t * row + u.pair;
+        const bool full = u.n == kVec;  // then c, sp are 16-byte aligned
         uint32_t wx[2] = {0u, 0u}, wy[2] = {0u, 0u};
 #pragma unroll
-        for (int e = 0; e < kVec; e += 2) {
-          float x0 = Elem<T>::load(get(x[t], e)), x1 = Elem<T>::load(get(x[t], e + 1));
+        for (int e = 0; e < kVec; e += 4) {
+          float xv[4], yv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) xv[i] = Elem<T>::load(get(x[t], e + i));
           if (u.pair >= 0 && y_off == 0) {
-            // Interleaved: elements e, e + 1 are pair u.pair + e / 2.
-            if (e < u.n) {
-              const int i = t * row + u.pair + e / 2;
-              const float a = x0, b = x1;
-              x0 = rope_first(a, b, cos_s[i], sin_s[i]);
-              x1 = rope_second(a, b, cos_s[i], sin_s[i]);
+            // Interleaved: elements e + 2 k, e + 2 k + 1 are pair u.pair + e / 2 + k.
+            float2 c2, s2;
+            if (full) {
+              c2 = *reinterpret_cast<const float2 *>(c + e / 2);
+              s2 = *reinterpret_cast<const float2 *>(sp + e / 2);
+            } else {
+              c2 = make_float2(e < u.n ? c[e / 2] : 0.f, e + 2 < u.n ? c[e / 2 + 1] : 0.f);
+              s2 = make_float2(e < u.n ? sp[e / 2] : 0.f, e + 2 < u.n ? sp[e / 2 + 1] : 0.f);
+            }
+            const float cc[2] = {c2.x, c2.y}, ss[2] = {s2.x, s2.y};
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+              if (e + 2 * k >= u.n) continue;
+              const float a0 = xv[2 * k], b0 = xv[2 * k + 1];
+              xv[2 * k] = rope_first(a0, b0, cc[k], ss[k]);
+              xv[2 * k + 1] = rope_second(a0, b0, cc[k], ss[k]);
             }
           } else if (u.pair >= 0) {
-            float y0 = 0.f, y1 = 0.f;
-            const float *c = cos_s + t * row + u.pair, *sn = sin_s + t * row + u.pair;
-            if (e < u.n) {
-              const float a = x0, b = Elem<T>::load(get(y[t], e));
-              x0 = rope_first(a, b, c[e], sn[e]);
-              y0 = rope_second(a, b, c[e], sn[e]);
+            // Split-half: element e + i pairs with y's (pair u.pair + e + i).
+            float4 c4, s4;
+            if (full) {
+              c4 = *reinterpret_cast<const float4 *>(c + e);
+              s4 = *reinterpret_cast<const float4 *>(sp + e);
+            } else {
+              c4 = make_float4(e < u.n ? c[e] : 0.f, e + 1 < u.n ? c[e + 1] : 0.f,
+                               e + 2 < u.n ? c[e + 2] : 0.f, e + 3 < u.n ? c[e + 3] : 0.f);
+              s4 = make_float4(e < u.n ? sp[e] : 0.f, e + 1 < u.n ? sp[e + 1] : 0.f,
+                               e + 2 < u.n ? sp[e + 2] : 0.f, e + 3 < u.n ? sp[e + 3] : 0.f);
             }
-            if (e + 1 < u.n) {
-              const float a = x1, b = Elem<T>::load(get(y[t], e + 1));
-              x1 = rope_first(a, b, c[e + 1], sn[e + 1]);
-              y1 = rope_second(a, b, c[e + 1], sn[e + 1]);
+            const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (e + i >= u.n) continue;
+              const float a0 = xv[i], b0 = Elem<T>::load(get(y[t], e + i));
+              xv[i] = rope_first(a0, b0, cc[i], ss[i]);
+              yv[i] = rope_second(a0, b0, cc[i], ss[i]);
             }
-            wy[e / 4] |= quantise2(y0, y1, u.scale) << (8 * (e & 3));
+            wy[e / 4] = quantise2(yv[0], yv[1], qz) | (quantise2(yv[2], yv[3], qz) << 16);
           }
-          wx[e / 4] |= quantise2(x0, x1, u.scale) << (8 * (e & 3));
+          wx[e / 4] = quantise2(xv[0], xv[1], qz) | (quantise2(xv[2], xv[3], qz) << 16);
         }
         if (u.pair >= 0 && y_off > 0) store_bytes(dst + y_off * u.sd, u.sd, u.n, wy);
         store_bytes(dst, u.sd, u.n, wx);
