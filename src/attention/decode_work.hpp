@@ -39,7 +39,7 @@
 
 #include <cstdint>
 
-#include "attention/host_device.hpp"
+#include "core/host_device.hpp"
 #include "attention/variant.hpp"
 
 namespace fd {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "attention/host_device.hpp"
+#include "core/host_device.hpp"
 
 namespace fd {
 

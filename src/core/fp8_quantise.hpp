@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "attention/host_device.hpp"
+#include "core/host_device.hpp"
 
 namespace fd {
 
