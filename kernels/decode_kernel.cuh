@@ -1343,7 +1343,7 @@ cudaError_t launch_attention(const detail::Params &p, cudaStream_t stream);
 // Whether an instantiation of decode_kernel has an sm90 twin: several query
 // tokens per row, 16-bit K/V of q's type, token-major, head_dim 64 or 128
 // (a run takes it on a compute capability 9.0 device without attention
-// variants: DecodeLaunch::sm90, Variant::is_plain).
+// variants: DecodeWorkList::sm90_device, Variant::is_plain).
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &&
                           !detail::KvType<TKV>::kFp8 && (D == 64 || D == 128);
@@ -1450,8 +1450,8 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   bool launched = false;
   if constexpr (kHasSm90<TQ, TKV, D, kDimMajor, kMulti>) {
     const int64_t rows = static_cast<int64_t>(l.work.q_tile_tokens) * l.work.group_size;
-    if (l.sm90 && sm90_serves(l.q_dtype, l.kv_dtype, l.dim_major, l.head_dim, l.work.max_q_len,
-                              rows, l.variant.is_plain())) {
+    if (l.work.sm90_device && sm90_serves(l.q_dtype, l.kv_dtype, l.dim_major, l.head_dim,
+                                          l.work.max_q_len, rows, l.variant.is_plain())) {
       err = sm90::launch_attention<TQ, D>(p, l.stream);
       launched = true;
     }

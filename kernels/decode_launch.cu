@@ -25,14 +25,14 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
 cudaError_t prepare_decode(const DecodeLaunch &launch) {
   const bool q16 = launch.q_dtype == FD_DTYPE_F16 || launch.q_dtype == FD_DTYPE_BF16;
   if (launch.kv_dtype == FD_DTYPE_FP8_E4M3 && q16)
-    return prepare_decode_typed<__half, __nv_fp8_e4m3>(launch.head_dim, launch.dim_major,
-                                                       launch.work.max_q_len > 1, launch.sm90);
+    return prepare_decode_typed<__half, __nv_fp8_e4m3>(
+        launch.head_dim, launch.dim_major, launch.work.max_q_len > 1, launch.work.sm90_device);
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major,
-                                                launch.work.max_q_len > 1, launch.sm90);
+                                                launch.work.max_q_len > 1, launch.work.sm90_device);
   if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
     return prepare_decode_typed<__nv_bfloat16, __nv_bfloat16>(
-        launch.head_dim, launch.dim_major, launch.work.max_q_len > 1, launch.sm90);
+        launch.head_dim, launch.dim_major, launch.work.max_q_len > 1, launch.work.sm90_device);
   return cudaErrorInvalidValue;
 }
 

@@ -56,10 +56,6 @@ struct DecodeLaunch {
   float *partial_o = nullptr;   // [partial slots, head_dim]
   float *partial_ml = nullptr;  // [partial slots, 2]: max, sum
   cudaStream_t stream = nullptr;
-  // The device has compute capability 9.0 (the sm_90a kernels of
-  // decode_sm90.cu run there): calls with several query tokens per row that
-  // it serves take it (decode_kernel.cuh, kHasSm90).
-  bool sm90 = false;
 };
 
 // Makes the attention kernel that `launch` names (element types, head_dim,

@@ -73,6 +73,10 @@ struct DecodeWorkList {
   int32_t lead_units = 0;
   int32_t lead_splits = 1;
   int32_t lead_tiles_per_split = 0;
+  // Planned on a device of compute capability 9.0 (CUDA plan): the runs the
+  // Hopper kernel serves take it (attention/sm90_choice.hpp), and the splits
+  // were sized by its CTAs per SM. Read once by the plan, not per run.
+  bool sm90_device = false;
 
   FD_HD int64_t units() const { return static_cast<int64_t>(q_tiles) * batch * num_kv_heads; }
   // Items in the list (the attention kernel's grid).

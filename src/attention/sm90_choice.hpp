@@ -20,7 +20,7 @@ namespace cuda {
 // kernel, which splits each tile's tokens among its warps, streams K/V
 // faster (H200, 64 x 4096: docs/perf/h200-sm90-447e4d8-2026-12-02.md).
 // decode_kernel.cuh launches it exactly then (kHasSm90 and
-// DecodeLaunch::sm90); the host plans its splits by its CTAs per SM.
+// DecodeWorkList::sm90_device); the host plans its splits by its CTAs per SM.
 inline bool sm90_serves(int32_t q_dtype, int32_t kv_dtype, bool dim_major, int32_t head_dim,
                         int32_t max_q_len, int64_t query_rows, bool plain) {
   const bool t16 = q_dtype == kv_dtype && (q_dtype == FD_DTYPE_F16 || q_dtype == FD_DTYPE_BF16);

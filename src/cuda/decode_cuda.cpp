@@ -379,7 +379,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     kernel.head_dim = static_cast<int32_t>(problem.head_dim);
     kernel.dim_major = problem.kv.dim_major();
     kernel.work.max_q_len = problem.max_q_len;
-    kernel.sm90 = sm90;
+    kernel.work.sm90_device = sm90;
     cuda_check(cuda::prepare_decode(kernel), "preparing the CUDA decode kernel");
   }
   // The split layout counts only the keys a row's queries can see: with a
@@ -396,7 +396,9 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     for (uint32_t r = 0; r < problem.batch; ++r)
       max_len = std::max(max_len, span(host_seq_lens[r]));
   }
-  return choose_splits(problem, max_len, limit_by_workspace, sm90);
+  DecodeWorkList work = choose_splits(problem, max_len, limit_by_workspace, sm90);
+  work.sm90_device = sm90;
+  return work;
 }
 
 size_t cuda_decode_workspace_bytes(const DecodeProblem &problem, const DecodeWorkList &work) {
@@ -440,7 +442,6 @@ void cuda_run_decode(const DecodeProblem &problem, const DecodeWorkList &work) {
     l.partial_ml = l.partial_o + static_cast<size_t>(work.partial_slots()) * problem.head_dim;
   }
   l.stream = stream;
-  l.sm90 = is_sm90(problem.device_ordinal);
   cuda_check(cuda::launch_decode(l), "launching the CUDA decode kernel");
 }
 
