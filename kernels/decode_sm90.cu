@@ -9,7 +9,8 @@
 // h / group, head h % group) of one (row, KV head), over its split's key
 // tiles. Per tile:
 //   S = Q K^T   8 (D = 128) or 4 (D = 64) wgmma m64n64k16, q from registers
-//   softmax     online, per query row, on the accumulators (base 2)
+//   softmax     online, per query row, on the accumulators (base 2); only
+//               the last tiles of a row test keys against its causal limit
 //   O += P V    4 wgmma m64n{D}k16, P from registers (bf16 / f16)
 // K and V tiles stream through a 3-stage cp.async ring in the 128-byte
 // swizzled layout wgmma reads (wgmma_sm90.cuh). Served: 16-bit q = K/V
@@ -127,14 +128,30 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
   };
 
   // Copies: thread tid takes 16-byte chunk (tid % (D / 8)) of token rows
-  // tid / (D / 8) + i * (kThreads / (D / 8)) of a tile, for K and for V.
+  // r0 + i * kRowsPerPass (r0 = tid / (D / 8)) of a tile, for K and for V.
+  // A tile starts at a multiple of 64 tokens, so row r's offset within its
+  // cache block is (tok0 & bs_mask) + (r & bs_mask): one term per tile
+  // (`tile_off`), one per row, computed once (`row_off`). Byte offsets,
+  // 64-bit: a pool may pass 4 GB.
   constexpr int kRowChunks = D / 8;
   constexpr int kRowsPerPass = kThreads / kRowChunks;
+  static_assert(kRowsPerPass % 8 == 0, "a thread's rows share their swizzle phase");
   const int chunk = tid % kRowChunks;
-  const int half = chunk >> 3;
-  const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head + chunk * 8;
-  const T *kbase = static_cast<const T *>(p.k) + head_off;
-  const T *vbase = static_cast<const T *>(p.v) + head_off;
+  const int r0 = tid / kRowChunks;
+  const int64_t head_off =
+      (static_cast<int64_t>(kvh) * p.stride_head + chunk * 8) * static_cast<int64_t>(sizeof(T));
+  const char *kbase = static_cast<const char *>(p.k) + head_off;
+  const char *vbase = static_cast<const char *>(p.v) + head_off;
+  const uint64_t block_bytes = static_cast<uint64_t>(p.stride_block) * sizeof(T);
+  const uint64_t token_bytes = static_cast<uint64_t>(p.stride_token) * sizeof(T);
+  const uint32_t num_blocks = static_cast<uint32_t>(p.num_blocks);
+  uint64_t row_off[S::kChunks];
+#pragma unroll
+  for (int i = 0; i < S::kChunks; ++i)
+    row_off[i] = static_cast<uint32_t>((r0 + i * kRowsPerPass) & bs_mask) * token_bytes;
+  // The thread's 16 bytes within a stage's K (V: + kTileBytes), row r0;
+  // row r0 + i * kRowsPerPass is i * kRowsPerPass * 128 bytes further.
+  const uint32_t dst0 = (chunk >> 3) * S::kBlockBytes + r0 * 128 + (((chunk & 7) ^ (r0 & 7)) << 4);
   const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
   // Block-table entries of this thread's copies of tile j (-1: a token at or
   // past kv_end, zero-filled). Loaded one tile before `issue` needs them, so
@@ -143,24 +160,24 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
     const int tok0 = (item.tile_begin + j) * kTile;
 #pragma unroll
     for (int i = 0; i < S::kChunks; ++i) {
-      const int t = tok0 + tid / kRowChunks + i * kRowsPerPass;
+      const int t = tok0 + r0 + i * kRowsPerPass;
       ids[i] = t < kv_end ? __ldg(table + (t >> bs_log2)) : -1;
     }
   };
   auto issue = [&](int j, const int(&ids)[S::kChunks]) {
     const int tok0 = (item.tile_begin + j) * kTile;
-    const uint32_t stage = smem0 + (j % kStages) * S::kStageBytes;
+    const uint32_t dst = smem0 + (j % kStages) * S::kStageBytes + dst0;
+    const uint64_t tile_off = static_cast<uint32_t>(tok0 & bs_mask) * token_bytes;
+    const char *kt = kbase + tile_off;
+    const char *vt = vbase + tile_off;
 #pragma unroll
     for (int i = 0; i < S::kChunks; ++i) {
-      const int r = tid / kRowChunks + i * kRowsPerPass;
-      const int id = ids[i];
-      const bool valid = id >= 0 && id < p.num_blocks;
-      const int64_t off = valid ? static_cast<int64_t>(id) * p.stride_block +
-                                      static_cast<int64_t>((tok0 + r) & bs_mask) * p.stride_token
-                                : 0;
-      const uint32_t dst = stage + half * S::kBlockBytes + r * 128 + (((chunk & 7) ^ (r & 7)) << 4);
-      detail::cp_async16(dst, kbase + off, valid);
-      detail::cp_async16(dst + S::kTileBytes, vbase + off, valid);
+      const uint32_t id = static_cast<uint32_t>(ids[i]);  // -1: past every block
+      const bool valid = id < num_blocks;
+      const uint64_t off = (valid ? id : 0u) * block_bytes + row_off[i];
+      const uint32_t d = dst + i * kRowsPerPass * 128;
+      detail::cp_async16(d, kt + off, valid);
+      detail::cp_async16(d + S::kTileBytes, vt + off, valid);
     }
   };
   int ids[S::kChunks];
@@ -201,13 +218,20 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  // Running max (scaled, base 2) and sum of the thread's two rows.
   float m0 = detail::neg_inf(), m1 = detail::neg_inf();
   float l0 = 0.f, l1 = 0.f;
   float s[32];  // S of the tile (each tile's first wgmma overwrites it)
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  // One tile. Tiles wholly below every row's causal limit (all but the last
+  // one or two of a row) take kMasked = false: no per-score key test, and
+  // the logit scale rides in the exponent's fma (max(s) * scale is the
+  // scaled max: the scale is positive). Masked tiles scale first, so that a
+  // masked score is -inf whatever the scale.
+  auto step = [&](int j, auto masked_tag) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
     // Tile j has landed, and every warp is past tile j - 1 (its stage is
     // free for tile j + kStages - 1).
     detail::cp_async_wait<kStages - 2>();
@@ -235,20 +259,20 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
 
     // Online softmax in base 2 on the accumulators: s[4 n + e] is row g
     // (e < 2) or g + 8 of this warp, key 8 n + 2 tig + (e & 1) of the tile.
-    const int tok0 = (item.tile_begin + j) * kTile;
-    const bool masked = tok0 + kTile > mask_from;
-    float mx0 = m0, mx1 = m1;
+    if constexpr (kMasked) {
+      const int tok0 = (item.tile_begin + j) * kTile;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = tok0 + 8 * n + 2 * tig + (e & 1);
+          const float x = s[4 * n + e] * lsc;
+          s[4 * n + e] = key >= (e < 2 ? lim0 : lim1) ? detail::neg_inf() : x;
+        }
+    }
+    float mx0 = s[0], mx1 = s[2];
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[4 * n + e] * lsc;
-        if (masked) {
-          const int key = tok0 + 8 * n + 2 * tig + (e & 1);
-          if (key >= (e < 2 ? lim0 : lim1)) x = detail::neg_inf();
-        }
-        s[4 * n + e] = x;
-      }
       mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
       mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
     }
@@ -256,18 +280,23 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if constexpr (!kMasked) mx0 *= lsc, mx1 *= lsc;
+    mx0 = fmaxf(m0, mx0), mx1 = fmaxf(m1, mx1);
     // A row with no visible key yet keeps max -inf: use 0 so that every
     // weight is exp2(-inf) = 0 and nothing becomes NaN.
     const float use0 = mx0 == detail::neg_inf() ? 0.f : mx0;
     const float use1 = mx1 == detail::neg_inf() ? 0.f : mx1;
-    const float a0 = exp2f(m0 - use0), a1 = exp2f(m1 - use1);
+    const float a0 = detail::exp2_fast(m0 - use0), a1 = detail::exp2_fast(m1 - use1);
     m0 = mx0, m1 = mx1;
     l0 *= a0, l1 *= a1;
+    auto weight = [&](float x, float use) {
+      return detail::exp2_fast(kMasked ? x - use : fmaf(x, lsc, -use));
+    };
     uint32_t pa[4][4];
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      const float p0 = exp2f(s[4 * n] - use0), p1 = exp2f(s[4 * n + 1] - use0);
-      const float p2 = exp2f(s[4 * n + 2] - use1), p3 = exp2f(s[4 * n + 3] - use1);
+      const float p0 = weight(s[4 * n], use0), p1 = weight(s[4 * n + 1], use0);
+      const float p2 = weight(s[4 * n + 2], use1), p3 = weight(s[4 * n + 3], use1);
       l0 += p0 + p1;
       l1 += p2 + p3;
       // n-tile n is keys 8 n .. 8 n + 7: k-step n / 2, A registers 0/1
@@ -287,7 +316,15 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
-  }
+  };
+  // The leading tiles below mask_from take the unmasked step.
+  const int plain_tiles = (mask_from > 0 ? mask_from / kTile : 0) - item.tile_begin;
+  const int n_plain = plain_tiles < 0 ? 0 : (plain_tiles > n_tiles ? n_tiles : plain_tiles);
+  int j = 0;
+#pragma unroll 1
+  for (; j < n_plain; ++j) step(j, std::false_type{});
+#pragma unroll 1
+  for (; j < n_tiles; ++j) step(j, std::true_type{});
   detail::cp_async_wait<0>();
 
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
