@@ -387,10 +387,9 @@ void set_trace(unsigned long long *attn, unsigned long long *merge) {
   CHECK_CUDA(cudaMemcpyToSymbol(fdd::fd_trace_merge, &merge, sizeof(merge)));
 }
 
-// The merge kernel's grid as launch_decode_variant computes it.
 // CTAs of the merge kernel, as launch_decode_variant launches it.
 int merge_grid(int batch, int hq, int splits) {
-  return splits <= 1 ? 0 : fdd::merge_shape(batch * hq, splits).ctas;
+  return splits <= 1 ? 0 : fdd::merge_shape(batch * hq, splits, kD).ctas;
 }
 
 Result run_case(const Case &cs, cudaStream_t stream) {

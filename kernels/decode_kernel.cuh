@@ -1141,18 +1141,27 @@ __device__ __forceinline__ void add_weighted(float acc[kPer], float w, const Fra
   for (int i = 0; i < kPer; ++i) acc[i] += w * v.x[i];
 }
 
-// Combines the split-KV partials. `wph` warps (1, 2, 4 or 8) serve one
-// (row, q head): each computes the max and the weights exp2(m_s - max) of all
-// splits from registers and shuffles, accumulates D/32 dims per lane over its
-// share of the splits (s = part, part + wph, ...), and the shares are added
-// through shared memory in a fixed order. Only partitions that hold tokens
-// are read; an empty row gives zeros. Few dependent memory round trips per
-// warp, and enough warps per head when there are many splits. With a sliding
+// Combines the split-KV partials. `wph` warps (1 to 32, a power of two)
+// serve one (row, q head): each computes the max and the weights
+// exp2(m_s - max) of all splits from registers and shuffles, accumulates D/32
+// dims per lane over its share of the splits (s = part, part + wph, ...), at
+// most merge_rows(D) of them in one memory round trip, and the shares are added
+// through shared memory (dynamic: wph x heads_per_cta x D floats when wph >
+// 1) in a fixed order. Only partitions that hold tokens are read; an empty
+// row gives zeros. Few registers (at most 64: up to 1024 threads), so that
+// many warps per SM keep loads in flight when there are many rows (a verify
+// batch: 8192 rows of 2 splits), and enough warps per head when there are
+// many splits. With a sliding
 // window the splits cover the key span from the query tile's first key tile
 // (DecodeWorkList::q_tile_span, as the attention kernel); attention sinks
 // join the denominator here when the row is split.
+// Partial rows a merge warp loads at once (head_dim 256: 3, so that its
+// registers stay within 64).
+constexpr int merge_rows(int head_dim) {
+  return head_dim == 256 ? 3 : 4;
+}
 template <class TOut, int D, bool kMulti>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(1024, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,
                         const int32_t *__restrict__ seq_lens, const int32_t *__restrict__ q_indptr,
                         void *out, const DecodeWorkList work, int max_len, int wph,
@@ -1160,7 +1169,7 @@ __global__ void __launch_bounds__(256, 1)
                         const float *__restrict__ sinks) {
   constexpr int kPer = D / 32;
   static_assert(kDecodeMaxSplits == 128, "four split slots per lane");
-  __shared__ float share[8][D];
+  extern __shared__ float share[];  // [warps][D] when wph > 1
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int part = warp % wph;
@@ -1222,9 +1231,8 @@ __global__ void __launch_bounds__(256, 1)
     // Every load is issued before the first use (one memory round trip, not
     // one per batch of splits): the (max, sum) pairs and this warp's share of
     // partial rows, at most kRows of them (the host picks wph so that each
-    // warp gets at most 16 splits; the tail loop is a safety net).
-    // (D = 256: 8 rows of 8 floats in registers, the tail loop for more.)
-    constexpr int kRows = kDecodeMaxSplits / (D == 256 ? 16 : 8);
+    // warp gets at most kRows splits; the tail loop is a safety net).
+    constexpr int kRows = merge_rows(D);
     using Vec = Frag<kPer>;
     const float *ml = partial_ml + work.partial_slot(qh, 0) * 2;
     const float *po = partial_o + work.partial_slot(qh, 0) * D + lane * kPer;
@@ -1285,13 +1293,13 @@ __global__ void __launch_bounds__(256, 1)
   }
   if (wph > 1) {
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) share[warp][lane * kPer + e] = acc[e];
+    for (int e = 0; e < kPer; ++e) share[warp * D + lane * kPer + e] = acc[e];
     __syncthreads();
     if (part != 0) return;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
       float sum = 0.f;
-      for (int w = 0; w < wph; ++w) sum += share[warp + w][lane * kPer + e];
+      for (int w = 0; w < wph; ++w) sum += share[(warp + w) * D + lane * kPer + e];
       acc[e] = sum;
     }
   }
@@ -1305,16 +1313,21 @@ __global__ void __launch_bounds__(256, 1)
 }
 
 // Launch shape of decode_merge_kernel for `rows_heads` (row, q head) pairs:
-// warps per head (about 4 splits per warp, at most 8), heads per CTA (one
-// when that makes enough CTAs to spread the loads over many SMs) and CTAs.
+// warps per head (at most merge_rows(head_dim) splits per warp: up to 32
+// warps for 128 splits), heads per CTA (8 / wph when there are many heads, so CTAs have
+// 256 threads; else one, which spreads the loads over many SMs), CTAs, and
+// the shared memory of the warps' shares.
 struct MergeShape {
   int wph, heads_per_cta, ctas;
+  size_t smem_bytes(int head_dim) const {
+    return wph > 1 ? static_cast<size_t>(wph) * heads_per_cta * head_dim * sizeof(float) : 0;
+  }
 };
-inline MergeShape merge_shape(int rows_heads, int num_splits) {
+inline MergeShape merge_shape(int rows_heads, int num_splits, int head_dim) {
   MergeShape m;
   m.wph = 1;
-  while (m.wph < 8 && m.wph * 4 < num_splits) m.wph *= 2;
-  m.heads_per_cta = rows_heads >= 1024 ? 8 / m.wph : 1;
+  while (m.wph < 32 && m.wph * merge_rows(head_dim) < num_splits) m.wph *= 2;
+  m.heads_per_cta = rows_heads >= 1024 && m.wph <= 8 ? 8 / m.wph : 1;
   m.ctas = (rows_heads + m.heads_per_cta - 1) / m.heads_per_cta;
   return m;
 }
@@ -1470,15 +1483,15 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
     err = detail::launch_pdl(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
   if (err != cudaSuccess || !l.work.has_partials()) return err;
   const int rows_heads = static_cast<int>(l.work.query_rows());
-  const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.slot_splits());
+  const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.slot_splits(), D);
   // The output has q's type: TQ, or by q_dtype over FP8 K/V.
   auto merge = detail::decode_merge_kernel<TQ, D, kMulti>;
   if (detail::KvType<TKV>::kFp8 && p.q_bf16)
     merge = detail::decode_merge_kernel<__nv_bfloat16, D, kMulti>;
-  return detail::launch_pdl(merge, static_cast<unsigned>(m.ctas), 32 * m.wph * m.heads_per_cta, 0,
-                            l.stream, l.partial_o, l.partial_ml, l.seq_lens, l.q_indptr, l.out,
-                            l.work, l.max_blocks_per_seq << l.block_size_log2, m.wph,
-                            m.heads_per_cta, l.v_scale, p.variant, p.sinks);
+  return detail::launch_pdl(merge, static_cast<unsigned>(m.ctas), 32 * m.wph * m.heads_per_cta,
+                            m.smem_bytes(D), l.stream, l.partial_o, l.partial_ml, l.seq_lens,
+                            l.q_indptr, l.out, l.work, l.max_blocks_per_seq << l.block_size_log2,
+                            m.wph, m.heads_per_cta, l.v_scale, p.variant, p.sinks);
 }
 
 template <class TQ, class TKV, bool kMulti>
