@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/exp2_approx.hpp"
 #include "decode_launch.hpp"
 #include "flashdec.h"
 
@@ -183,16 +184,6 @@ struct Mma<__half> {
 
 __device__ __forceinline__ float neg_inf() {
   return __int_as_float(0xff800000u);
-}
-
-// 2^x on the SFU alone (ex2.approx.ftz: relative error about 2^-22,
-// results below 2^-126 flushed to zero, exp2(-inf) = 0). exp2f adds a range
-// check and two predicated multiplies per call to keep denormal results,
-// which softmax weights never need.
-__device__ __forceinline__ float exp2_fast(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -894,15 +885,15 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       // exp2(-inf - 0) = 0 instead of NaN.
       const float use0 = new0 == neg_inf() ? 0.f : new0;
       const float use1 = new1 == neg_inf() ? 0.f : new1;
-      const float corr0 = exp2_fast(m0 - use0), corr1 = exp2_fast(m1 - use1);
+      const float corr0 = exp2_approx(m0 - use0), corr1 = exp2_approx(m1 - use1);
       m0 = new0;
       m1 = new1;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        s[n][0] = exp2_fast(s[n][0] - use0);
-        s[n][1] = exp2_fast(s[n][1] - use0);
-        s[n][2] = exp2_fast(s[n][2] - use1);
-        s[n][3] = exp2_fast(s[n][3] - use1);
+        s[n][0] = exp2_approx(s[n][0] - use0);
+        s[n][1] = exp2_approx(s[n][1] - use0);
+        s[n][2] = exp2_approx(s[n][2] - use1);
+        s[n][3] = exp2_approx(s[n][3] - use1);
       }
       // P as the A fragment of the PV mma (k = the 16 tokens).
       uint32_t pa[4];
@@ -1038,7 +1029,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     const float use = mx == neg_inf() ? 0.f : mx;
     float sum = 0.f;
     for (int w = w0; w < kWarps; w += p.m_tiles) {
-      const float f = exp2_fast(red_m[w * 16 + hm] - use);
+      const float f = exp2_approx(red_m[w * 16 + hm] - use);
       red_f[w * 16 + hm] = f;
       sum += f * red_l[w * 16 + hm];
     }
@@ -1082,8 +1073,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
         const int head0 = kMulti ? kvh * group : static_cast<int>((q_row0 / D) % num_q_heads);
         const float sink = VariantPolicy::sink_log2(p.sinks[head0 + h % group]);
         const float mx = red_h[2 * h], top = fmaxf(sink, mx);
-        const float keep = exp2_fast(mx - top);
-        inv = (p.v_scale * keep) / (sum * keep + exp2_fast(sink - top));
+        const float keep = exp2_approx(mx - top);
+        inv = (p.v_scale * keep) / (sum * keep + exp2_approx(sink - top));
       }
       auto cvt = [&](float x) {
         return out_bf16 ? Mma<__nv_bfloat16>::from_float(x) : Mma<__half>::from_float(x);
@@ -1260,7 +1251,7 @@ __global__ void __launch_bounds__(1024, 1)
     const float use = mx == neg_inf() ? 0.f : mx;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      m[k] = exp2_fast(m[k] - use);  // now the weight of split lane + 32k
+      m[k] = exp2_approx(m[k] - use);  // now the weight of split lane + 32k
       total += m[k] * l[k];
     }
 #pragma unroll
@@ -1287,8 +1278,8 @@ __global__ void __launch_bounds__(1024, 1)
       // two maxima (-inf: keep = 1 and a zero term, the bits of no sink).
       const float sink = VariantPolicy::sink_log2(sinks[qh % num_q_heads]);
       const float top = fmaxf(sink, mx);
-      keep = exp2_fast(mx - top);
-      sink_term = exp2_fast(sink - top);
+      keep = exp2_approx(mx - top);
+      sink_term = exp2_approx(sink - top);
     }
   }
   if (wph > 1) {

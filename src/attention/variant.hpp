@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/exp2_approx.hpp"
 #include "core/host_device.hpp"
 
 namespace fd {
@@ -61,7 +62,7 @@ struct VariantPolicy {
   // C x 2^-22 (no cancellation matters: the softmax sees absolute logit
   // errors), and the limits are exact: 2^(...) overflowing gives C, zero -C.
   FD_HD float softcap_log2(float x) const {
-    const float e = exp2f(x * softcap_log2_in);
+    const float e = exp2_approx(x * softcap_log2_in);
 #if defined(__CUDA_ARCH__)
     return softcap_log2_cap - __fdividef(2.f * softcap_log2_cap, 1.f + e);
 #else
