@@ -1,10 +1,10 @@
-// exp2_approx(x) = 2^x for softmax weights and the soft-cap, shared by the
-// CUDA kernels and the host code that defines the soft-cap formula
-// (attention/variant.hpp). On the device it is the SFU's ex2.approx.ftz
-// alone: relative error about 2^-22, results below 2^-126 flushed to zero,
-// 2^-inf = 0, overflow to inf. exp2f adds a range check and two predicated
-// multiplies per call to keep denormal results, which neither use needs. On
-// the host it is std::exp2.
+// exp2_approx(x) = 2^x for the softmax weights of the CUDA attention kernels
+// and their merge. On the device it is the SFU's ex2.approx.ftz alone:
+// relative error about 2^-22, results below 2^-126 flushed to zero, 2^-inf =
+// 0, overflow to inf. exp2f adds a range check and two predicated multiplies
+// per call to keep denormal results, which softmax weights never need. On
+// the host (a plain C++ build of a header that includes this) it is
+// std::exp2.
 #pragma once
 
 #include <cmath>
