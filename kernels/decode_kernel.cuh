@@ -142,8 +142,13 @@ struct Mma<__nv_bfloat16> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  // Rounds a pair to bf16 (low half = first), returns the packed bits and
-  // the rounded values so the softmax sum uses exactly what the mma sees.
+  // A pair rounded to bf16, the first in the low half (one cvt).
+  static __device__ __forceinline__ uint32_t pack_rn(float x, float y) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+  // The same, and the rounded values back in x and y, so the softmax sum
+  // uses exactly what the mma sees.
   static __device__ __forceinline__ uint32_t pack(float &x, float &y) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
     x = __low2float(h);
@@ -167,6 +172,10 @@ struct Mma<__half> {
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack_rn(float x, float y) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&h);
   }
   static __device__ __forceinline__ uint32_t pack(float &x, float &y) {
     const __half2 h = __floats2half2_rn(x, y);

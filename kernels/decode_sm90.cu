@@ -49,18 +49,6 @@ struct Shape {
                 "the planned CTAs fit in shared memory");
 };
 
-// Two floats rounded to T, `lo` in the low half (one cvt instruction).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&v);
-  }
-}
-
 // S (+)= A * K-tile^T, one k-step (16 dims) of D.
 template <class T>
 __device__ __forceinline__ void mma_qk(float (&s)[32], const uint32_t (&a)[4], uint64_t desc,
@@ -301,8 +289,8 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
       l1 += p2 + p3;
       // n-tile n is keys 8 n .. 8 n + 7: k-step n / 2, A registers 0/1
       // (keys 2 tig) for even n, 2/3 (keys 8 + 2 tig) for odd n.
-      pa[n >> 1][(n & 1) * 2] = pack2<T>(p0, p1);
-      pa[n >> 1][(n & 1) * 2 + 1] = pack2<T>(p2, p3);
+      pa[n >> 1][(n & 1) * 2] = detail::Mma<T>::pack_rn(p0, p1);
+      pa[n >> 1][(n & 1) * 2 + 1] = detail::Mma<T>::pack_rn(p2, p3);
     }
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
@@ -346,7 +334,8 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
       T *dst = static_cast<T *>(p.out) + q_offset(h);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        const uint32_t v = pack2<T>(o[4 * n + 2 * hh] * inv, o[4 * n + 2 * hh + 1] * inv);
+        const uint32_t v =
+            detail::Mma<T>::pack_rn(o[4 * n + 2 * hh] * inv, o[4 * n + 2 * hh + 1] * inv);
         uint16_t *e = reinterpret_cast<uint16_t *>(dst + n * 8 + 2 * tig);
         if (out4) {
           *reinterpret_cast<uint32_t *>(e) = v;
