@@ -38,6 +38,12 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME abi_baseline
     COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bindings/tools/gen_bindings.py --check --abi-only)
   set_tests_properties(abi_baseline PROPERTIES LABELS abi TIMEOUT 120 SKIP_RETURN_CODE 77)
+  # (e) The kernel tooling's SASS loop counter (scripts/sass_loops.py,
+  # docs/benchmarks.md) on a hand-written listing.
+  add_test(NAME tools_sass_loops
+    COMMAND bash ${FLASHDEC_TEST_SCRIPTS}/check_sass_loops.sh ${Python3_EXECUTABLE}
+            ${PROJECT_SOURCE_DIR})
+  set_tests_properties(tools_sass_loops PROPERTIES LABELS docs TIMEOUT 60)
 endif()
 
 # Packaging: install into a temporary prefix, then build tests/consumer with
