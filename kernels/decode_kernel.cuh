@@ -33,7 +33,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/exp2_approx.hpp"
 #include "decode_launch.hpp"
 #include "flashdec.h"
 
@@ -193,6 +192,16 @@ struct Mma<__half> {
 
 __device__ __forceinline__ float neg_inf() {
   return __int_as_float(0xff800000u);
+}
+
+// 2^x for softmax weights: the SFU's ex2.approx.ftz alone (relative error
+// about 2^-22, results below 2^-126 flushed to zero, 2^-inf = 0). exp2f adds
+// a range check and two predicated multiplies per call to keep denormal
+// results, which softmax weights never need.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -1141,6 +1150,12 @@ __device__ __forceinline__ void add_weighted(float acc[kPer], float w, const Fra
   for (int i = 0; i < kPer; ++i) acc[i] += w * v.x[i];
 }
 
+// Partial rows a merge warp loads at once (head_dim 256: 3, so that its
+// registers stay within 64).
+constexpr int merge_rows(int head_dim) {
+  return head_dim == 256 ? 3 : 4;
+}
+
 // Combines the split-KV partials. `wph` warps (1 to 32, a power of two)
 // serve one (row, q head): each computes the max and the weights
 // exp2(m_s - max) of all splits from registers and shuffles, accumulates D/32
@@ -1151,15 +1166,10 @@ __device__ __forceinline__ void add_weighted(float acc[kPer], float w, const Fra
 // row gives zeros. Few registers (at most 64: up to 1024 threads), so that
 // many warps per SM keep loads in flight when there are many rows (a verify
 // batch: 8192 rows of 2 splits), and enough warps per head when there are
-// many splits. With a sliding
-// window the splits cover the key span from the query tile's first key tile
+// many splits. With a sliding window the splits cover the key span from the
+// query tile's first key tile
 // (DecodeWorkList::q_tile_span, as the attention kernel); attention sinks
 // join the denominator here when the row is split.
-// Partial rows a merge warp loads at once (head_dim 256: 3, so that its
-// registers stay within 64).
-constexpr int merge_rows(int head_dim) {
-  return head_dim == 256 ? 3 : 4;
-}
 template <class TOut, int D, bool kMulti>
 __global__ void __launch_bounds__(1024, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,

@@ -274,11 +274,11 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
     // weight is exp2(-inf) = 0 and nothing becomes NaN.
     const float use0 = mx0 == detail::neg_inf() ? 0.f : mx0;
     const float use1 = mx1 == detail::neg_inf() ? 0.f : mx1;
-    const float a0 = exp2_approx(m0 - use0), a1 = exp2_approx(m1 - use1);
+    const float a0 = detail::exp2_approx(m0 - use0), a1 = detail::exp2_approx(m1 - use1);
     m0 = mx0, m1 = mx1;
     l0 *= a0, l1 *= a1;
     auto weight = [&](float x, float use) {
-      return exp2_approx(kMasked ? x - use : fmaf(x, lsc, -use));
+      return detail::exp2_approx(kMasked ? x - use : fmaf(x, lsc, -use));
     };
     uint32_t pa[4][4];
 #pragma unroll
