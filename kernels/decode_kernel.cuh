@@ -439,6 +439,10 @@ struct Params {
   const int32_t *seq_lens;
   const int32_t *q_indptr;  // [batch + 1] query-token offsets, or null (one per row)
   int64_t stride_block, stride_head, stride_token, stride_dim;
+  // Token-major copies address in bytes: a block's and a token's step (the
+  // strides times the element size, so kernels read them from the constant
+  // bank instead of forming 64-bit element products per copy).
+  uint64_t block_bytes, token_bytes;
   int32_t block_size_log2, num_blocks, max_blocks_per_seq, m_tiles;
   DecodeWorkList work;    // which (row, KV head, split) each CTA serves
   VariantPolicy variant;  // logits, soft-cap and window (attention/variant.hpp)
@@ -480,6 +484,18 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   // FP8 dim-major tiles of 8-token blocks take 8-byte pieces: twice as many.
   constexpr int kNmax = kFp8 && kDimMajor ? 2 * kNch : kNch;
   constexpr int kS = Cfg::kStages;
+  // Token-major copies: chunks per token row in memory, rows one pass of the
+  // CTA's threads covers, and whether every copy of a thread is whole
+  // passes from its first (all but head_dim 96); kTmStagedRow: elements of
+  // a staged row (the swizzle repeats every 8 rows, so a pass of a multiple
+  // of 8 rows keeps the thread's chunk slot).
+  constexpr int kTmChunks = D * static_cast<int>(sizeof(TKV)) / 16;
+  constexpr bool kTmUniformRows = kThreads % kTmChunks == 0;
+  constexpr int kTmRowsPerPass = kTmUniformRows ? kThreads / kTmChunks : 1;
+  constexpr int kTmStagedRow = kFp8 ? D : Cfg::kRowElems;
+  static_assert(
+      !kTmUniformRows || (kTmRowsPerPass % 8 == 0 && (kTmRowsPerPass & (kTmRowsPerPass - 1)) == 0),
+      "a pass of rows keeps the swizzle phase and is a power of two");
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   TKV *smem = reinterpret_cast<TKV *>(smem_bytes);
 
@@ -591,35 +607,73 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
-  // kernel read outside the cache. `from`: blocks with no token at or past
-  // it are zero-filled too (the window's start; only the first tile has
-  // such blocks, so the loop passes 0 and keeps no register for it).
+  // kernel read outside the cache (a zero-filled copy points into block 0).
+  // `from`: blocks with no token at or past it are zero-filled too (the
+  // window's start; only the first tile has such blocks, so the loop passes
+  // 0 and keeps no register for it).
+  //
+  // Token-major tiles address in bytes with unsigned 32 x 64-bit products.
+  // Blocks hold 8, 16 or 32 tokens (the host serves no other size), so a
+  // 64-token tile starts at a block boundary and token t of the tile sits at
+  // row t & bs_mask of its block. When the thread's copies are whole passes
+  // apart (kTmRowsPerPass rows; every head_dim but 96), copy i is row r0 +
+  // i * kTmRowsPerPass at the thread's one chunk, and as the pass and the
+  // block size are powers of two its row in the block is (r0 & bs_mask) +
+  // ((i * kTmRowsPerPass) & bs_mask): the first term goes into the base
+  // pointers once, the second is the same for every thread of the CTA.
+  const uint32_t num_blocks = static_cast<uint32_t>(p.num_blocks);
+  const char *kbytes = nullptr, *vbytes = nullptr;
+  if constexpr (!kDimMajor) {
+    const CopyCoords c0 = coords(0);
+    uint64_t first = static_cast<uint64_t>(kvh) * p.stride_head * sizeof(TKV);
+    if (kTmUniformRows)
+      first += static_cast<uint32_t>(c0.chunk * 16) +
+               static_cast<uint32_t>(c0.token & bs_mask) * p.token_bytes;
+    kbytes = static_cast<const char *>(p.k) + first;
+    vbytes = static_cast<const char *>(p.v) + first;
+  }
   auto issue = [&](int j, const int ids[kNmax], int from) {
     const int tok0 = (tile_begin + j) * kTile;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
+    if constexpr (!kDimMajor) {
+      const CopyCoords c0 = coords(0);
 #pragma unroll
-    for (int i = 0; i < kNmax; ++i) {
-      if (i >= n_pieces) break;
-      const CopyCoords cc = coords(i);
-      const int t = tok0 + cc.token;
-      // (t | bs_mask): the last token of t's block; a block with no token
-      // at or past `from` lies wholly before the window (maybe freed).
-      const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && ids[i] >= 0 &&
-                         ids[i] < p.num_blocks;
-      int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
-      if (kDimMajor)
+      for (int i = 0; i < kNch; ++i) {
+        const CopyCoords cc = kTmUniformRows ? c0 : coords(i);
+        const int t = tok0 + (kTmUniformRows ? c0.token + i * kTmRowsPerPass : cc.token);
+        const uint32_t id = static_cast<uint32_t>(ids[i]);  // -1: past every block
+        const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && id < num_blocks;
+        uint64_t off = static_cast<uint64_t>(valid ? id : 0u) * p.block_bytes;
+        if constexpr (kTmUniformRows)
+          off += static_cast<uint32_t>((i * kTmRowsPerPass) & bs_mask) * p.token_bytes;
+        else
+          off += static_cast<uint32_t>(cc.token & bs_mask) * p.token_bytes +
+                 static_cast<uint32_t>(cc.chunk * 16);
+        const int soff = kTmUniformRows ? c0.smem + i * kTmRowsPerPass * kTmStagedRow : cc.smem;
+        cp_async16(smem_u32(sk + soff), kbytes + off, valid);
+        cp_async16(smem_u32(sv + soff), vbytes + off, valid);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kNmax; ++i) {
+        if (i >= n_pieces) break;
+        const CopyCoords cc = coords(i);
+        const int t = tok0 + cc.token;
+        // (t | bs_mask): the last token of t's block; a block with no token
+        // at or past `from` lies wholly before the window (maybe freed).
+        const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && ids[i] >= 0 &&
+                           ids[i] < p.num_blocks;
+        int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
         off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
-      else
-        off += static_cast<int64_t>(t & bs_mask) * p.stride_token +
-               cc.chunk * (kFp8 ? 16 : kChunkElems);
-      if (!valid) off = 0;
-      if (kFp8 && kDimMajor && n_pieces > kNch) {
-        cp_async8(smem_u32(sk + cc.smem), kbase + off, valid);
-        cp_async8(smem_u32(sv + cc.smem), vbase + off, valid);
-      } else {
-        cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
-        cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
+        if (!valid) off = 0;
+        if (kFp8 && n_pieces > kNch) {
+          cp_async8(smem_u32(sk + cc.smem), kbase + off, valid);
+          cp_async8(smem_u32(sv + cc.smem), vbase + off, valid);
+        } else {
+          cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
+          cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
+        }
       }
     }
   };
@@ -1463,6 +1517,8 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.stride_head = l.stride_head;
   p.stride_token = l.stride_token;
   p.stride_dim = l.stride_dim;
+  p.block_bytes = static_cast<uint64_t>(l.stride_block) * sizeof(TKV);
+  p.token_bytes = static_cast<uint64_t>(l.stride_token) * sizeof(TKV);
   p.block_size_log2 = l.block_size_log2;
   p.num_blocks = l.num_blocks;
   p.max_blocks_per_seq = l.max_blocks_per_seq;
