@@ -194,6 +194,13 @@ __device__ __forceinline__ float neg_inf() {
   return __int_as_float(0xff800000u);
 }
 
+// How far (base 2) a score may pass a row's reference max before the
+// attention loop moves the reference and rescales O (decode_kernel): softmax
+// weights stay below 2^8, which f16 and bf16 P hold exactly as well as
+// weights below 1 (a relative format), and the skipped rescale is most of
+// a step's multiplies.
+constexpr float kMaxSlack = 8.f;
+
 // 2^x for softmax weights: the SFU's ex2.approx.ftz alone (relative error
 // about 2^-22, results below 2^-126 flushed to zero, 2^-inf = 0). exp2f adds
 // a range check and two predicated multiplies per call to keep denormal
@@ -952,14 +959,35 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+      // Lazy rescaling: a row's reference max moves only when a score
+      // passes it by more than kMaxSlack (base 2), so after the first steps
+      // the warp skips O's rescale (64 multiplies per thread at head_dim
+      // 128) and the two exponentials of the correction. Weights stay below
+      // 2^kMaxSlack (f16 / bf16 P and the f32 sums hold that with room), and
+      // O / l is the same for any reference at or above the scores' max
+      // minus the slack. Warp-uniform: the vote covers every row.
+      if (__any_sync(0xffffffffu, mx0 > m0 + kMaxSlack || mx1 > m1 + kMaxSlack)) {
+        const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+        // A row with every score so far masked keeps -inf: its correction
+        // is then exp2(-inf) = 0 against 0 instead of NaN.
+        const float corr0 = exp2_approx(m0 - (new0 == neg_inf() ? 0.f : new0));
+        const float corr1 = exp2_approx(m1 - (new1 == neg_inf() ? 0.f : new1));
+        m0 = new0;
+        m1 = new1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int n = 0; n < kODims / 8; ++n) {
+          o[n][0] *= corr0;
+          o[n][1] *= corr0;
+          o[n][2] *= corr1;
+          o[n][3] *= corr1;
+        }
+      }
       // With every score so far masked the max is -inf: use 0 so that
       // exp2(-inf - 0) = 0 instead of NaN.
-      const float use0 = new0 == neg_inf() ? 0.f : new0;
-      const float use1 = new1 == neg_inf() ? 0.f : new1;
-      const float corr0 = exp2_approx(m0 - use0), corr1 = exp2_approx(m1 - use1);
-      m0 = new0;
-      m1 = new1;
+      const float use0 = m0 == neg_inf() ? 0.f : m0;
+      const float use1 = m1 == neg_inf() ? 0.f : m1;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         s[n][0] = exp2_approx(s[n][0] - use0);
@@ -973,19 +1001,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       pa[1] = M::pack(s[0][2], s[0][3]);
       pa[2] = M::pack(s[1][0], s[1][1]);
       pa[3] = M::pack(s[1][2], s[1][3]);
-      l0 = l0 * corr0 + ((s[0][0] + s[0][1]) + (s[1][0] + s[1][1]));
-      l1 = l1 * corr1 + ((s[0][2] + s[0][3]) + (s[1][2] + s[1][3]));
-      // FP8: the running max rarely moves after the first tiles, so the
-      // warp skips rescaling O when no row's max moved (corr is exactly 1).
-      if (!kFp8 || __any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
-#pragma unroll
-        for (int n = 0; n < kODims / 8; ++n) {
-          o[n][0] *= corr0;
-          o[n][1] *= corr0;
-          o[n][2] *= corr1;
-          o[n][3] *= corr1;
-        }
-      }
+      l0 += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
+      l1 += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
 
       // O += P V.
       if constexpr (kFp8 && !kDimMajor) {
