@@ -50,6 +50,9 @@ struct Case {
   uint32_t mbps = 0;            /* 0: just enough for the longest row */
   int32_t max_seq_len_hint = 0; /* passed through */
   uint64_t seed = 1;
+  /* K of position t scaled by 1 + k_ramp * t (k_ramp > 0: later scores
+   * larger) or 1 - k_ramp * (len - 1 - t) (< 0: earlier ones larger). */
+  float k_ramp = 0.f;
 };
 
 /* Host copy of one problem, with the cache laid out as the case says. */
@@ -135,6 +138,18 @@ Host make_host(const Case &c) {
     const uint32_t nb = (len + c.bs - 1) / c.bs;
     for (uint32_t b = 0; b < nb; ++b) h.tables[r * h.mbps + b] = perm[next++];
     for (uint32_t b = nb; b < h.mbps; ++b) h.tables[r * h.mbps + b] = perm[spare0 + (r + b) % 3];
+    if (c.k_ramp != 0.f)
+      for (uint32_t t = 0; t < len; ++t) {
+        const float f = c.k_ramp > 0.f ? 1.f + c.k_ramp * static_cast<float>(t)
+                                       : 1.f - c.k_ramp * static_cast<float>(len - 1 - t);
+        const int64_t blk = h.tables[r * h.mbps + t / c.bs];
+        for (uint32_t kv = 0; kv < c.hkv; ++kv)
+          for (uint32_t d = 0; d < c.dim; ++d) {
+            const size_t at =
+                static_cast<size_t>(blk * h.sb + kv * h.sh + (t % c.bs) * h.st + d * h.sd);
+            fd_test_store(h.k.data(), at, c.dtype, f * fd_test_load(h.k.data(), at, c.dtype));
+          }
+      }
     /* Stale NaN in the last block past the row's end must never leak. */
     for (uint32_t t = len; t < nb * c.bs; ++t) {
       const int64_t blk = h.tables[r * h.mbps + t / c.bs];
@@ -325,6 +340,34 @@ void check_case(const Case &c) {
       assert_memory_equal(got.data(), again.data(), got.size() * esize());
     }
   }
+}
+
+/* Scores that keep rising along a row (each tile's maximum passes the
+ * running one by far more than the kernel's rescaling slack, so O is rescaled
+ * at every step) and that fall (the first tile holds the maximum and later
+ * weights are tiny), in every layout and split mode: the lazy running
+ * maximum must give the CPU reference's result either way. */
+void test_score_ramps(void **state) {
+  (void)state;
+  const bool small = reduced();
+  int cases = 0;
+  for (float ramp : {1.f / 32, -1.f / 32, 1.f / 512})
+    for (uint32_t D : {64u, 128u, 256u})
+      for (int st = 0; st < kStorages; ++st) {
+        if (small && (st == kDimPadded || D == 256)) continue;
+        Case c;
+        c.dtype = (cases % 2) ? FD_DTYPE_F16 : FD_DTYPE_BF16;
+        c.storage = st;
+        c.dim = D;
+        c.bs = st % 2 ? 32 : 16;
+        c.group = D == 256 ? 2 : 8;
+        c.lens = std::vector<int32_t>{1, 63, 700, 2048, 1500};
+        c.k_ramp = ramp;
+        c.seed = 100 + static_cast<uint64_t>(cases);
+        check_case(c);
+        ++cases;
+      }
+  print_message("gpu_decode: %d score-ramp cases x 3 split modes passed\n", cases);
 }
 
 /* Ragged lengths: empty, one token, exact block boundaries, one past, the
@@ -1226,21 +1269,14 @@ void test_errors(void **state) {
 int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_unaligned_out),
-      cmocka_unit_test(test_sweep),
-      cmocka_unit_test(test_long_rows),
-      cmocka_unit_test(test_plan_run),
-      cmocka_unit_test(test_multi_token),
-      cmocka_unit_test(test_prefill_chunks),
-      cmocka_unit_test(test_multi_token_hopper),
-      cmocka_unit_test(test_softcap),
-      cmocka_unit_test(test_sliding_window),
-      cmocka_unit_test(test_sinks),
-      cmocka_unit_test(test_variants_combined),
-      cmocka_unit_test(test_head_dims),
-      cmocka_unit_test(test_lead_units),
+      cmocka_unit_test(test_errors),         cmocka_unit_test(test_graph_capture),
+      cmocka_unit_test(test_unaligned_out),  cmocka_unit_test(test_sweep),
+      cmocka_unit_test(test_long_rows),      cmocka_unit_test(test_score_ramps),
+      cmocka_unit_test(test_plan_run),       cmocka_unit_test(test_multi_token),
+      cmocka_unit_test(test_prefill_chunks), cmocka_unit_test(test_multi_token_hopper),
+      cmocka_unit_test(test_softcap),        cmocka_unit_test(test_sliding_window),
+      cmocka_unit_test(test_sinks),          cmocka_unit_test(test_variants_combined),
+      cmocka_unit_test(test_head_dims),      cmocka_unit_test(test_lead_units),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
