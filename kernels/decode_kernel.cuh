@@ -195,11 +195,14 @@ __device__ __forceinline__ float neg_inf() {
 }
 
 // How far (base 2) a score may pass a row's reference max before the
-// attention loop moves the reference and rescales O (decode_kernel): softmax
-// weights stay below 2^8, which f16 and bf16 P hold exactly as well as
-// weights below 1 (a relative format), and the skipped rescale is most of
-// a step's multiplies.
-constexpr float kMaxSlack = 8.f;
+// attention loop moves the reference and rescales O (decode_kernel), by the
+// type of P. f16 P (f16 and FP8 K/V): 8, so weights stay below 2^8 and after
+// the first steps the rescale, most of a step's multiplies, is skipped. bf16
+// P: 0, the reference is the exact running max (the largest weight is then
+// exactly 1; with 8 bits of precision, rounding it too moved bf16 errors
+// from below to just above 5e-3 in gpu_decode's sweep).
+template <class TQ>
+constexpr float kMaxSlack = std::is_same<TQ, __half>::value ? 8.f : 0.f;
 
 // 2^x for softmax weights: the SFU's ex2.approx.ftz alone (relative error
 // about 2^-22, results below 2^-126 flushed to zero, 2^-inf = 0). exp2f adds
@@ -446,10 +449,10 @@ struct Params {
   const int32_t *seq_lens;
   const int32_t *q_indptr;  // [batch + 1] query-token offsets, or null (one per row)
   int64_t stride_block, stride_head, stride_token, stride_dim;
-  // Token-major copies address in bytes: a block's and a token's step (the
+  // Copies address in bytes: a block's, a token's and a dim's step (the
   // strides times the element size, so kernels read them from the constant
   // bank instead of forming 64-bit element products per copy).
-  uint64_t block_bytes, token_bytes;
+  uint64_t block_bytes, token_bytes, dim_bytes;
   int32_t block_size_log2, num_blocks, max_blocks_per_seq, m_tiles;
   DecodeWorkList work;    // which (row, KV head, split) each CTA serves
   VariantPolicy variant;  // logits, soft-cap and window (attention/variant.hpp)
@@ -539,9 +542,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   FD_TRACE(fd_trace_attn, 8, 1, 0);
 
   const int32_t *table = p.block_tables + static_cast<int64_t>(row) * p.max_blocks_per_seq;
-  const int64_t head_off = static_cast<int64_t>(kvh) * p.stride_head;
-  const TKV *kbase = static_cast<const TKV *>(p.k) + head_off;
-  const TKV *vbase = static_cast<const TKV *>(p.v) + head_off;
   // First tile of the item: its split's first tile of the key span, which
   // starts at tile 0, or with a sliding window at the tile holding the first
   // position the CTA's earliest query token sees (set once seq_len is known).
@@ -628,17 +628,18 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   // block size are powers of two its row in the block is (r0 & bs_mask) +
   // ((i * kTmRowsPerPass) & bs_mask): the first term goes into the base
   // pointers once, the second is the same for every thread of the CTA.
+  // Dim-major copies: block id x block_bytes + dim x dim_bytes + the
+  // token's byte in the dim row, unsigned too.
   const uint32_t num_blocks = static_cast<uint32_t>(p.num_blocks);
-  const char *kbytes = nullptr, *vbytes = nullptr;
+  uint64_t first = static_cast<uint64_t>(kvh) * p.stride_head * sizeof(TKV);
   if constexpr (!kDimMajor) {
     const CopyCoords c0 = coords(0);
-    uint64_t first = static_cast<uint64_t>(kvh) * p.stride_head * sizeof(TKV);
     if (kTmUniformRows)
       first += static_cast<uint32_t>(c0.chunk * 16) +
                static_cast<uint32_t>(c0.token & bs_mask) * p.token_bytes;
-    kbytes = static_cast<const char *>(p.k) + first;
-    vbytes = static_cast<const char *>(p.v) + first;
   }
+  const char *kbytes = static_cast<const char *>(p.k) + first;
+  const char *vbytes = static_cast<const char *>(p.v) + first;
   auto issue = [&](int j, const int ids[kNmax], int from) {
     const int tok0 = (tile_begin + j) * kTile;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
@@ -669,17 +670,17 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
         const int t = tok0 + cc.token;
         // (t | bs_mask): the last token of t's block; a block with no token
         // at or past `from` lies wholly before the window (maybe freed).
-        const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && ids[i] >= 0 &&
-                           ids[i] < p.num_blocks;
-        int64_t off = static_cast<int64_t>(valid ? ids[i] : 0) * p.stride_block;
-        off += static_cast<int64_t>(cc.row) * p.stride_dim + (t & bs_mask);
-        if (!valid) off = 0;
+        const uint32_t id = static_cast<uint32_t>(ids[i]);
+        const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && id < num_blocks;
+        const uint64_t off = static_cast<uint64_t>(valid ? id : 0u) * p.block_bytes +
+                             static_cast<uint32_t>(cc.row) * p.dim_bytes +
+                             static_cast<uint32_t>((t & bs_mask) * sizeof(TKV));
         if (kFp8 && n_pieces > kNch) {
-          cp_async8(smem_u32(sk + cc.smem), kbase + off, valid);
-          cp_async8(smem_u32(sv + cc.smem), vbase + off, valid);
+          cp_async8(smem_u32(sk + cc.smem), kbytes + off, valid);
+          cp_async8(smem_u32(sv + cc.smem), vbytes + off, valid);
         } else {
-          cp_async16(smem_u32(sk + cc.smem), kbase + off, valid);
-          cp_async16(smem_u32(sv + cc.smem), vbase + off, valid);
+          cp_async16(smem_u32(sk + cc.smem), kbytes + off, valid);
+          cp_async16(smem_u32(sv + cc.smem), vbytes + off, valid);
         }
       }
     }
@@ -960,13 +961,13 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
       // Lazy rescaling: a row's reference max moves only when a score
-      // passes it by more than kMaxSlack (base 2), so after the first steps
-      // the warp skips O's rescale (64 multiplies per thread at head_dim
-      // 128) and the two exponentials of the correction. Weights stay below
-      // 2^kMaxSlack (f16 / bf16 P and the f32 sums hold that with room), and
-      // O / l is the same for any reference at or above the scores' max
-      // minus the slack. Warp-uniform: the vote covers every row.
-      if (__any_sync(0xffffffffu, mx0 > m0 + kMaxSlack || mx1 > m1 + kMaxSlack)) {
+      // passes it by more than kMaxSlack (base 2; 0 for bf16 P: whenever
+      // the max grows), so the warp skips O's rescale (64 multiplies per
+      // thread at head_dim 128) and the two exponentials of the correction
+      // on every step where no row's reference moves. Weights stay below
+      // 2^kMaxSlack, and O / l is the same for any reference at or above the
+      // scores' max minus the slack. Warp-uniform: the vote covers every row.
+      if (__any_sync(0xffffffffu, mx0 > m0 + kMaxSlack<TQ> || mx1 > m1 + kMaxSlack<TQ>)) {
         const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
         // A row with every score so far masked keeps -inf: its correction
         // is then exp2(-inf) = 0 against 0 instead of NaN.
@@ -1536,6 +1537,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   p.stride_dim = l.stride_dim;
   p.block_bytes = static_cast<uint64_t>(l.stride_block) * sizeof(TKV);
   p.token_bytes = static_cast<uint64_t>(l.stride_token) * sizeof(TKV);
+  p.dim_bytes = static_cast<uint64_t>(l.stride_dim) * sizeof(TKV);
   p.block_size_log2 = l.block_size_log2;
   p.num_blocks = l.num_blocks;
   p.max_blocks_per_seq = l.max_blocks_per_seq;
