@@ -412,7 +412,7 @@ __device__ __forceinline__ void cos_sin_entry(int position, float inv_freq, floa
 // are sized for. Two CTAs per SM: kernels with registers capped for more
 // resident CTAs spilled and were slower (docs/perf/append-h200-7325290-*).
 template <class T, bool kF8, int MaxTok>
-__global__ void __launch_bounds__(kMaxThreads, kF8 ? 1 : 2)
+__global__ void __launch_bounds__(kMaxThreads, 2)
     append_kernel(const AppendLaunch a, const double log2_base, const int tokens_per_cta) {
   extern __shared__ float table[];
   const Units s = units_of(a);
