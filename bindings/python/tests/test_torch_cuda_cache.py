@@ -422,6 +422,9 @@ def test_multi_token_transaction_on_a_cuda_cache_matches_cpu():
                 if c is gpu:
                     indptr = torch.full((3,), -1, dtype=torch.int32, device="cuda")
                     tables = torch.full((2, 1), -1, dtype=torch.int32, device="cuda")
+                    # The fills run on the current stream: the side stream waits for them
+                    # (without this the copies could land first and be overwritten).
+                    side.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(side):
                         tx.token_indptr_async(indptr)  # torch's current stream: side
                         tx.block_tables_async(tables)
