@@ -50,7 +50,6 @@ constexpr int kStepsPerTile = kTile / kStepTokens;
 // Bytes per element of the 16-bit K/V types; FP8 K/V (one byte) has its
 // own staging and fragment code (the kFp8 branches of decode_kernel).
 constexpr int kKvElemBytes = 2;
-constexpr int kChunkElems = 16 / kKvElemBytes;
 
 // K/V element types: FP8 E4M3 is stored K/V only and is dequantised to f16
 // in registers (decode_kernel's kFp8 path); the 16-bit types feed the mma as
@@ -631,13 +630,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   // Dim-major copies: block id x block_bytes + dim x dim_bytes + the
   // token's byte in the dim row, unsigned too.
   const uint32_t num_blocks = static_cast<uint32_t>(p.num_blocks);
+  const CopyCoords c0 = coords(0);  // the thread's first copy
   uint64_t first = static_cast<uint64_t>(kvh) * p.stride_head * sizeof(TKV);
-  if constexpr (!kDimMajor) {
-    const CopyCoords c0 = coords(0);
-    if (kTmUniformRows)
-      first += static_cast<uint32_t>(c0.chunk * 16) +
-               static_cast<uint32_t>(c0.token & bs_mask) * p.token_bytes;
-  }
+  if constexpr (!kDimMajor && kTmUniformRows)
+    first += static_cast<uint32_t>(c0.chunk * 16) +
+             static_cast<uint32_t>(c0.token & bs_mask) * p.token_bytes;
   const char *kbytes = static_cast<const char *>(p.k) + first;
   const char *vbytes = static_cast<const char *>(p.v) + first;
   auto issue = [&](int j, const int ids[kNmax], int from) {
@@ -645,7 +642,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
     if constexpr (!kDimMajor) {
-      const CopyCoords c0 = coords(0);
 #pragma unroll
       for (int i = 0; i < kNch; ++i) {
         const CopyCoords cc = kTmUniformRows ? c0 : coords(i);
@@ -1239,9 +1235,8 @@ constexpr int merge_rows(int head_dim) {
 // many warps per SM keep loads in flight when there are many rows (a verify
 // batch: 8192 rows of 2 splits), and enough warps per head when there are
 // many splits. With a sliding window the splits cover the key span from the
-// query tile's first key tile
-// (DecodeWorkList::q_tile_span, as the attention kernel); attention sinks
-// join the denominator here when the row is split.
+// query tile's first key tile (DecodeWorkList::q_tile_span, as the attention
+// kernel); attention sinks join the denominator here when the row is split.
 template <class TOut, int D, bool kMulti>
 __global__ void __launch_bounds__(1024, 1)
     decode_merge_kernel(const float *__restrict__ partial_o, const float *__restrict__ partial_ml,

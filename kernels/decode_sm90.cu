@@ -130,8 +130,7 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
       (static_cast<int64_t>(kvh) * p.stride_head + chunk * 8) * static_cast<int64_t>(sizeof(T));
   const char *kbase = static_cast<const char *>(p.k) + head_off;
   const char *vbase = static_cast<const char *>(p.v) + head_off;
-  const uint64_t block_bytes = static_cast<uint64_t>(p.stride_block) * sizeof(T);
-  const uint64_t token_bytes = static_cast<uint64_t>(p.stride_token) * sizeof(T);
+  const uint64_t block_bytes = p.block_bytes, token_bytes = p.token_bytes;
   const uint32_t num_blocks = static_cast<uint32_t>(p.num_blocks);
   uint64_t row_off[S::kChunks];
 #pragma unroll

@@ -1268,6 +1268,7 @@ void test_errors(void **state) {
 
 int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
+  // clang-format off (one suite per line)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_errors),         cmocka_unit_test(test_graph_capture),
       cmocka_unit_test(test_unaligned_out),  cmocka_unit_test(test_sweep),
@@ -1278,5 +1279,6 @@ int main(void) {
       cmocka_unit_test(test_sinks),          cmocka_unit_test(test_variants_combined),
       cmocka_unit_test(test_head_dims),      cmocka_unit_test(test_lead_units),
   };
+  // clang-format on
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
