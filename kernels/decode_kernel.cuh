@@ -67,10 +67,9 @@ struct KvType<__nv_fp8_e4m3> {
 
 template <int D, int kElemBytes = 2>
 struct Config {
-  // Staged row width of a token-major tile (elements): D, or 128 for D = 96,
-  // whose 12 16-byte chunks per token sit in rows of 16 so that the XOR
-  // swizzle (tile_offset) stays inside the row.
-  static constexpr int kRowElems = D == 96 ? 128 : D;
+  // Staged row width of a token-major tile (elements): D (tile_offset keeps
+  // D = 96's swizzle inside its 12-chunk rows).
+  static constexpr int kRowElems = D;
   static constexpr int kTileElems = kTile * kRowElems;  // of K (or V) per stage
   // Fewer stages, more CTAs per SM: a CTA's start (seq_len, table, first
   // tile) and end (merges, writes) then overlap other CTAs' streaming. H200,
@@ -80,11 +79,13 @@ struct Config {
   // FP8 tiles are half the bytes: twice the stages in the same shared memory
   // keep as many bytes in flight per CTA with the same 64-token tiles (so the
   // split layout is unchanged).
-  // D = 96 takes D = 128's shape (2 stages of its padded tiles, 3 CTAs/SM).
+  // D = 96: 3 stages of its 12 KB tiles at 3 CTAs/SM (216 KB). With D =
+  // 128's shape (2 stages of tiles padded to 128 dims) it read 0.93-0.94 of
+  // copy at 32/32 heads, and ran faster the shorter its CTAs (8-12 splits):
+  // too few bytes in flight per SM.
   // D = 256: a 64-token stage is 64 KB, so one CTA per SM with 3 stages
   // (192 KB; O alone is 128 registers per thread).
-  static constexpr int kStages =
-      kElemBytes == 2 ? (D == 64 || D == 256 ? 3 : 2) : (D == 128 ? 4 : 6);
+  static constexpr int kStages = kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6);
   // D = 256 runs 8 warps: each of the kWarps (m-tile, token slice) roles is
   // a pair of warps that compute the same scores and each accumulate half of
   // O's dims (64 O registers per thread instead of 128, so no spill and two
@@ -347,15 +348,21 @@ __device__ __forceinline__ void trace_stamp(unsigned long long *buf, int point, 
 #endif
 
 // Element offset of 16-byte chunk c of row r in a staged tile whose rows hold
-// `chunks` chunks (8 or 16): chunks are XOR-swizzled by the row's low 3 bits.
+// `chunks` chunks. 8, 16 or 32 chunks: XOR-swizzled by the row's low 3 bits.
+// 12 (D = 96): each group of 4 chunks is swizzled by bits 1-2 of the row, so
+// a chunk stays in its group and row. Either way the 8 rows an ldmatrix 8x8
+// matrix reads at one chunk (rows r..r+7, r a multiple of 8) fall into 8
+// distinct 16-byte bank groups: with 12 chunks (192 bytes) a row's bank group
+// is 4 x ((r + c / 4) & 1) + the swizzled low 2 bits.
 __device__ __forceinline__ int tile_offset(int r, int c, int chunks) {
+  if (chunks == 12) return (r * 12 + ((c & ~3) | ((c ^ (r >> 1)) & 3))) * 8;
   return (r * chunks + (c ^ (r & 7))) * 8;
 }
 
 template <bool kDimMajor, int D>
 struct TileShape {
   // Token-major: rows are tokens, D/8 chunks of dims, staged in rows of
-  // kRowChunks chunks (tile_offset; 16 for D = 96). Dim-major tiles use
+  // kRowChunks chunks (tile_offset). Dim-major tiles use
   // dm_offset instead.
   static constexpr int kChunks = D / 8;
   static constexpr int kRowChunks = Config<D>::kRowElems / 8;
