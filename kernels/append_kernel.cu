@@ -23,7 +23,10 @@
 // FP8 E4M3 caches (kF8): K and V units quantise on the store, stored =
 // saturate(x / scale) rounded to nearest even (cvt.rn.satfinite: NaN stays
 // NaN, +-inf becomes +-448), x the FP32 value (a rotated K is not rounded to
-// the input type first, as on the CPU); Q units are unchanged.
+// the input type first, as on the CPU); Q units are unchanged. A run is
+// quantised by multiplies (core/fp8_quantise.hpp); the rare run with a
+// quotient too close to an FP8 rounding boundary is redone, dividing, by an
+// out-of-line function.
 //
 // The cos/sin table of the CTA's tokens lives in shared memory. A thread
 // issues the loads of its first unit before building the table, so the
@@ -249,15 +252,103 @@ struct Quant {
 
 // Two FP32 values quantised into FP8 E4M3 (the first in the low byte):
 // saturate(v / scale) rounded to nearest even (cvt.rn.satfinite: +-inf gives
-// +-448; fp8_quantise2: bit-equal to dividing, mostly at a multiply's cost),
-// NaN stored as the canonical 0x7f whatever its sign (a byte whose low 7 bits
-// are all set is NaN; its sign bit is cleared).
-__device__ __forceinline__ uint32_t quantise2(float v0, float v1, const Quant &q) {
-  auto cvt2 = [](float a, float b) -> uint32_t {
-    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  };
-  const uint32_t b = fp8_quantise2(v0, v1, q.scale, q.rcp, cvt2);
+// +-448), NaN stored as the canonical 0x7f whatever its sign (a byte whose
+// low 7 bits are all set is NaN; its sign bit is cleared). kExact = false:
+// by fp8_quantise2_multiply, and-ing into `sure` whether the codes are
+// certain; kExact = true: fp8_quantise2 (divides where the multiply cannot
+// decide).
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+template <bool kExact>
+__device__ __forceinline__ uint32_t quantise2(float v0, float v1, const Quant &q, bool &sure) {
+  uint32_t b;
+  if constexpr (kExact) {
+    b = fp8_quantise2(v0, v1, q.scale, q.rcp, cvt_e4m3x2);
+  } else {
+    b = fp8_quantise2_multiply(v0, v1, q.rcp, cvt_e4m3x2, sure);
+  }
   return b & ~(((b & 0x7f7fu) + 0x0101u) & 0x8080u);
+}
+
+// The FP8 codes of one K / V run of one token (x; y: a split-half rotation
+// unit's second run): rotated in FP32 when a rotation unit, quantised once,
+// four elements (one output word) at a time. c / sp: the token's cos / sin
+// from the unit's first pair; a full unit reads them as float4s
+// (split-half) or float2s (interleaved). kExact = false returns false when
+// some pair needs the division (about one run in 10^4); the caller then
+// recomputes the run with f8_run_codes_exact.
+template <class T, bool kExact>
+__device__ __forceinline__ bool f8_run_codes_inline(const Unit &u, int y_off, const Run &x,
+                                                    const Run &y, const float *c, const float *sp,
+                                                    const Quant &qz, uint32_t (&wx)[2],
+                                                    uint32_t (&wy)[2]) {
+  const bool full = u.n == kVec;  // then c, sp are 16-byte aligned
+  bool sure = true;
+#pragma unroll
+  for (int e = 0; e < kVec; e += 4) {
+    float xv[4], yv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xv[i] = Elem<T>::load(get(x, e + i));
+    if (u.pair >= 0 && y_off == 0) {
+      // Interleaved: elements e + 2 k, e + 2 k + 1 are pair u.pair + e / 2 + k.
+      float2 c2, s2;
+      if (full) {
+        c2 = *reinterpret_cast<const float2 *>(c + e / 2);
+        s2 = *reinterpret_cast<const float2 *>(sp + e / 2);
+      } else {
+        c2 = make_float2(e < u.n ? c[e / 2] : 0.f, e + 2 < u.n ? c[e / 2 + 1] : 0.f);
+        s2 = make_float2(e < u.n ? sp[e / 2] : 0.f, e + 2 < u.n ? sp[e / 2 + 1] : 0.f);
+      }
+      const float cc[2] = {c2.x, c2.y}, ss[2] = {s2.x, s2.y};
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        if (e + 2 * k >= u.n) continue;
+        const float a0 = xv[2 * k], b0 = xv[2 * k + 1];
+        xv[2 * k] = rope_first(a0, b0, cc[k], ss[k]);
+        xv[2 * k + 1] = rope_second(a0, b0, cc[k], ss[k]);
+      }
+    } else if (u.pair >= 0) {
+      // Split-half: element e + i pairs with y's (pair u.pair + e + i).
+      float4 c4, s4;
+      if (full) {
+        c4 = *reinterpret_cast<const float4 *>(c + e);
+        s4 = *reinterpret_cast<const float4 *>(sp + e);
+      } else {
+        c4 = make_float4(e < u.n ? c[e] : 0.f, e + 1 < u.n ? c[e + 1] : 0.f,
+                         e + 2 < u.n ? c[e + 2] : 0.f, e + 3 < u.n ? c[e + 3] : 0.f);
+        s4 = make_float4(e < u.n ? sp[e] : 0.f, e + 1 < u.n ? sp[e + 1] : 0.f,
+                         e + 2 < u.n ? sp[e + 2] : 0.f, e + 3 < u.n ? sp[e + 3] : 0.f);
+      }
+      const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (e + i >= u.n) continue;
+        const float a0 = xv[i], b0 = Elem<T>::load(get(y, e + i));
+        xv[i] = rope_first(a0, b0, cc[i], ss[i]);
+        yv[i] = rope_second(a0, b0, cc[i], ss[i]);
+      }
+      wy[e / 4] = quantise2<kExact>(yv[0], yv[1], qz, sure) |
+                  (quantise2<kExact>(yv[2], yv[3], qz, sure) << 16);
+    }
+    wx[e / 4] = quantise2<kExact>(xv[0], xv[1], qz, sure) |
+                (quantise2<kExact>(xv[2], xv[3], qz, sure) << 16);
+  }
+  return sure;
+}
+
+// The kExact = true form, out of line: the divisions (an inlined IEEE
+// division each, with its own slow path) then take no registers or
+// branches in the kernel's store loop. Inlined at every pair they made the
+// FP8 kernel nearly twice the 16-bit kernel's code (H200, session 9: fused
+// RoPE + append into FP8 at 8192 tokens 85.7 -> 79.0 us out of line).
+template <class T>
+__device__ __noinline__ void f8_run_codes_exact(const Unit u, int y_off, const Run x, const Run y,
+                                                const float *c, const float *sp, const Quant qz,
+                                                uint32_t *w) {
+  uint32_t wx[2] = {0u, 0u}, wy[2] = {0u, 0u};
+  f8_run_codes_inline<T, true>(u, y_off, x, y, c, sp, qz, wx, wy);
+  w[0] = wx[0], w[1] = wx[1], w[2] = wy[0], w[3] = wy[1];
 }
 
 // Bytes [0, n) of w (n <= 8) at p[t * stride].
@@ -287,59 +378,15 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
     if (t < ntok) {
       const int64_t off = u.dst_token >= 0 ? int64_t{r0 + t} * u.dst_token : slot(a, r0 + t);
       if (kF8 && u.dst_token < 0) {
-        // FP8 cache: the (rotated) values in FP32, quantised once, four
-        // elements (one output word) at a time; a full unit reads its cos /
-        // sin as float4s (split-half) or float2s (interleaved).
+        // FP8 cache: by multiplies, and in the rare run where one cannot
+        // decide a code, again with the divisions.
         unsigned char *dst = u.dst + off;
         const float *c = cos_s + t * row + u.pair, *sp = sin_s + t * row + u.pair;
-        const bool full = u.n == kVec;  // then c, sp are 16-byte aligned
         uint32_t wx[2] = {0u, 0u}, wy[2] = {0u, 0u};
-#pragma unroll
-        for (int e = 0; e < kVec; e += 4) {
-          float xv[4], yv[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) xv[i] = Elem<T>::load(get(x[t], e + i));
-          if (u.pair >= 0 && y_off == 0) {
-            // Interleaved: elements e + 2 k, e + 2 k + 1 are pair u.pair + e / 2 + k.
-            float2 c2, s2;
-            if (full) {
-              c2 = *reinterpret_cast<const float2 *>(c + e / 2);
-              s2 = *reinterpret_cast<const float2 *>(sp + e / 2);
-            } else {
-              c2 = make_float2(e < u.n ? c[e / 2] : 0.f, e + 2 < u.n ? c[e / 2 + 1] : 0.f);
-              s2 = make_float2(e < u.n ? sp[e / 2] : 0.f, e + 2 < u.n ? sp[e / 2 + 1] : 0.f);
-            }
-            const float cc[2] = {c2.x, c2.y}, ss[2] = {s2.x, s2.y};
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-              if (e + 2 * k >= u.n) continue;
-              const float a0 = xv[2 * k], b0 = xv[2 * k + 1];
-              xv[2 * k] = rope_first(a0, b0, cc[k], ss[k]);
-              xv[2 * k + 1] = rope_second(a0, b0, cc[k], ss[k]);
-            }
-          } else if (u.pair >= 0) {
-            // Split-half: element e + i pairs with y's (pair u.pair + e + i).
-            float4 c4, s4;
-            if (full) {
-              c4 = *reinterpret_cast<const float4 *>(c + e);
-              s4 = *reinterpret_cast<const float4 *>(sp + e);
-            } else {
-              c4 = make_float4(e < u.n ? c[e] : 0.f, e + 1 < u.n ? c[e + 1] : 0.f,
-                               e + 2 < u.n ? c[e + 2] : 0.f, e + 3 < u.n ? c[e + 3] : 0.f);
-              s4 = make_float4(e < u.n ? sp[e] : 0.f, e + 1 < u.n ? sp[e + 1] : 0.f,
-                               e + 2 < u.n ? sp[e + 2] : 0.f, e + 3 < u.n ? sp[e + 3] : 0.f);
-            }
-            const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if (e + i >= u.n) continue;
-              const float a0 = xv[i], b0 = Elem<T>::load(get(y[t], e + i));
-              xv[i] = rope_first(a0, b0, cc[i], ss[i]);
-              yv[i] = rope_second(a0, b0, cc[i], ss[i]);
-            }
-            wy[e / 4] = quantise2(yv[0], yv[1], qz) | (quantise2(yv[2], yv[3], qz) << 16);
-          }
-          wx[e / 4] = quantise2(xv[0], xv[1], qz) | (quantise2(xv[2], xv[3], qz) << 16);
+        if (!f8_run_codes_inline<T, false>(u, y_off, x[t], y[t], c, sp, qz, wx, wy)) {
+          uint32_t w[4];
+          f8_run_codes_exact<T>(u, y_off, x[t], y[t], c, sp, qz, w);
+          wx[0] = w[0], wx[1] = w[1], wy[0] = w[2], wy[1] = w[3];
         }
         if (u.pair >= 0 && y_off > 0) store_bytes(dst + y_off * u.sd, u.sd, u.n, wy);
         store_bytes(dst, u.sd, u.n, wx);

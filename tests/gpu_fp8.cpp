@@ -561,11 +561,17 @@ void test_refusals(void **state) {
  * part of the FP8 semantics. */
 std::vector<uint16_t> special_inputs(size_t n, int32_t dtype, fd_test_rng *rng,
                                      bool specials_too = true) {
-  const float specials[] = {NAN,   -NAN,  INFINITY, -INFINITY, 1e5f, -1e5f, 460.f,
-                            449.f, 1e-3f, -2e-4f,   0.f,       -0.f, 3e-6f};
+  /* ... and midpoints between neighbouring E4M3 codes (1.0625, -3.125, 232,
+   * 3 x 2^-10, 2^-10; exact in f16 and bf16): stored at scale 1 they are
+   * quotients the multiply cannot decide, so the kernel's division path
+   * runs (ties go to the even code). */
+  const float specials[] = {NAN,   -NAN,    INFINITY, -INFINITY, 1e5f,     -1e5f,
+                            460.f, 449.f,   1e-3f,    -2e-4f,    0.f,      -0.f,
+                            3e-6f, 1.0625f, -3.125f,  232.f,     0x3p-10f, 0x1p-10f};
+  const int64_t last = int64_t(sizeof specials / sizeof specials[0]) - 1;
   std::vector<uint16_t> x(n);
   for (size_t i = 0; i < n; ++i) {
-    const float v = specials_too && (i % 7 == 3) ? specials[fd_test_range(rng, 0, 12)]
+    const float v = specials_too && (i % 7 == 3) ? specials[fd_test_range(rng, 0, last)]
                                                  : 40.f * fd_test_normal(rng);
     fd_test_store(x.data(), i, dtype, v);
   }
@@ -628,7 +634,7 @@ void test_append_bytes(void **state) {
           p.dtype = dt;
           p.cache_dtype = FD_DTYPE_FP8_E4M3;
           p.k_scale = 0.37f;
-          p.v_scale = 1.9f;
+          p.v_scale = D == 64 ? 1.f : 1.9f;  // 1: the midpoints reach the division path
           p.layout = dm ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
           p.num_tokens = s.tokens;
           p.num_kv_heads = s.hkv;

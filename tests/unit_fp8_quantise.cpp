@@ -135,6 +135,29 @@ void test_special_values(void **state) {
   assert_int_equal(calls, 1);
 }
 
+/* The multiply step alone: `sure` is and-ed (a false flag stays false, so
+ * one flag collects a run), false for rcp 0, and when it stays true the codes
+ * are the quotient's. */
+void test_multiply_step(void **state) {
+  (void)state;
+  int calls = 0;
+  bool sure = true;
+  const uint32_t c = fd::fp8_quantise2_multiply(3.f, -0.5f, 1.f, HostCvt2{&calls}, sure);
+  assert_true(sure);
+  assert_int_equal(c, by_division(3.f, -0.5f, 1.f));
+  sure = false;
+  (void)fd::fp8_quantise2_multiply(3.f, -0.5f, 1.f, HostCvt2{&calls}, sure);
+  assert_false(sure);
+  sure = true;
+  (void)fd::fp8_quantise2_multiply(3.f, -0.5f, 0.f, HostCvt2{&calls}, sure);
+  assert_false(sure);
+  /* An exact midpoint between two codes (1.0625 lies between 1 and 1.125):
+   * the bracket cannot decide it. */
+  sure = true;
+  (void)fd::fp8_quantise2_multiply(1.0625f, 1.f, 1.f, HostCvt2{&calls}, sure);
+  assert_false(sure);
+}
+
 }  // namespace
 
 int main(void) {
@@ -142,6 +165,7 @@ int main(void) {
       cmocka_unit_test(test_random_values),
       cmocka_unit_test(test_near_boundaries),
       cmocka_unit_test(test_special_values),
+      cmocka_unit_test(test_multiply_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,23 +27,38 @@ FD_HD float fp8_quantise_rcp(float scale) {
   return r >= 1.17549435e-38f && r <= 3.40282347e38f ? r : 0.f;
 }
 
+// The multiply step of fp8_quantise2: the codes of RN(v0 / scale) and
+// RN(v1 / scale) when `sure` comes back true (it is and-ed, so one flag can
+// collect a whole run of pairs); when it comes back false (about one pair in
+// 10^5, or rcp = 0) the codes are unspecified and the caller divides. Kept
+// apart so that a kernel can quantise a run by multiplies alone and take the
+// divisions on a separate, rarely taken path (their slow-path calls then
+// stay out of the hot loop's registers).
+template <class Cvt2>
+FD_HD uint32_t fp8_quantise2_multiply(float v0, float v1, float rcp, Cvt2 cvt2, bool &sure) {
+  constexpr float kDown = 1.f - 0x1p-21f, kUp = 1.f + 0x1p-21f;
+#if defined(__CUDA_ARCH__)
+  // (Explicit roundings: no product may be contracted with another.)
+  const float q0 = __fmul_rn(v0, rcp), q1 = __fmul_rn(v1, rcp);
+  const uint32_t lo = cvt2(__fmul_rn(q0, kDown), __fmul_rn(q1, kDown));
+  sure = sure && rcp != 0.f && lo == cvt2(__fmul_rn(q0, kUp), __fmul_rn(q1, kUp));
+#else
+  const float q0 = v0 * rcp, q1 = v1 * rcp;
+  const uint32_t lo = cvt2(q0 * kDown, q1 * kDown);
+  sure = sure && rcp != 0.f && lo == cvt2(q0 * kUp, q1 * kUp);
+#endif
+  return lo;
+}
+
 // Two values quantised: cvt2(RN(v0 / scale), RN(v1 / scale)), where cvt2
 // converts two floats to their FP8 codes (any monotonic round-to-nearest
 // conversion; its result is compared as a whole).
 template <class Cvt2>
 FD_HD uint32_t fp8_quantise2(float v0, float v1, float scale, float rcp, Cvt2 cvt2) {
-  constexpr float kDown = 1.f - 0x1p-21f, kUp = 1.f + 0x1p-21f;
   if (rcp != 0.f) {
-#if defined(__CUDA_ARCH__)
-    // (Explicit roundings: no product may be contracted with another.)
-    const float q0 = __fmul_rn(v0, rcp), q1 = __fmul_rn(v1, rcp);
-    const uint32_t lo = cvt2(__fmul_rn(q0, kDown), __fmul_rn(q1, kDown));
-    if (lo == cvt2(__fmul_rn(q0, kUp), __fmul_rn(q1, kUp))) return lo;
-#else
-    const float q0 = v0 * rcp, q1 = v1 * rcp;
-    const uint32_t lo = cvt2(q0 * kDown, q1 * kDown);
-    if (lo == cvt2(q0 * kUp, q1 * kUp)) return lo;
-#endif
+    bool sure = true;
+    const uint32_t lo = fp8_quantise2_multiply(v0, v1, rcp, cvt2, sure);
+    if (sure) return lo;
   }
   return cvt2(v0 / scale, v1 / scale);
 }
