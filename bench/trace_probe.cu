@@ -1,8 +1,8 @@
 // Timing probe of the CUDA paged decode: where the time of one call goes.
 //
-// Builds the decode kernels of kernels/decode_kernel.cuh with FD_DECODE_TRACE
+// Builds the decode kernels (kernels/decode_kernel.cuh, decode_merge.cuh) with FD_DECODE_TRACE
 // defined (the library never defines it), so thread 0 of every CTA stamps
-// %globaltimer at fixed points (see the probe points in decode_kernel.cuh):
+// %globaltimer at fixed points (see the probe points in decode_device.cuh):
 //   attention: 0 entry, 1 after griddepcontrol.wait, 2 seq_len arrived,
 //              3 first K/V tile in shared memory, 4 after the main loop,
 //              6 warp partials in shared memory, 7 per-head weights done,
@@ -41,7 +41,7 @@
 //
 // Usage: trace_probe [--out DIR]   (writes trace_probe.json, trace_probe.md)
 #define FD_DECODE_TRACE 1
-#include "decode_kernel.cuh"
+#include "decode_dispatch.cuh"
 
 #include <cuda_runtime.h>
 

@@ -1,7 +1,7 @@
 // f16 instantiations of the paged decode kernels (q, K/V and out f16; head_dim
 // 64/96/128/256 x both layouts x one or several query tokens per row x plain /
 // with attention variants: 32 attention kernels).
-#include "decode_kernel.cuh"
+#include "decode_dispatch.cuh"
 
 namespace fd {
 namespace cuda {

@@ -2,7 +2,7 @@
 // bf16 (a kernel parameter, the mma runs in f16), head_dim 64/128 x both
 // layouts x one or several query tokens per row x plain / with attention
 // variants: 16 attention kernels, plus the merge kernels of both output types.
-#include "decode_kernel.cuh"
+#include "decode_dispatch.cuh"
 
 namespace fd {
 namespace cuda {

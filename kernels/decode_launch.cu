@@ -2,7 +2,7 @@
 // Only the pairs the host serves are instantiated (decode_<dtype>.cu: bf16 /
 // bf16, f16 / f16, and f16 or bf16 q over FP8 E4M3 K/V); the host refuses
 // every other pair before it gets here.
-#include "decode_kernel.cuh"
+#include "decode_dispatch.cuh"
 
 #include "flashdec.h"
 

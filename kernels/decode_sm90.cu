@@ -15,11 +15,11 @@
 // K and V tiles stream through a 3-stage cp.async ring in the 128-byte
 // swizzled layout wgmma reads (wgmma_sm90.cuh). Served: 16-bit q = K/V
 // (bf16, f16), head_dim 64 and 128, token-major cache, no attention
-// variant; the host (decode_kernel.cuh, launch_decode_variant) sends every
+// variant; the host (decode_dispatch.cuh, launch_decode_variant) sends every
 // other call to the mma.sync kernel. Compiled for sm_90a only (CMake builds
 // this file alone with that target); the host launches it only on a device
 // of compute capability 9.0.
-#include "decode_kernel.cuh"
+#include "decode_dispatch.cuh"
 #include "wgmma_sm90.cuh"
 
 namespace fd {
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, Shape<D>::kCtasPerSm)
   const int max_len = p.max_blocks_per_seq << bs_log2;
 
   // Nothing before this may read memory an earlier kernel in the stream
-  // could have written (decode_kernel.cuh, pdl_wait).
+  // could have written (decode_device.cuh, pdl_wait).
   detail::pdl_wait();
   detail::pdl_launch_dependents();
 

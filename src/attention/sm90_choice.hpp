@@ -1,5 +1,5 @@
 // Which calls the Hopper multi-token kernel (kernels/decode_sm90.cu) serves:
-// the rule the CUDA backend's launch (kernels/decode_kernel.cuh) and its
+// the rule the CUDA backend's launch (kernels/decode_dispatch.cuh) and its
 // split planning (src/cuda/decode_cuda.cpp) share. Plain C++ with no CUDA
 // header, so the CPU unit suite tests/unit_sm90_choice.cpp checks it.
 #pragma once
@@ -19,7 +19,7 @@ namespace cuda {
 // least 16 for head_dim 128, 32 for head_dim 64. With fewer the mma.sync
 // kernel, which splits each tile's tokens among its warps, streams K/V
 // faster (H200, 64 x 4096: docs/perf/h200-sm90-447e4d8-2026-12-02.md).
-// decode_kernel.cuh launches it exactly then (kHasSm90 and
+// decode_dispatch.cuh launches it exactly then (kHasSm90 and
 // DecodeWorkList::sm90_device); the host plans its splits by its CTAs per SM.
 inline bool sm90_serves(int32_t q_dtype, int32_t kv_dtype, bool dim_major, int32_t head_dim,
                         int32_t max_q_len, int64_t query_rows, bool plain) {

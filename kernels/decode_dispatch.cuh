@@ -1,0 +1,213 @@
+// Host side of the paged decode kernels: launches with programmatic stream
+// serialization, the shared-memory preparation and the compile-time dispatch
+// from a DecodeLaunch to one instantiation of decode_kernel and the merge
+// (instantiated per element-type pair in decode_<dtype>.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "decode_kernel.cuh"
+#include "decode_merge.cuh"
+#include "flashdec.h"
+
+namespace fd {
+namespace cuda {
+namespace detail {
+
+// Launches `kernel` with programmatic stream serialization (see pdl_wait):
+// it may start while the previous kernel in the stream drains. Captured into
+// a CUDA graph this becomes a programmatic edge.
+template <class... Params, class... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem,
+                       cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+}  // namespace detail
+
+// The Hopper kernel for several query tokens per row (decode_sm90.cu,
+// compiled for sm_90a only): defined and instantiated there for 16-bit q =
+// K/V (T) and head_dim 64 / 128.
+namespace sm90 {
+template <class T, int D>
+cudaError_t prepare_attention();
+template <class T, int D>
+cudaError_t launch_attention(const detail::Params &p, cudaStream_t stream);
+}  // namespace sm90
+
+// Whether an instantiation of decode_kernel has an sm90 twin: several query
+// tokens per row, 16-bit K/V of q's type, token-major, head_dim 64 or 128
+// (a run takes it on a compute capability 9.0 device without attention
+// variants: DecodeWorkList::sm90_device, Variant::is_plain).
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
+constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &&
+                          !detail::KvType<TKV>::kFp8 && (D == 64 || D == 128);
+
+// Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
+// element-type pair in decode_<dtype>.cu so they compile in parallel).
+template <class TQ, class TKV>
+cudaError_t launch_decode_typed(const DecodeLaunch &launch);
+
+// Raises the attention kernel's dynamic shared memory limit on the current
+// device (a per-device, per-function setting that launches then rely on).
+// Both instantiations: plain and with attention variants (a run takes the
+// variant from its own params).
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
+cudaError_t prepare_decode_variant(bool sm90 = false) {
+  if constexpr (kHasSm90<TQ, TKV, D, kDimMajor, kMulti>) {
+    if (sm90) {
+      const cudaError_t err = sm90::prepare_attention<TQ, D>();
+      if (err != cudaSuccess) return err;
+    }
+  } else {
+    (void)sm90;
+  }
+  const cudaError_t err = cudaFuncSetAttribute(
+      detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, sizeof(TKV)>::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, true>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              detail::Config<D, sizeof(TKV)>::kSmemBytes);
+}
+
+// Prepares the variant of one element-type pair for `head_dim` and layout
+// (defined per pair in decode_<dtype>.cu, beside launch_decode_typed).
+template <class TQ, class TKV>
+cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi, bool sm90);
+
+// Head dims of the kernels: 64 and 128 for every type pair, 96 and 256 for
+// 16-bit K/V only (the host refuses them over FP8).
+template <class TKV>
+constexpr bool kServesWideDims = !detail::KvType<TKV>::kFp8;
+
+template <class TQ, class TKV, bool kMulti>
+cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major, bool sm90) {
+  if constexpr (kServesWideDims<TKV>) {
+    if (head_dim == 96)
+      return dim_major ? prepare_decode_variant<TQ, TKV, 96, true, kMulti>(sm90)
+                       : prepare_decode_variant<TQ, TKV, 96, false, kMulti>(sm90);
+    if (head_dim == 256)
+      return dim_major ? prepare_decode_variant<TQ, TKV, 256, true, kMulti>(sm90)
+                       : prepare_decode_variant<TQ, TKV, 256, false, kMulti>(sm90);
+  }
+  if (head_dim == 128)
+    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>(sm90)
+                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti>(sm90);
+  if (head_dim == 64)
+    return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>(sm90)
+                     : prepare_decode_variant<TQ, TKV, 64, false, kMulti>(sm90);
+  return cudaErrorInvalidValue;
+}
+
+template <class TQ, class TKV>
+cudaError_t prepare_decode_dispatch(int32_t head_dim, bool dim_major, bool multi, bool sm90) {
+  return multi ? prepare_decode_layouts<TQ, TKV, true>(head_dim, dim_major, sm90)
+               : prepare_decode_layouts<TQ, TKV, false>(head_dim, dim_major, sm90);
+}
+
+// Launches one variant; prepare_decode_variant must have run on this device.
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti = false>
+cudaError_t launch_decode_variant(const DecodeLaunch &l) {
+  using Cfg = detail::Config<D, sizeof(TKV)>;
+  auto kernel = l.variant.is_plain() ? detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>
+                                     : detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, true>;
+  cudaError_t err = cudaSuccess;
+  detail::Params p;
+  p.q = l.q;
+  p.k = l.k;
+  p.v = l.v;
+  p.out = l.out;
+  p.block_tables = l.block_tables;
+  p.seq_lens = l.seq_lens;
+  p.q_indptr = l.q_indptr;
+  p.stride_block = l.stride_block;
+  p.stride_head = l.stride_head;
+  p.stride_token = l.stride_token;
+  p.stride_dim = l.stride_dim;
+  p.block_bytes = static_cast<uint64_t>(l.stride_block) * sizeof(TKV);
+  p.token_bytes = static_cast<uint64_t>(l.stride_token) * sizeof(TKV);
+  p.dim_bytes = static_cast<uint64_t>(l.stride_dim) * sizeof(TKV);
+  p.block_size_log2 = l.block_size_log2;
+  p.num_blocks = l.num_blocks;
+  p.max_blocks_per_seq = l.max_blocks_per_seq;
+  // 1, 2 or 4 m-tiles (the warps split evenly among them) for a query tile's
+  // rows.
+  const int query_rows = (kMulti ? l.work.q_tile_tokens : 1) * l.work.group_size;
+  p.m_tiles = query_rows <= 16 ? 1 : (query_rows <= 32 ? 2 : 4);
+  p.work = l.work;
+  p.variant = VariantPolicy::of(l.variant);
+  p.sinks = l.variant.sinks;
+  // The K scale multiplies every dot product: folded into the logit scale.
+  p.variant.log2_scale *= l.k_scale;
+  p.v_scale = l.v_scale;
+  p.q_bf16 = l.q_dtype == FD_DTYPE_BF16;
+  p.partial_o = l.partial_o;
+  p.partial_ml = l.partial_ml;
+  const unsigned grid = static_cast<unsigned>(l.work.size());
+  bool launched = false;
+  if constexpr (kHasSm90<TQ, TKV, D, kDimMajor, kMulti>) {
+    const int64_t rows = static_cast<int64_t>(l.work.q_tile_tokens) * l.work.group_size;
+    if (l.work.sm90_device && sm90_serves(l.q_dtype, l.kv_dtype, l.dim_major, l.head_dim,
+                                          l.work.max_q_len, rows, l.variant.is_plain())) {
+      err = sm90::launch_attention<TQ, D>(p, l.stream);
+      launched = true;
+    }
+  }
+  if (!launched)
+    err = detail::launch_pdl(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
+  if (err != cudaSuccess || !l.work.has_partials()) return err;
+  const int rows_heads = static_cast<int>(l.work.query_rows());
+  const detail::MergeShape m = detail::merge_shape(rows_heads, l.work.slot_splits(), D);
+  // The output has q's type: TQ, or by q_dtype over FP8 K/V.
+  auto merge = detail::decode_merge_kernel<TQ, D, kMulti>;
+  if (detail::KvType<TKV>::kFp8 && p.q_bf16)
+    merge = detail::decode_merge_kernel<__nv_bfloat16, D, kMulti>;
+  return detail::launch_pdl(merge, static_cast<unsigned>(m.ctas), 32 * m.wph * m.heads_per_cta,
+                            m.smem_bytes(D), l.stream, l.partial_o, l.partial_ml, l.seq_lens,
+                            l.q_indptr, l.out, l.work, l.max_blocks_per_seq << l.block_size_log2,
+                            m.wph, m.heads_per_cta, l.v_scale, p.variant, p.sinks);
+}
+
+template <class TQ, class TKV, bool kMulti>
+cudaError_t launch_decode_layouts(const DecodeLaunch &l) {
+  if constexpr (kServesWideDims<TKV>) {
+    if (l.head_dim == 96)
+      return l.dim_major ? launch_decode_variant<TQ, TKV, 96, true, kMulti>(l)
+                         : launch_decode_variant<TQ, TKV, 96, false, kMulti>(l);
+    if (l.head_dim == 256)
+      return l.dim_major ? launch_decode_variant<TQ, TKV, 256, true, kMulti>(l)
+                         : launch_decode_variant<TQ, TKV, 256, false, kMulti>(l);
+  }
+  if (l.head_dim == 128)
+    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true, kMulti>(l)
+                       : launch_decode_variant<TQ, TKV, 128, false, kMulti>(l);
+  if (l.head_dim == 64)
+    return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti>(l)
+                       : launch_decode_variant<TQ, TKV, 64, false, kMulti>(l);
+  return cudaErrorInvalidValue;
+}
+
+// Several query tokens per row (the plan's max_q_len > 1) take their own
+// instantiation, so plain decode runs the one-token code unchanged.
+template <class TQ, class TKV>
+cudaError_t launch_decode_dispatch(const DecodeLaunch &l) {
+  return l.work.max_q_len > 1 ? launch_decode_layouts<TQ, TKV, true>(l)
+                              : launch_decode_layouts<TQ, TKV, false>(l);
+}
+
+}  // namespace cuda
+}  // namespace fd
