@@ -1268,16 +1268,25 @@ void test_errors(void **state) {
 
 int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
-  // clang-format off (one suite per line)
+  // One suite per line.
+  // clang-format off
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_errors),         cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_unaligned_out),  cmocka_unit_test(test_sweep),
-      cmocka_unit_test(test_long_rows),      cmocka_unit_test(test_score_ramps),
-      cmocka_unit_test(test_plan_run),       cmocka_unit_test(test_multi_token),
-      cmocka_unit_test(test_prefill_chunks), cmocka_unit_test(test_multi_token_hopper),
-      cmocka_unit_test(test_softcap),        cmocka_unit_test(test_sliding_window),
-      cmocka_unit_test(test_sinks),          cmocka_unit_test(test_variants_combined),
-      cmocka_unit_test(test_head_dims),      cmocka_unit_test(test_lead_units),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_graph_capture),
+      cmocka_unit_test(test_unaligned_out),
+      cmocka_unit_test(test_sweep),
+      cmocka_unit_test(test_long_rows),
+      cmocka_unit_test(test_score_ramps),
+      cmocka_unit_test(test_plan_run),
+      cmocka_unit_test(test_multi_token),
+      cmocka_unit_test(test_prefill_chunks),
+      cmocka_unit_test(test_multi_token_hopper),
+      cmocka_unit_test(test_softcap),
+      cmocka_unit_test(test_sliding_window),
+      cmocka_unit_test(test_sinks),
+      cmocka_unit_test(test_variants_combined),
+      cmocka_unit_test(test_head_dims),
+      cmocka_unit_test(test_lead_units),
   };
   // clang-format on
   return cmocka_run_group_tests(tests, NULL, NULL);
