@@ -41,8 +41,12 @@ struct KvType<__nv_fp8_e4m3> {
   using MmaT = __half;
 };
 
-template <int D, int kElemBytes = 2>
+// kDeep: the deeper-pipelined shape of head_dim 128 over 16-bit K/V (3
+// stages x 2 CTAs/SM), which the plan picks for grids of at most 2 CTAs per
+// SM whose CTAs each walk several tiles (DecodeWorkList::deep_stages).
+template <int D, int kElemBytes = 2, bool kDeep = false>
 struct Config {
+  static_assert(!kDeep || (D == 128 && kElemBytes == 2), "the deep shape is head_dim 128, 16-bit");
   // Staged row width of a token-major tile (elements): D (tile_offset keeps
   // D = 96's swizzle inside its 12-chunk rows).
   static constexpr int kRowElems = D;
@@ -61,7 +65,12 @@ struct Config {
   // too few bytes in flight per SM.
   // D = 256: a 64-token stage is 64 KB, so one CTA per SM with 3 stages
   // (192 KB; O alone is 128 registers per thread).
-  static constexpr int kStages = kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6);
+  // Deep (D = 128): for grids of at most 2 CTAs per SM, a third stage
+  // doubles the tiles in flight per CTA (one stage is being read); at 3
+  // CTAs/SM a third stage does not fit (H200, bf16: C 1 x 32768 4.3%
+  // faster, 256 CTAs of 64 tiles 1.3x).
+  static constexpr int kStages =
+      kDeep ? 3 : (kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6));
   // D = 256 runs 8 warps: each of the kWarps (m-tile, token slice) roles is
   // a pair of warps that compute the same scores and each accumulate half of
   // O's dims (64 O registers per thread instead of 128, so no spill and two
@@ -70,7 +79,7 @@ struct Config {
   static constexpr int kThreads = kWarps * 32 * kDimSplit;
   static constexpr int kChunksPerThread = kTile * D * kElemBytes / 16 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
-  static constexpr int kCtasPerSm = D == 64 ? 4 : (D == 256 ? 1 : 3);
+  static constexpr int kCtasPerSm = kDeep ? 2 : (D == 64 ? 4 : (D == 256 ? 1 : 3));
 };
 
 // Row stride (floats) of the warp-merge buffer; see decode_kernel. FP8

@@ -56,6 +56,13 @@ template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &&
                           !detail::KvType<TKV>::kFp8 && (D == 64 || D == 128);
 
+// Whether an instantiation of decode_kernel has a deep twin (Config's
+// kDeep): head_dim 128, 16-bit K/V, token-major, one query token per row. A
+// run takes it when its plan chose it (DecodeWorkList::deep_stages) and it
+// has no attention variant.
+template <class TKV, int D, bool kDimMajor, bool kMulti>
+constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<TKV>::kFp8;
+
 // Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
 // element-type pair in decode_<dtype>.cu so they compile in parallel).
 template <class TQ, class TKV>
@@ -74,6 +81,12 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
     }
   } else {
     (void)sm90;
+  }
+  if constexpr (kHasDeep<TKV, D, kDimMajor, kMulti>) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, true>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, 2, true>::kSmemBytes);
+    if (err != cudaSuccess) return err;
   }
   const cudaError_t err = cudaFuncSetAttribute(
       detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>,
@@ -164,6 +177,14 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
     if (l.work.sm90_device && sm90_serves(l.q_dtype, l.kv_dtype, l.dim_major, l.head_dim,
                                           l.work.max_q_len, rows, l.variant.is_plain())) {
       err = sm90::launch_attention<TQ, D>(p, l.stream);
+      launched = true;
+    }
+  }
+  if constexpr (kHasDeep<TKV, D, kDimMajor, kMulti>) {
+    if (l.work.deep_stages && l.variant.is_plain()) {
+      err = detail::launch_pdl(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, true>,
+                               grid, Cfg::kThreads, detail::Config<D, 2, true>::kSmemBytes,
+                               l.stream, p);
       launched = true;
     }
   }

@@ -61,15 +61,18 @@ constexpr float kMaxSlack = std::is_same<TQ, __half>::value ? 8.f : 0.f;
 // uniform branch in this instantiation); the plain instantiation compiles
 // none of their code (their registers cost the D = 128 kernels 2-3% on the
 // H200 when they were runtime branches only; even the sinks' epilogue branch
-// alone, never taken, made small plain calls 0.2-0.4 us slower).
-template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant>
-__global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
+// alone, never taken, made small plain calls 0.2-0.4 us slower). kDeep:
+// Config's deeper-pipelined shape (head_dim 128, 16-bit K/V, one query
+// token, plain, token-major: the only instantiation taking it).
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant,
+          bool kDeep = false>
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCtasPerSm)
     decode_kernel(const Params p) {
   constexpr bool kFp8 = KvType<TKV>::kFp8;
   static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
                 "the tensor-core path reads 16-bit q and 16-bit or FP8 K/V elements");
   static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
-  using Cfg = Config<D, sizeof(TKV)>;
+  using Cfg = Config<D, sizeof(TKV), kDeep>;
   using M = Mma<TQ>;
   constexpr int kThreads = Cfg::kThreads;
   // Warps per role and the O dims each accumulates (D = 256: pairs, half

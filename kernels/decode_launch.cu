@@ -46,5 +46,9 @@ int decode_ctas_per_sm(int32_t head_dim, bool sm90) {
   }
 }
 
+int decode_deep_ctas_per_sm() {
+  return detail::Config<128, 2, true>::kCtasPerSm;
+}
+
 }  // namespace cuda
 }  // namespace fd

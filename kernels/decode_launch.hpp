@@ -75,6 +75,10 @@ cudaError_t launch_decode(const DecodeLaunch &launch);
 // split-KV so the grid fills the GPU.
 int decode_ctas_per_sm(int32_t head_dim, bool sm90 = false);
 
+// CTAs per SM of the deep shape of head_dim 128 over 16-bit K/V (3 stages
+// instead of 2; DecodeWorkList::deep_stages).
+int decode_deep_ctas_per_sm();
+
 namespace sm90 {
 // CTAs of the Hopper kernel (decode_sm90.cu) per SM at head_dim 64 or 128.
 int ctas_per_sm(int32_t head_dim);

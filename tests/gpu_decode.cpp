@@ -17,6 +17,7 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -489,6 +490,132 @@ void test_lead_units(void **state) {
     c.mbps = static_cast<uint32_t>(hint) / k.bs + 1;
     c.seed = fd_test_next(&rng);
     check_case(c);
+  }
+}
+
+/* cuGraphKernelNodeGetParams, through the runtime: the library's kernels
+ * are registered with its own (static) CUDA runtime, which this suite's
+ * runtime cannot name, so cudaGraphKernelNodeGetParams fails on them. */
+using KernelNodeParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+
+KernelNodeParamsFn kernel_node_params() {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000,
+                                           cudaEnableDefault, &found));
+  assert_int_equal(found, cudaDriverEntryPointSuccess);
+  return reinterpret_cast<KernelNodeParamsFn>(fn);
+}
+
+/* Captures fd_decode(p) into a CUDA graph and returns the largest dynamic
+ * shared memory of its kernel nodes (the attention kernel's: the merge
+ * kernel takes a few KB) and in *kernels their number, replaying the graph
+ * once and returning its output in *out (`elems` elements, poisoned
+ * first). */
+size_t captured_smem(Dev &d, const fd_decode_params &p, size_t elems, std::vector<uint16_t> *out,
+                     size_t *kernels) {
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, elems * esize()));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+  const fd_status st = fd_decode(&p);
+  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+  FD_ASSERT_OK(st);
+  size_t count = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  const KernelNodeParamsFn get_params = kernel_node_params();
+  size_t smem = 0;
+  *kernels = 0;
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType type;
+    CUDA_OK(cudaGraphNodeGetType(n, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    CUDA_KERNEL_NODE_PARAMS kp = {};
+    assert_int_equal(get_params(n, &kp), CUDA_SUCCESS);
+    smem = std::max<size_t>(smem, kp.sharedMemBytes);
+    ++*kernels;
+  }
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, d.stream));
+  out->assign(elems, 0);
+  CUDA_OK(fd_gpu_download(d.stream, out->data(), d.out, elems * esize()));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return smem;
+}
+
+/* The deep CTA shape of head_dim 128 over 16-bit K/V (3 stages of 64-token
+ * K and V tiles, 96 KB, at 2 CTAs per SM instead of 2 stages, 64 KB, at 3;
+ * DecodeWorkList::deep_stages): a token-major plain call whose list has at
+ * most 2 items per SM, each of at least 4 tiles, takes it; 1-tile items, a
+ * soft-cap and dim-major K/V take the regular shape (one plan, either
+ * shape: a run with a variant takes the regular one). With automatic splits,
+ * one to two (row, KV head) units per SM of rows up to 4096 tokens run
+ * unsplit in it (one kernel, no merge). The shape is read from a captured
+ * graph's attention node; every output is checked against the CPU backend
+ * (ragged rows: empty, one token, block boundaries, the hint), and again
+ * bit for bit. */
+void test_deep_stages(void **state) {
+  (void)state;
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr size_t kDeep = 3 * 2 * 64 * 128 * 2, kRegular = 2 * 2 * 64 * 128 * 2;
+  fd_test_rng rng = {2027};
+  const uint32_t per_sm = static_cast<uint32_t>(sms); /* rows: 2 KV heads each */
+  const struct {
+    int32_t dtype;
+    int storage;
+    uint32_t rows;
+    int32_t hint, splits;  // 4096 in 4 splits: 16 tiles per item; 512 in 4: 2; 0: automatic
+    float softcap;
+    bool deep;
+  } cases[] = {
+      {FD_DTYPE_BF16, kTokenPacked, 8, 4096, 4, 0.f, true},
+      {FD_DTYPE_F16, kNhd, 8, 4096, 4, 0.f, true},
+      {FD_DTYPE_BF16, kTokenPacked, 8, 512, 4, 0.f, false},
+      {FD_DTYPE_BF16, kTokenPacked, 8, 4096, 4, 30.f, false},
+      {FD_DTYPE_F16, kDimPacked, 8, 4096, 4, 0.f, false},
+      {FD_DTYPE_BF16, kTokenPacked, per_sm, 1024, 0, 0.f, true},
+  };
+  for (const auto &k : cases) {
+    Case c = shape_case(k.dtype, 128, 16, 2, 8, k.storage);
+    c.lens = ragged_lens(16, static_cast<uint32_t>(k.hint), &rng);
+    c.lens.push_back(k.hint - 1);
+    while (c.lens.size() < k.rows)
+      c.lens.push_back(static_cast<int32_t>(fd_test_range(&rng, 0, static_cast<uint32_t>(k.hint))));
+    c.max_seq_len_hint = k.hint;
+    c.mbps = static_cast<uint32_t>(k.hint) / 16 + 1;
+    c.seed = fd_test_next(&rng);
+    const Host h = make_host(c);
+    fd_decode_params cp = params_for(h);
+    cp.logit_softcap = k.softcap;
+    std::vector<uint16_t> ref(h.q.size(), 0);
+    cp.q = h.q.data(), cp.k_cache = h.k.data(), cp.v_cache = h.v.data();
+    cp.block_tables = h.tables.data(), cp.seq_lens = h.lens.data(), cp.out = ref.data();
+    FD_ASSERT_OK(fd_decode(&cp));
+    Dev d;
+    upload(h, d);
+    fd_decode_params p = device_params(h, d, k.splits);
+    p.logit_softcap = k.softcap;
+    attach_workspace(p, d);
+    /* 8 rows x 2 KV heads x 4 splits: 64 items, within 2 per SM on any GPU
+     * of 32 SMs or more; automatic: 2 units per SM, unsplit. */
+    const bool deep = k.deep && (k.splits == 0 || 8 * 2 * k.splits <= 2 * sms);
+    std::vector<uint16_t> got, again;
+    size_t kernels = 0;
+    const size_t smem = captured_smem(d, p, h.q.size(), &got, &kernels);
+    if (smem != (deep ? kDeep : kRegular)) {
+      print_error("%s %s rows %u hint %d splits %d softcap %g: attention smem %zu, want %zu\n",
+                  k.dtype == FD_DTYPE_F16 ? "f16" : "bf16", storage_name(k.storage), k.rows, k.hint,
+                  k.splits, static_cast<double>(k.softcap), smem, deep ? kDeep : kRegular);
+      fail();
+    }
+    if (k.splits == 0) assert_int_equal(kernels, 1); /* unsplit: no merge */
+    assert_true(compare(h, got, ref) <= tolerance(k.dtype));
+    captured_smem(d, p, h.q.size(), &again, &kernels);
+    assert_memory_equal(got.data(), again.data(), got.size() * esize());
   }
 }
 
@@ -1287,6 +1414,7 @@ int main(void) {
       cmocka_unit_test(test_variants_combined),
       cmocka_unit_test(test_head_dims),
       cmocka_unit_test(test_lead_units),
+      cmocka_unit_test(test_deep_stages),
   };
   // clang-format on
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -77,6 +77,12 @@ struct DecodeWorkList {
   // Hopper kernel serves take it (attention/sm90_choice.hpp), and the splits
   // were sized by its CTAs per SM. Read once by the plan, not per run.
   bool sm90_device = false;
+  // The CUDA plan chose the deeper-pipelined CTA shape (head_dim 128 over
+  // 16-bit K/V, token-major, one query token per row: 3 stages x 2 CTAs per
+  // SM instead of 2 x 3) because the list has at most 2 items per SM, each
+  // of several tiles. A shape only: every item is the same either way, and a
+  // run with an attention variant takes the regular shape.
+  bool deep_stages = false;
 
   FD_HD int64_t units() const { return static_cast<int64_t>(q_tiles) * batch * num_kv_heads; }
   // Items in the list (the attention kernel's grid).

@@ -56,6 +56,13 @@ constexpr double kMergeCostTiles = 2.0;
 // Lead units (DecodeWorkList::lead_units) replace the regular list only when
 // the wave model gives them at least this much less time.
 constexpr double kLeadGain = 0.95;
+// The deep CTA shape (DecodeWorkList::deep_stages) for lists of at most its
+// CTAs per SM whose items walk at least this many tiles. H200, bf16, C (2
+// KV heads, group 8) 1 x 32768, 256 items of 4 tiles: 16.68 -> 15.96 us
+// (docs/kernel-design.md). In a trial of the shape for every grid (session
+// 9), items of 1-2 tiles (batch 1 x 2048) ran 8-11% slower: a CTA's start is
+// not hidden there, and a third resident CTA per SM overlaps it.
+constexpr int32_t kDeepMinTiles = 4;
 // FP8 K/V: a tile streams in half the time, so the same fixed costs are
 // twice as many tiles.
 double cost_scale(const DecodeProblem &pb) {
@@ -204,6 +211,35 @@ bool takes_sm90(const DecodeProblem &pb, bool sm90_device) {
                            pb.variant.is_plain());
 }
 
+// Whether the deep CTA shape (kernels/decode_config.cuh, Config's kDeep)
+// serves a problem: head_dim 128 over 16-bit K/V, token-major, one query
+// token per row, no attention variant (a run with one takes the regular
+// shape whatever its plan says).
+bool deep_shape_serves(const DecodeProblem &pb, bool sm90_device) {
+  const bool kv16 = pb.kv.dtype == FD_DTYPE_F16 || pb.kv.dtype == FD_DTYPE_BF16;
+  return pb.head_dim == 128 && kv16 && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
+         pb.variant.is_plain() && !takes_sm90(pb, sm90_device);
+}
+
+// CTA slots of the deep shape on the problem's device (one wave).
+int64_t deep_slots(const DecodeProblem &pb) {
+  return static_cast<int64_t>(multiprocessor_count(pb.device_ordinal)) *
+         cuda::decode_deep_ctas_per_sm();
+}
+
+// Whether a list runs in the deep shape: one the shape serves, whose grid
+// it holds in one wave, every item of at least kDeepMinTiles tiles. Such a
+// grid leaves at most 2 CTAs on an SM in either shape (the hardware spreads
+// a grid over the SMs before it stacks them: a probe on the H200 put 256
+// CTAs as 124 SMs x 2 + 8 x 1), and a CTA keeps one tile fewer than its
+// stages in flight while it reads the other: 2 regular CTAs hold 2 tiles
+// (64 KB) in flight per SM, 2 deep ones 4. H200, bf16, 256 CTAs of one
+// 4096-token (row, KV head) each: 162 us regular, 125 us deep.
+bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, bool sm90_device) {
+  return deep_shape_serves(pb, sm90_device) && work.lead_units == 0 &&
+         work.size() <= deep_slots(pb) && work.tiles_per_split >= kDeepMinTiles;
+}
+
 size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
   if (!work.has_partials()) return 0;
   return static_cast<size_t>(work.partial_slots()) * (pb.head_dim + 2) * sizeof(float);
@@ -309,6 +345,15 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
     }
     if (wanted < ragged) wanted = ragged;
   }
+  // Rows of at most kMaxSplitTokens whose units number between one and two
+  // per SM run unsplit in the deep shape: every SM streams about two whole
+  // units, with no merge (H200, bf16, 256 units: C 128 x 2048 69.8 -> 67.5
+  // us against 3 regular splits, A 32 x 4096 125.5 -> 125.1; B 8 x 8192, of
+  // 8192-token rows, was 3% slower so).
+  const int64_t sms = multiprocessor_count(pb.device_ordinal);
+  if (deep_shape_serves(pb, sm90_device) && max_len <= kMaxSplitTokens &&
+      tiles_total >= kDeepMinTiles && ctas > sms && ctas <= deep_slots(pb))
+    wanted = 1;
   DecodeWorkList work = make_list(pb, max_len, wanted);
   // Lead units for uniform-looking batches of one query token per row (rows
   // that may be ragged keep the regular cuts above; several query tokens per
@@ -398,6 +443,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
   }
   DecodeWorkList work = choose_splits(problem, max_len, limit_by_workspace, sm90);
   work.sm90_device = sm90;
+  work.deep_stages = takes_deep_stages(problem, work, sm90);
   return work;
 }
 
