@@ -243,20 +243,20 @@ __device__ __forceinline__ void rotate_pair_word(uint32_t &w, float c, float s) 
   w = Elem<T>::store2(rope_first(x.x, x.y, c, s), rope_second(x.x, x.y, c, s));
 }
 
-// The FP8 quantisation of a K or V unit: its scale and fp8_quantise_rcp's
-// reciprocal of it.
+// The FP8 quantisation of a K or V unit: its scale and fp8_quantise_bracket's
+// factors for it.
 struct Quant {
-  float scale, rcp;
-  __device__ __forceinline__ explicit Quant(float s) : scale(s), rcp(fp8_quantise_rcp(s)) {}
+  float scale;
+  Fp8Bracket bracket;
+  __device__ __forceinline__ explicit Quant(float s) : scale(s), bracket(fp8_quantise_bracket(s)) {}
 };
 
 // Two FP32 values quantised into FP8 E4M3 (the first in the low byte):
 // saturate(v / scale) rounded to nearest even (cvt.rn.satfinite: +-inf gives
-// +-448), NaN stored as the canonical 0x7f whatever its sign (a byte whose
-// low 7 bits are all set is NaN; its sign bit is cleared). kExact = false:
-// by fp8_quantise2_multiply, and-ing into `sure` whether the codes are
-// certain; kExact = true: fp8_quantise2 (divides where the multiply cannot
-// decide).
+// +-448; a NaN stays NaN, canonical_nan4 then clears its sign). kExact =
+// false: by fp8_quantise2_multiply, and-ing into `sure` whether the codes
+// are certain; kExact = true: fp8_quantise2 (divides where the multiply
+// cannot decide).
 __device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {
   return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
@@ -264,11 +264,19 @@ template <bool kExact>
 __device__ __forceinline__ uint32_t quantise2(float v0, float v1, const Quant &q, bool &sure) {
   uint32_t b;
   if constexpr (kExact) {
-    b = fp8_quantise2(v0, v1, q.scale, q.rcp, cvt_e4m3x2);
+    b = fp8_quantise2(v0, v1, q.scale, q.bracket, cvt_e4m3x2);
   } else {
-    b = fp8_quantise2_multiply(v0, v1, q.rcp, cvt_e4m3x2, sure);
+    b = fp8_quantise2_multiply(v0, v1, q.bracket, cvt_e4m3x2, sure);
   }
-  return b & ~(((b & 0x7f7fu) + 0x0101u) & 0x8080u);
+  return b;
+}
+
+// Four FP8 codes with every NaN stored as the canonical 0x7f whatever its
+// sign: a byte whose low 7 bits are all set is NaN, and its sign bit is
+// cleared (per byte: (b & 0x7f) + 1 carries into bit 7 only then, never
+// into the next byte).
+__device__ __forceinline__ uint32_t canonical_nan4(uint32_t w) {
+  return w & ~(((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u);
 }
 
 // The FP8 codes of one K / V run of one token (x; y: a split-half rotation
@@ -328,11 +336,11 @@ __device__ __forceinline__ bool f8_run_codes_inline(const Unit &u, int y_off, co
         xv[i] = rope_first(a0, b0, cc[i], ss[i]);
         yv[i] = rope_second(a0, b0, cc[i], ss[i]);
       }
-      wy[e / 4] = quantise2<kExact>(yv[0], yv[1], qz, sure) |
-                  (quantise2<kExact>(yv[2], yv[3], qz, sure) << 16);
+      wy[e / 4] = canonical_nan4(quantise2<kExact>(yv[0], yv[1], qz, sure) |
+                                 (quantise2<kExact>(yv[2], yv[3], qz, sure) << 16));
     }
-    wx[e / 4] = quantise2<kExact>(xv[0], xv[1], qz, sure) |
-                (quantise2<kExact>(xv[2], xv[3], qz, sure) << 16);
+    wx[e / 4] = canonical_nan4(quantise2<kExact>(xv[0], xv[1], qz, sure) |
+                               (quantise2<kExact>(xv[2], xv[3], qz, sure) << 16));
   }
   return sure;
 }

@@ -42,7 +42,7 @@ uint32_t by_division(float v0, float v1, float scale) {
 bool check_pair(float v0, float v1, float scale) {
   int calls = 0;
   const uint32_t got =
-      fd::fp8_quantise2(v0, v1, scale, fd::fp8_quantise_rcp(scale), HostCvt2{&calls});
+      fd::fp8_quantise2(v0, v1, scale, fd::fp8_quantise_bracket(scale), HostCvt2{&calls});
   const uint32_t want = by_division(v0, v1, scale);
   if (got != want)
     fail_msg("v = (%a, %a), scale %a: codes 0x%04x, dividing gives 0x%04x", static_cast<double>(v0),
@@ -123,38 +123,46 @@ void test_special_values(void **state) {
   for (float scale : {1.f, 0.01f, 3e-39f, 2e-39f, 1e-45f, 2e38f, big})
     for (float a : values)
       for (float b : values) check_pair(a, b, scale);
-  assert_true(fd::fp8_quantise_rcp(1e-45f) == 0.f); /* 1 / scale overflows */
-  assert_true(fd::fp8_quantise_rcp(2e-39f) == 0.f); /* 1 / scale > FLT_MAX */
-  assert_true(fd::fp8_quantise_rcp(3e-39f) > 0.f);  /* a subnormal scale, normal 1 / scale */
-  assert_true(fd::fp8_quantise_rcp(2e38f) == 0.f);  /* 1 / scale subnormal */
-  assert_true(fd::fp8_quantise_rcp(0.25f) == 4.f);
+  assert_true(fd::fp8_quantise_bracket(1e-45f).down == 0.f); /* 1 / scale overflows */
+  assert_true(fd::fp8_quantise_bracket(2e-39f).down == 0.f); /* 1 / scale > FLT_MAX */
+  assert_true(fd::fp8_quantise_bracket(3e-39f).down >
+              0.f); /* a subnormal scale, normal 1 / scale */
+  assert_true(fd::fp8_quantise_bracket(2e38f).down == 0.f); /* 1 / scale subnormal */
+  /* 1 / scale normal, but its upper factor past FLT_MAX or its lower one
+   * below FLT_MIN: no bracket either. */
+  assert_true(fd::fp8_quantise_bracket(1.f / std::numeric_limits<float>::max()).down == 0.f);
+  assert_true(fd::fp8_quantise_bracket(0x1p126f).down == 0.f);
+  /* Scale 0.25: 4 (1 -+ 2^-21), exactly. */
+  const fd::Fp8Bracket quarter = fd::fp8_quantise_bracket(0.25f);
+  assert_true(quarter.down == 4.f - 0x1p-19f && quarter.up == 4.f + 0x1p-19f);
   /* A fallback scale gives the quotient's codes too. */
   int calls = 0;
-  assert_int_equal(fd::fp8_quantise2(1e-40f, 2e-40f, 1e-45f, 0.f, HostCvt2{&calls}),
+  assert_int_equal(fd::fp8_quantise2(1e-40f, 2e-40f, 1e-45f, fd::Fp8Bracket{}, HostCvt2{&calls}),
                    by_division(1e-40f, 2e-40f, 1e-45f));
   assert_int_equal(calls, 1);
 }
 
 /* The multiply step alone: `sure` is and-ed (a false flag stays false, so
- * one flag collects a run), false for rcp 0, and when it stays true the codes
- * are the quotient's. */
+ * one flag collects a run), false without a bracket, and when it stays true
+ * the codes are the quotient's. */
 void test_multiply_step(void **state) {
   (void)state;
   int calls = 0;
   bool sure = true;
-  const uint32_t c = fd::fp8_quantise2_multiply(3.f, -0.5f, 1.f, HostCvt2{&calls}, sure);
+  const fd::Fp8Bracket one = fd::fp8_quantise_bracket(1.f);
+  const uint32_t c = fd::fp8_quantise2_multiply(3.f, -0.5f, one, HostCvt2{&calls}, sure);
   assert_true(sure);
   assert_int_equal(c, by_division(3.f, -0.5f, 1.f));
   sure = false;
-  (void)fd::fp8_quantise2_multiply(3.f, -0.5f, 1.f, HostCvt2{&calls}, sure);
+  (void)fd::fp8_quantise2_multiply(3.f, -0.5f, one, HostCvt2{&calls}, sure);
   assert_false(sure);
   sure = true;
-  (void)fd::fp8_quantise2_multiply(3.f, -0.5f, 0.f, HostCvt2{&calls}, sure);
+  (void)fd::fp8_quantise2_multiply(3.f, -0.5f, fd::Fp8Bracket{}, HostCvt2{&calls}, sure);
   assert_false(sure);
   /* An exact midpoint between two codes (1.0625 lies between 1 and 1.125):
    * the bracket cannot decide it. */
   sure = true;
-  (void)fd::fp8_quantise2_multiply(1.0625f, 1.f, 1.f, HostCvt2{&calls}, sure);
+  (void)fd::fp8_quantise2_multiply(1.0625f, 1.f, one, HostCvt2{&calls}, sure);
   assert_false(sure);
 }
 
