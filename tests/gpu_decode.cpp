@@ -549,11 +549,11 @@ size_t captured_smem(Dev &d, const fd_decode_params &p, size_t elems, std::vecto
 /* The deep CTA shape of head_dim 128 over 16-bit K/V (3 stages of 64-token
  * K and V tiles, 96 KB, at 2 CTAs per SM instead of 2 stages, 64 KB, at 3;
  * DecodeWorkList::deep_stages): a token-major plain call whose list has at
- * most 2 items per SM, each of at least 4 tiles, takes it; 1-tile items, a
+ * most 2 items per SM, each of at least 4 tiles, takes it; 2-tile items, a
  * soft-cap and dim-major K/V take the regular shape (one plan, either
  * shape: a run with a variant takes the regular one). With automatic splits,
- * one to two (row, KV head) units per SM of rows up to 4096 tokens run
- * unsplit in it (one kernel, no merge). The shape is read from a captured
+ * one to four (row, KV head) units per SM of rows up to 4096 tokens (one or
+ * two waves) run unsplit in it (one kernel, no merge). The shape is read from a captured
  * graph's attention node; every output is checked against the CPU backend
  * (ragged rows: empty, one token, block boundaries, the hint), and again
  * bit for bit. */
@@ -578,6 +578,7 @@ void test_deep_stages(void **state) {
       {FD_DTYPE_BF16, kTokenPacked, 8, 4096, 4, 30.f, false},
       {FD_DTYPE_F16, kDimPacked, 8, 4096, 4, 0.f, false},
       {FD_DTYPE_BF16, kTokenPacked, per_sm, 1024, 0, 0.f, true},
+      {FD_DTYPE_F16, kNhd, 2 * per_sm, 512, 0, 0.f, true},
   };
   for (const auto &k : cases) {
     Case c = shape_case(k.dtype, 128, 16, 2, 8, k.storage);
@@ -601,7 +602,7 @@ void test_deep_stages(void **state) {
     p.logit_softcap = k.softcap;
     attach_workspace(p, d);
     /* 8 rows x 2 KV heads x 4 splits: 64 items, within 2 per SM on any GPU
-     * of 32 SMs or more; automatic: 2 units per SM, unsplit. */
+     * of 32 SMs or more; automatic: 2 or 4 units per SM, unsplit. */
     const bool deep = k.deep && (k.splits == 0 || 8 * 2 * k.splits <= 2 * sms);
     std::vector<uint16_t> got, again;
     size_t kernels = 0;

@@ -227,8 +227,9 @@ int64_t deep_slots(const DecodeProblem &pb) {
          cuda::decode_deep_ctas_per_sm();
 }
 
-// Whether a list runs in the deep shape: one the shape serves, whose grid
-// it holds in one wave, every item of at least kDeepMinTiles tiles. Such a
+// Whether a list runs in the deep shape: one the shape serves, every item of
+// at least kDeepMinTiles tiles, whose grid it holds in one wave or, unsplit,
+// in two (choose_splits' unsplit lists of 2-4 units per SM). One wave: a
 // grid leaves at most 2 CTAs on an SM in either shape (the hardware spreads
 // a grid over the SMs before it stacks them: a probe on the H200 put 256
 // CTAs as 124 SMs x 2 + 8 x 1), and a CTA keeps one tile fewer than its
@@ -236,8 +237,10 @@ int64_t deep_slots(const DecodeProblem &pb) {
 // (64 KB) in flight per SM, 2 deep ones 4. H200, bf16, 256 CTAs of one
 // 4096-token (row, KV head) each: 162 us regular, 125 us deep.
 bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, bool sm90_device) {
-  return deep_shape_serves(pb, sm90_device) && work.lead_units == 0 &&
-         work.size() <= deep_slots(pb) && work.tiles_per_split >= kDeepMinTiles;
+  const bool waves_fit =
+      work.size() <= deep_slots(pb) || (work.num_splits == 1 && work.size() <= 2 * deep_slots(pb));
+  return deep_shape_serves(pb, sm90_device) && work.lead_units == 0 && waves_fit &&
+         work.tiles_per_split >= kDeepMinTiles;
 }
 
 size_t workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
@@ -345,20 +348,23 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
     }
     if (wanted < ragged) wanted = ragged;
   }
-  // Rows of at most kMaxSplitTokens whose units number between one and two
-  // per SM run unsplit in the deep shape: every SM streams about two whole
-  // units, with no merge (H200, bf16, 256 units: C 128 x 2048 69.8 -> 67.5
-  // us against 3 regular splits, A 32 x 4096 125.5 -> 125.1; B 8 x 8192, of
-  // 8192-token rows, was 3% slower so).
+  // Rows of at most kMaxSplitTokens whose units number between one and four
+  // per SM run unsplit in the deep shape (one or two waves, no lead units):
+  // every SM streams about two whole units at a time, with no merge (H200,
+  // bf16, 256 units: C 128 x 2048 69.8 -> 67.0 us against 3 regular splits,
+  // A 32 x 4096 125.5 -> 125.1; 512 units: C 256 x 1024 69.2 -> 68.8 (bs16)
+  // and 69.0 -> 67.7 (bs32) against a lead list, A 64 x 4096 within 0.3%;
+  // B 8 x 8192, of 8192-token rows, was 3% slower so).
   const int64_t sms = multiprocessor_count(pb.device_ordinal);
-  if (deep_shape_serves(pb, sm90_device) && max_len <= kMaxSplitTokens &&
-      tiles_total >= kDeepMinTiles && ctas > sms && ctas <= deep_slots(pb))
-    wanted = 1;
+  const bool deep_unsplit = deep_shape_serves(pb, sm90_device) && max_len <= kMaxSplitTokens &&
+                            tiles_total >= kDeepMinTiles && ctas > sms &&
+                            ctas <= 2 * deep_slots(pb);
+  if (deep_unsplit) wanted = 1;
   DecodeWorkList work = make_list(pb, max_len, wanted);
   // Lead units for uniform-looking batches of one query token per row (rows
   // that may be ragged keep the regular cuts above; several query tokens per
   // row were neither measured nor tested with lead units).
-  if (!maybe_ragged && pb.max_q_len <= 1 && ctas > slots)
+  if (!maybe_ragged && pb.max_q_len <= 1 && ctas > slots && !deep_unsplit)
     work = with_lead_units(pb, max_len, work, ctas, slots, limit);
   if (limit_by_workspace && work.has_partials()) {
     // Fewer partitions when the caller's workspace cannot hold them all.
