@@ -507,6 +507,18 @@ KernelNodeParamsFn kernel_node_params() {
   return reinterpret_cast<KernelNodeParamsFn>(fn);
 }
 
+/* fd_decode(p) captured into a CUDA graph on d's stream, its output (the
+ * first `out_bytes`) poisoned first. */
+cudaGraph_t capture_decode(Dev &d, const fd_decode_params &p, size_t out_bytes) {
+  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, out_bytes));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+  const fd_status st = fd_decode(&p);
+  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+  FD_ASSERT_OK(st);
+  return graph;
+}
+
 /* Captures fd_decode(p) into a CUDA graph and returns the largest dynamic
  * shared memory of its kernel nodes (the attention kernel's: the merge
  * kernel takes a few KB) and in *kernels their number, replaying the graph
@@ -514,13 +526,8 @@ KernelNodeParamsFn kernel_node_params() {
  * first). */
 size_t captured_smem(Dev &d, const fd_decode_params &p, size_t elems, std::vector<uint16_t> *out,
                      size_t *kernels) {
-  CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, elems * esize()));
-  cudaGraph_t graph = nullptr;
+  cudaGraph_t graph = capture_decode(d, p, elems * esize());
   cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-  const fd_status st = fd_decode(&p);
-  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-  FD_ASSERT_OK(st);
   size_t count = 0;
   CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
   std::vector<cudaGraphNode_t> nodes(count);
@@ -669,13 +676,8 @@ void test_graph_capture(void **state) {
     attach_workspace(p, d);
     const std::vector<uint16_t> eager = run_gpu(h, d, p);
     const size_t qb = h.q.size() * esize();
-    CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, qb));
-    cudaGraph_t graph = nullptr;
+    cudaGraph_t graph = capture_decode(d, p, qb);
     cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-    const fd_status st = fd_decode(&p);
-    CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-    FD_ASSERT_OK(st);
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     size_t nodes = 0;
     CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
