@@ -9,26 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/decode_limits.hpp"
 #include "attention/decode_work.hpp"
 #include "attention/sm90_choice.hpp"
 #include "attention/variant.hpp"
 
 namespace fd {
 namespace cuda {
-
-// Tokens of K and V that one CTA stages in shared memory per pipeline step.
-// Split-KV ranges are whole tiles, so every block size in {8, 16, 32} divides it.
-constexpr int kDecodeTileTokens = 64;
-// Upper bound on split-KV partitions per row (the merge kernel keeps one
-// weight per split in shared memory).
-constexpr int kDecodeMaxSplits = 128;
-// Largest GQA group (q heads sharing one KV head) the kernel serves: two
-// 16-row tensor-core tiles.
-constexpr int kDecodeMaxGroup = 32;
-// Query rows (query tokens x GQA group) one CTA serves: four 16-row tiles,
-// one per warp. A (row, KV head) with more query rows (max_q_len x group) is
-// cut into query tiles of whole tokens, one CTA each (work.q_tiles).
-constexpr int kDecodeMaxQueryRows = 64;
 
 struct DecodeLaunch {
   int32_t q_dtype = 0;     // FD_DTYPE_F16 or FD_DTYPE_BF16 (q and out)

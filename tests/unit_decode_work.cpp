@@ -83,7 +83,7 @@ void check_list(const DecodeWorkList &w, int32_t planned_tiles) {
 
 // A regular list of `wanted` splits with its first `lead` units taking the
 // split layout of a list of `lead_splits` splits (fd::lead_list, as
-// decode_cuda.cpp's choose_splits builds them).
+// decode_splits.cpp's choose_splits builds them).
 DecodeWorkList with_lead(int32_t batch, int32_t heads, int32_t tile, int32_t len, int32_t wanted,
                          int32_t lead, int32_t lead_splits, int32_t max_q = 1, int32_t q_tile = 0) {
   return fd::lead_list(

@@ -69,7 +69,7 @@ struct DecodeWorkList {
   // item order, take `lead_splits` splits of `lead_tiles_per_split` tiles
   // instead (0: every unit takes num_splits). The host plans whole waves of
   // lead items and cuts the remaining units finer so that they fill the
-  // last wave (decode_cuda.cpp, choose_splits).
+  // last wave (decode_splits.cpp, choose_splits).
   int32_t lead_units = 0;
   int32_t lead_splits = 1;
   int32_t lead_tiles_per_split = 0;
@@ -231,7 +231,7 @@ inline DecodeWorkList make_decode_work_list(int32_t batch, int32_t num_kv_heads,
 }
 
 // `tail` (the layout of the units after the lead ones) with its first
-// `lead_units` units taking `lead`'s splits instead (decode_cuda.cpp plans
+// `lead_units` units taking `lead`'s splits instead (decode_splits.cpp plans
 // lead = the list of one split, tail = a finer one).
 inline DecodeWorkList lead_list(DecodeWorkList tail, const DecodeWorkList &lead,
                                 int32_t lead_units) {

@@ -1,6 +1,6 @@
 // Which calls the Hopper multi-token kernel (kernels/decode_sm90.cu) serves:
 // the rule the CUDA backend's launch (kernels/decode_dispatch.cuh) and its
-// split planning (src/cuda/decode_cuda.cpp) share. Plain C++ with no CUDA
+// split planning (src/attention/decode_splits.cpp) share. Plain C++ with no CUDA
 // header, so the CPU unit suite tests/unit_sm90_choice.cpp checks it.
 #pragma once
 

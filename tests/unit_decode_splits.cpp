@@ -1,0 +1,183 @@
+/* The CUDA backend's split-KV planning (src/attention/decode_splits.cpp),
+ * checked on the CPU with the CTA slots of an H200 (132 SMs; 3 resident
+ * CTAs per SM at head_dim 128, 4 at 64, 2 in the deep shape): the split
+ * counts, lead units and deep shape it picks for the benchmark grid are
+ * those the H200 ran and timed (call 6 of
+ * docs/perf/h200-session10-ae15739-2026-12-02.json, decode_bench --quick:
+ * its "splits" column is slot_splits()), and the deep shape only where it serves: 16-bit
+ * token-major plain calls of one query token, lists of at most 2 items per
+ * SM of at least 4 tiles, or unsplit lists of up to two deep waves. The
+ * CUDA suites check what the kernels do with these lists (gpu_decode). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <initializer_list>
+
+#include "attention/decode_splits.hpp"
+#include "fd_test.h"
+
+namespace {
+
+using fd::DecodeProblem;
+using fd::DecodeWorkList;
+
+/* An H200's slots for a problem of head_dim `dim` (no Hopper kernel: one
+ * query token per row). */
+fd::cuda::DecodeSlots h200(uint32_t dim) {
+  fd::cuda::DecodeSlots s;
+  s.sms = 132;
+  s.ctas_per_sm = dim == 64 ? 4 : 3;
+  s.deep_ctas_per_sm = 2;
+  s.sm90_device = true;
+  return s;
+}
+
+struct Shape {
+  const char *name;
+  uint32_t hq, hkv, dim;
+};
+const Shape kA = {"A", 32, 8, 128}, kB = {"B", 32, 32, 128}, kC = {"C", 16, 2, 128},
+            kD = {"D", 32, 4, 64};
+
+/* decode_bench's problem: `batch` rows planned for `len` keys (ragged rows:
+ * the 8192 hint), block 16, token-major, automatic splits. */
+DecodeProblem problem(const Shape &sh, uint32_t batch, int32_t len, int32_t kv_dtype) {
+  DecodeProblem pb;
+  pb.batch = batch;
+  pb.num_q_heads = sh.hq;
+  pb.num_kv_heads = sh.hkv;
+  pb.head_dim = sh.dim;
+  pb.group_size = sh.hq / sh.hkv;
+  pb.q_dtype = pb.out_dtype = FD_DTYPE_BF16;
+  pb.kv.dtype = kv_dtype;
+  pb.kv.layout = FD_LAYOUT_TOKEN_MAJOR;
+  pb.kv.block_size = 16;
+  pb.kv.num_kv_heads = sh.hkv;
+  pb.kv.head_dim = sh.dim;
+  pb.max_seq_len = len;
+  return pb;
+}
+
+DecodeWorkList plan(const DecodeProblem &pb) {
+  return fd::cuda::plan_decode_splits(pb, pb.max_seq_len, false, h200(pb.head_dim));
+}
+
+struct GridCase {
+  const Shape *shape;
+  uint32_t batch;
+  int32_t len;
+  int32_t splits, fp8_splits;  // slot_splits() the H200 ran, 16-bit / FP8 K/V
+  bool deep;                   // 16-bit: the deep shape
+};
+
+const GridCase kGrid[] = {
+    {&kA, 1, 32768, 47, 47, false},   {&kA, 1, 2048, 16, 16, false},
+    {&kA, 8, 8192, 6, 6, false},      {&kA, 32, 4096, 1, 3, true},
+    {&kA, 64, 4096, 1, 3, true},      {&kA, 128, 2048, 1, 1, false},
+    {&kA, 256, 1024, 4, 4, false},    {&kA, 64, 8192, 7, 7, false},
+    {&kB, 1, 32768, 12, 12, false},   {&kB, 1, 2048, 11, 11, false},
+    {&kB, 8, 8192, 4, 4, false},      {&kB, 32, 4096, 3, 1, false},
+    {&kB, 64, 4096, 5, 5, false},     {&kB, 128, 2048, 1, 1, false},
+    {&kB, 256, 1024, 1, 1, false},    {&kB, 64, 8192, 4, 4, false},
+    {&kC, 1, 32768, 128, 128, true},  {&kC, 1, 2048, 32, 32, false},
+    {&kC, 8, 8192, 22, 22, false},    {&kC, 32, 4096, 6, 6, false},
+    {&kC, 64, 4096, 3, 3, false},     {&kC, 128, 2048, 1, 3, true},
+    {&kC, 256, 1024, 1, 3, true},     {&kC, 64, 8192, 4, 4, false},
+    {&kD, 1, 32768, 128, 128, false}, {&kD, 1, 2048, 32, 32, false},
+    {&kD, 8, 8192, 16, 16, false},    {&kD, 32, 4096, 4, 4, false},
+    {&kD, 64, 4096, 2, 2, false},     {&kD, 128, 2048, 1, 1, false},
+    {&kD, 256, 1024, 1, 1, false},    {&kD, 64, 8192, 16, 16, false},
+};
+
+/* Every grid case, 16-bit and FP8 K/V: the split count the H200 ran, and the
+ * deep shape exactly where the case says (never for FP8 K/V). */
+void test_benchmark_grid(void **state) {
+  (void)state;
+  for (const GridCase &g : kGrid) {
+    for (const int32_t kv : {FD_DTYPE_BF16, FD_DTYPE_FP8_E4M3}) {
+      const bool fp8 = kv == FD_DTYPE_FP8_E4M3;
+      const DecodeWorkList w = plan(problem(*g.shape, g.batch, g.len, kv));
+      const int32_t want = fp8 ? g.fp8_splits : g.splits;
+      const bool deep = !fp8 && g.deep;
+      if (w.slot_splits() != want || w.deep_stages != deep) {
+        fail_msg("%s %ux%d %s: %d splits, deep %d; the H200 ran %d splits, deep %d", g.shape->name,
+                 g.batch, g.len, fp8 ? "fp8" : "bf16", w.slot_splits(), w.deep_stages, want, deep);
+      }
+      /* Unsplit deep lists fit two deep waves; split ones one. */
+      if (w.deep_stages) {
+        assert_true(w.size() <= (w.num_splits == 1 ? 2 : 1) * 132 * 2);
+        assert_int_equal(w.lead_units, 0);
+        assert_true(w.tiles_per_split >= 4);
+      }
+      assert_true(w.sm90_device);
+    }
+  }
+}
+
+/* A C 256 x 1024 list would take lead units at 3 CTAs per SM (512 units on
+ * 396 slots); its rows of 1024 tokens fit two deep waves, so it runs
+ * unsplit in the deep shape instead. */
+void test_two_wave_unsplit(void **state) {
+  (void)state;
+  const DecodeWorkList w = plan(problem(kC, 256, 1024, FD_DTYPE_BF16));
+  assert_int_equal(w.num_splits, 1);
+  assert_int_equal(w.lead_units, 0);
+  assert_true(w.deep_stages);
+  /* 3 x 132 units (one regular wave): unsplit, and 4 x 132 + 1 units (past
+   * two deep waves): the regular choice. */
+  assert_true(plan(problem(kC, 264, 1024, FD_DTYPE_BF16)).deep_stages);
+  const DecodeWorkList past = plan(problem(kC, 265, 1024, FD_DTYPE_BF16));
+  assert_false(past.deep_stages);
+}
+
+/* Where the deep shape does not serve: dim-major K/V, an attention variant,
+ * several query tokens per row, head_dim 64 and 96, FP8 K/V; and items of
+ * fewer than 4 tiles. Each keeps the regular shape. */
+void test_deep_serves(void **state) {
+  (void)state;
+  const DecodeProblem base = problem(kC, 1, 32768, FD_DTYPE_BF16);
+  assert_true(plan(base).deep_stages);
+  DecodeProblem p = base;
+  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
+  assert_false(plan(p).deep_stages);
+  p = base;
+  p.variant.logit_softcap = 30.f;
+  assert_false(plan(p).deep_stages);
+  p = base;
+  p.max_q_len = 4;
+  assert_false(plan(p).deep_stages);
+  p = base;
+  p.kv.dtype = FD_DTYPE_FP8_E4M3;
+  assert_false(plan(p).deep_stages);
+  p = base;
+  p.head_dim = p.kv.head_dim = 96;
+  assert_false(plan(p).deep_stages);
+  /* Explicit splits: 2 rows x 2 KV heads x 4 splits of a 4096-token hint
+   * (16 tiles each) take it; of a 512-token hint (2 tiles each) not. */
+  p = problem(kC, 2, 4096, FD_DTYPE_BF16);
+  p.num_splits = 4;
+  assert_true(plan(p).deep_stages);
+  p = problem(kC, 2, 512, FD_DTYPE_BF16);
+  p.num_splits = 4;
+  assert_false(plan(p).deep_stages);
+  /* No deep shape on the device (deep_ctas_per_sm 0): never. */
+  fd::cuda::DecodeSlots none = h200(128);
+  none.deep_ctas_per_sm = 0;
+  assert_false(fd::cuda::plan_decode_splits(base, base.max_seq_len, false, none).deep_stages);
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_benchmark_grid),
+      cmocka_unit_test(test_two_wave_unsplit),
+      cmocka_unit_test(test_deep_serves),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
