@@ -89,29 +89,13 @@ template <int D, bool kWide = false>
 constexpr int kRedStride = D + (kWide ? 16 : 8);
 // Query rows one CTA serves at most: four 16-row m-tiles, one per warp.
 constexpr int kMaxQueryRows = kWarps * 16;
-static_assert(kDecodeMaxQueryRows == kMaxQueryRows, "decode_launch.hpp's bound");
+static_assert(kDecodeMaxQueryRows == kMaxQueryRows, "decode_limits.hpp's bound");
 // The warp merge at the end reuses the pipeline's shared memory: per warp
-// 16 rows of O, max, sum and weight, then (max, sum) per query row.
-static_assert(kWarps * 16 * kRedStride<128> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
-                  Config<128>::kSmemBytes,
-              "merge buffer");
-static_assert(kWarps * 16 * kRedStride<64> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
-                  Config<64>::kSmemBytes,
-              "merge buffer");
-static_assert(kWarps * 16 * kRedStride<96> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
-                  Config<96>::kSmemBytes,
-              "merge buffer");
-static_assert(kWarps * 16 * kRedStride<256> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4 <=
-                  Config<256>::kSmemBytes,
-              "merge buffer");
-static_assert(kWarps * 16 * kRedStride<128, true> * 4 + 3 * kWarps * 16 * 4 +
-                      2 * kMaxQueryRows * 4 <=
-                  Config<128, 1>::kSmemBytes,
-              "merge buffer");
-static_assert(kWarps * 16 * kRedStride<64, true> * 4 + 3 * kWarps * 16 * 4 +
-                      2 * kMaxQueryRows * 4 <=
-                  Config<64, 1>::kSmemBytes,
-              "merge buffer");
+// 16 rows of O, max, sum and weight, then (max, sum) per query row
+// (decode_kernel checks that its configuration holds it).
+template <int D, bool kWide = false>
+constexpr int kMergeBytes =
+    kWarps * 16 * kRedStride<D, kWide> * 4 + 3 * kWarps * 16 * 4 + 2 * kMaxQueryRows * 4;
 
 // The parameters of one launch of decode_kernel (and of the Hopper kernel of
 // decode_sm90.cu), filled on the host by launch_decode_variant.

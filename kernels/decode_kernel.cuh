@@ -661,6 +661,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
   // rows padded to D + 16).
   constexpr bool kWide = kFp8 && !kDimMajor;
   constexpr int Dp = kRedStride<D, kWide>;
+  static_assert(kMergeBytes<D, kWide> <= Cfg::kSmemBytes, "the merge buffer fits the stages");
   float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][Dp]
   float *red_m = red_o + kWarps * 16 * Dp;         // [warp][16]
   float *red_l = red_m + kWarps * 16;              // [warp][16]
