@@ -107,23 +107,30 @@ cudaError_t prepare_decode_typed(int32_t head_dim, bool dim_major, bool multi, b
 template <class TKV>
 constexpr bool kServesWideDims = !detail::KvType<TKV>::kFp8;
 
+// Calls f(std::integral_constant<int, D>, std::bool_constant<kDimMajor>)
+// for the kernel shape of `head_dim` and layout over TKV, so that the
+// preparation and the launch dispatch to the same set of instantiations;
+// cudaErrorInvalidValue for a head_dim TKV has no kernels for.
+template <class TKV, class F>
+cudaError_t with_kernel_shape(int32_t head_dim, bool dim_major, F &&f) {
+  auto layout = [&](auto d) {
+    return dim_major ? f(d, std::true_type{}) : f(d, std::false_type{});
+  };
+  if constexpr (kServesWideDims<TKV>) {
+    if (head_dim == 96) return layout(std::integral_constant<int, 96>{});
+    if (head_dim == 256) return layout(std::integral_constant<int, 256>{});
+  }
+  if (head_dim == 128) return layout(std::integral_constant<int, 128>{});
+  if (head_dim == 64) return layout(std::integral_constant<int, 64>{});
+  return cudaErrorInvalidValue;
+}
+
 template <class TQ, class TKV, bool kMulti>
 cudaError_t prepare_decode_layouts(int32_t head_dim, bool dim_major, bool sm90) {
-  if constexpr (kServesWideDims<TKV>) {
-    if (head_dim == 96)
-      return dim_major ? prepare_decode_variant<TQ, TKV, 96, true, kMulti>(sm90)
-                       : prepare_decode_variant<TQ, TKV, 96, false, kMulti>(sm90);
-    if (head_dim == 256)
-      return dim_major ? prepare_decode_variant<TQ, TKV, 256, true, kMulti>(sm90)
-                       : prepare_decode_variant<TQ, TKV, 256, false, kMulti>(sm90);
-  }
-  if (head_dim == 128)
-    return dim_major ? prepare_decode_variant<TQ, TKV, 128, true, kMulti>(sm90)
-                     : prepare_decode_variant<TQ, TKV, 128, false, kMulti>(sm90);
-  if (head_dim == 64)
-    return dim_major ? prepare_decode_variant<TQ, TKV, 64, true, kMulti>(sm90)
-                     : prepare_decode_variant<TQ, TKV, 64, false, kMulti>(sm90);
-  return cudaErrorInvalidValue;
+  return with_kernel_shape<TKV>(head_dim, dim_major, [&](auto d, auto dim_major_t) {
+    return prepare_decode_variant<TQ, TKV, decltype(d)::value, decltype(dim_major_t)::value,
+                                  kMulti>(sm90);
+  });
 }
 
 template <class TQ, class TKV>
@@ -205,21 +212,10 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
 
 template <class TQ, class TKV, bool kMulti>
 cudaError_t launch_decode_layouts(const DecodeLaunch &l) {
-  if constexpr (kServesWideDims<TKV>) {
-    if (l.head_dim == 96)
-      return l.dim_major ? launch_decode_variant<TQ, TKV, 96, true, kMulti>(l)
-                         : launch_decode_variant<TQ, TKV, 96, false, kMulti>(l);
-    if (l.head_dim == 256)
-      return l.dim_major ? launch_decode_variant<TQ, TKV, 256, true, kMulti>(l)
-                         : launch_decode_variant<TQ, TKV, 256, false, kMulti>(l);
-  }
-  if (l.head_dim == 128)
-    return l.dim_major ? launch_decode_variant<TQ, TKV, 128, true, kMulti>(l)
-                       : launch_decode_variant<TQ, TKV, 128, false, kMulti>(l);
-  if (l.head_dim == 64)
-    return l.dim_major ? launch_decode_variant<TQ, TKV, 64, true, kMulti>(l)
-                       : launch_decode_variant<TQ, TKV, 64, false, kMulti>(l);
-  return cudaErrorInvalidValue;
+  return with_kernel_shape<TKV>(l.head_dim, l.dim_major, [&](auto d, auto dim_major_t) {
+    return launch_decode_variant<TQ, TKV, decltype(d)::value, decltype(dim_major_t)::value, kMulti>(
+        l);
+  });
 }
 
 // Several query tokens per row (the plan's max_q_len > 1) take their own
