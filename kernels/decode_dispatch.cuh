@@ -63,6 +63,14 @@ constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &
 template <class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<TKV>::kFp8;
 
+// Whether an instantiation of decode_kernel has a swapped-operand twin
+// (decode_swapped.cuh): FP8 K/V, token-major, one query token per row. A run
+// takes it for groups of at most kSwapMaxGroup heads without attention
+// variants.
+template <class TKV, int D, bool kDimMajor, bool kMulti>
+constexpr bool kHasSwap = !kDimMajor && !kMulti && detail::KvType<TKV>::kFp8;
+constexpr int kSwapMaxGroup = 8;  // the n = 8 columns of the swapped mma
+
 // Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
 // element-type pair in decode_<dtype>.cu so they compile in parallel).
 template <class TQ, class TKV>
@@ -86,6 +94,12 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
     const cudaError_t err = cudaFuncSetAttribute(
         detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, true>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, 2, true>::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, sizeof(TKV)>::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   const cudaError_t err = cudaFuncSetAttribute(
@@ -192,6 +206,14 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
       err = detail::launch_pdl(detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, true>,
                                grid, Cfg::kThreads, detail::Config<D, 2, true>::kSmemBytes,
                                l.stream, p);
+      launched = true;
+    }
+  }
+  if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
+    if (l.work.group_size <= kSwapMaxGroup && l.variant.is_plain()) {
+      err = detail::launch_pdl(
+          detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>, grid,
+          Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
       launched = true;
     }
   }

@@ -35,6 +35,7 @@
 
 #include "decode_config.cuh"
 #include "decode_device.cuh"
+#include "decode_swapped.cuh"
 #include "decode_tiles.cuh"
 
 namespace fd {
@@ -63,15 +64,19 @@ constexpr float kMaxSlack = std::is_same<TQ, __half>::value ? 8.f : 0.f;
 // H200 when they were runtime branches only; even the sinks' epilogue branch
 // alone, never taken, made small plain calls 0.2-0.4 us slower). kDeep:
 // Config's deeper-pipelined shape (head_dim 128, 16-bit K/V, one query
-// token, plain, token-major: the only instantiation taking it).
+// token, plain, token-major: the only instantiation taking it). kSwap: the
+// swapped-operand step of decode_swapped.cuh (FP8 K/V, token-major, one query
+// token, plain; the host takes it for groups of at most 8 heads).
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant,
-          bool kDeep = false>
+          bool kDeep = false, bool kSwap = false>
 __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCtasPerSm)
     decode_kernel(const Params p) {
   constexpr bool kFp8 = KvType<TKV>::kFp8;
   static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
                 "the tensor-core path reads 16-bit q and 16-bit or FP8 K/V elements");
   static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
+  static_assert(!kSwap || (kFp8 && !kDimMajor && !kMulti && !kVariant),
+                "the swapped step serves plain one-token FP8 token-major calls");
   using Cfg = Config<D, sizeof(TKV), kDeep>;
   using M = Mma<TQ>;
   constexpr int kThreads = Cfg::kThreads;
@@ -409,13 +414,24 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
     }
   }
 
-  float o[kODims / 8][4];  // this warp's dims: half * kODims + 8 n + ..
+  // O: this warp's dims half * kODims + 8 n + .. of rows g, g + 8 (swapped:
+  // the O^T m-tiles of decode_swapped.cuh, 16 dims each).
+  constexpr int kOTiles = kSwap ? D / 16 : kODims / 8;
+  float o[kOTiles][4];
 #pragma unroll
-  for (int n = 0; n < kODims / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = neg_inf(), m1 = neg_inf();  // running max (base 2) of heads g, g+8
   float l0 = 0.f, l1 = 0.f;              // this thread's part of the running sums
-  const int mi = lane >> 3;              // ldmatrix: which 8x8 matrix this lane addresses
-  const int rr = lane & 7;               // ... and which of its rows
+  // Swapped: the state of heads 2 tig, 2 tig + 1 and their logit scales
+  // (row g's scale is lsc0 on the lanes of that g).
+  SwapState sw = {neg_inf(), neg_inf(), 0.f, 0.f};
+  float lsa = 0.f, lsb = 0.f;
+  if constexpr (kSwap) {
+    lsa = __shfl_sync(0xffffffffu, lsc0, 8 * (lane & 3));
+    lsb = __shfl_sync(0xffffffffu, lsc0, 8 * (lane & 3) + 4);
+  }
+  const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
+  const int rr = lane & 7;   // ... and which of its rows
 
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<kS - 2>();
@@ -455,212 +471,229 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
       if (kVariant && p.variant.window > 0 &&
           tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
         continue;  // before the window of every row of the warp
-
-      // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
-      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      if constexpr (kFp8 && !kDimMajor) {
-        // Matrix mi of an ldmatrix.x4: tokens t0 + 8 nt .. +7 (rows), 16
-        // dims of chunk 4 c4 + mi; the thread gets its token's dims 4 tig ..
-        // 4 tig + 3 of each chunk: b0 = the first two, b1 = the last two.
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int c4 = 0; c4 < D / 64; ++c4) {
-            uint32_t b[4];
-            ldsm_x4(sk_u + f8_tm_offset<D>(t0 + nt * 8 + rr, c4 * 4 + mi), b);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const F16x2x2 x = e4m3x4(b[i]);
-              M::run(s[nt], qa[c4 * 4 + i], x.lo, x.hi);
-            }
-          }
-      } else if constexpr (kFp8) {
-        // Matrix mi: dims 32 kp + 8 mi .. +7 (rows) of the step's 16 tokens
-        // (16 bytes), transposed: the thread gets dims 2 tig, +1 of tokens
-        // 2 g and 2 g + 1, so n-tile nt's column g is token t0 + 2 g + nt.
-#pragma unroll
-        for (int kp = 0; kp < D / 32; ++kp) {
-          uint32_t b[4];
-          ldsm_x4_t(sk_u + f8_dm_offset<D>(step, kp * 32 + mi * 8 + rr), b);
-          mma_f8_pairs(s[0], s[1], qa[2 * kp], b[0], b[1]);
-          mma_f8_pairs(s[0], s[1], qa[2 * kp + 1], b[2], b[3]);
-        }
+      if constexpr (kSwap) {
+        swapped_step<D>(sk_u, sv_u, t0, tok0 + t0, seq_len, qa, lsa, lsb, kMaxSlack<TQ>, sw, o,
+                        lane);
       } else {
-        // Dim-major: the offsets of dims r + 16 ks are the ks = 0 offset
-        // plus a multiple of the dim stride (the swizzle term repeats every
-        // 16 / cpb dims).
-        const int kd_base =
-            kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
+        // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        if constexpr (kFp8 && !kDimMajor) {
+          // Matrix mi of an ldmatrix.x4: tokens t0 + 8 nt .. +7 (rows), 16
+          // dims of chunk 4 c4 + mi; the thread gets its token's dims 4 tig ..
+          // 4 tig + 3 of each chunk: b0 = the first two, b1 = the last two.
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t b[4];
-          if (kDimMajor) {
-            ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
-          } else {
-            const int r = t0 + (mi >> 1) * 8 + rr;
-            const int c = ks * 2 + (mi & 1);
-            ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int c4 = 0; c4 < D / 64; ++c4) {
+              uint32_t b[4];
+              ldsm_x4(sk_u + f8_tm_offset<D>(t0 + nt * 8 + rr, c4 * 4 + mi), b);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const F16x2x2 x = e4m3x4(b[i]);
+                M::run(s[nt], qa[c4 * 4 + i], x.lo, x.hi);
+              }
+            }
+        } else if constexpr (kFp8) {
+          // Matrix mi: dims 32 kp + 8 mi .. +7 (rows) of the step's 16 tokens
+          // (16 bytes), transposed: the thread gets dims 2 tig, +1 of tokens
+          // 2 g and 2 g + 1, so n-tile nt's column g is token t0 + 2 g + nt.
+#pragma unroll
+          for (int kp = 0; kp < D / 32; ++kp) {
+            uint32_t b[4];
+            ldsm_x4_t(sk_u + f8_dm_offset<D>(step, kp * 32 + mi * 8 + rr), b);
+            mma_f8_pairs(s[0], s[1], qa[2 * kp], b[0], b[1]);
+            mma_f8_pairs(s[0], s[1], qa[2 * kp + 1], b[2], b[3]);
           }
-          M::run(s[0], qa[ks], b[0], b[1]);
-          M::run(s[1], qa[ks], b[2], b[3]);
+        } else {
+          // Dim-major: the offsets of dims r + 16 ks are the ks = 0 offset
+          // plus a multiple of the dim stride (the swizzle term repeats every
+          // 16 / cpb dims).
+          const int kd_base =
+              kDimMajor ? dm_offset<D>((mi & 1) * 8 + rr, t0 / 8 + (mi >> 1), cpb_log2) : 0;
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t b[4];
+            if (kDimMajor) {
+              ldsm_x4_t(sk_u + 2 * (kd_base + ks * (128 << cpb_log2)), b);
+            } else {
+              const int r = t0 + (mi >> 1) * 8 + rr;
+              const int c = ks * 2 + (mi & 1);
+              ldsm_x4(sk_u + 2 * tile_offset(r, c, kChunks), b);
+            }
+            M::run(s[0], qa[ks], b[0], b[1]);
+            M::run(s[1], qa[ks], b[2], b[3]);
+          }
         }
-      }
 
-      // Online softmax in base 2 (the logit scales include log2(e)). Token
-      // of score s[n][e] relative to the step: column 2 tig + (e & 1) of
-      // n-tile n (FP8 dim-major: token 2 column + n).
-      // The soft-cap (a uniform branch) squashes the scaled scores; then
-      // the causal end and the window's start mask them.
-      const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
-      const bool head = kVariant && p.variant.window > 0 && tok0 + t0 < warp_end - p.variant.window;
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= (e & 2) ? lsc1 : lsc0;
-      if (kVariant && p.variant.softcap > 0.f) {
-        // Rows g + 8 of the m-tile are padding when the tile has at most 8
-        // query rows (groups <= 8 with one token): skip their two MUFU ops
-        // per score (warp-uniform; padding scores stay finite).
+        // Online softmax in base 2 (the logit scales include log2(e)). Token
+        // of score s[n][e] relative to the step: column 2 tig + (e & 1) of
+        // n-tile n (FP8 dim-major: token 2 column + n).
+        // The soft-cap (a uniform branch) squashes the scaled scores; then
+        // the causal end and the window's start mask them.
+        const bool tail = tok0 + t0 + kStepTokens > warp_mask_from;
+        const bool head =
+            kVariant && p.variant.window > 0 && tok0 + t0 < warp_end - p.variant.window;
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
-        if (mt * 16 + 8 < rows) {
+          for (int e = 0; e < 4; ++e) s[n][e] *= (e & 2) ? lsc1 : lsc0;
+        if (kVariant && p.variant.softcap > 0.f) {
+          // Rows g + 8 of the m-tile are padding when the tile has at most 8
+          // query rows (groups <= 8 with one token): skip their two MUFU ops
+          // per score (warp-uniform; padding scores stay finite).
 #pragma unroll
           for (int n = 0; n < 2; ++n)
 #pragma unroll
-            for (int e = 2; e < 4; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+            for (int e = 0; e < 2; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+          if (mt * 16 + 8 < rows) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int e = 2; e < 4; ++e) s[n][e] = p.variant.softcap_log2(s[n][e]);
+          }
         }
-      }
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok =
-              tok0 + t0 +
-              (kFp8 && kDimMajor ? 4 * tig + 2 * (e & 1) + n : n * 8 + 2 * tig + (e & 1));
-          const int lim = (e & 2) ? lim1 : lim0;
-          if ((tail && tok >= lim) || (head && tok < lim - p.variant.window)) s[n][e] = neg_inf();
+          for (int e = 0; e < 4; ++e) {
+            const int tok =
+                tok0 + t0 +
+                (kFp8 && kDimMajor ? 4 * tig + 2 * (e & 1) + n : n * 8 + 2 * tig + (e & 1));
+            const int lim = (e & 2) ? lim1 : lim0;
+            if ((tail && tok >= lim) || (head && tok < lim - p.variant.window)) s[n][e] = neg_inf();
+          }
+        float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // Lazy rescaling: a row's reference max moves only when a score
+        // passes it by more than kMaxSlack (base 2; 0 for bf16 P: whenever
+        // the max grows), so the warp skips O's rescale (64 multiplies per
+        // thread at head_dim 128) and the two exponentials of the correction
+        // on every step where no row's reference moves. Weights stay below
+        // 2^kMaxSlack, and O / l is the same for any reference at or above the
+        // scores' max minus the slack. Warp-uniform: the vote covers every row.
+        if (__any_sync(0xffffffffu, mx0 > m0 + kMaxSlack<TQ> || mx1 > m1 + kMaxSlack<TQ>)) {
+          const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+          // A row with every score so far masked keeps -inf: its correction
+          // is then exp2(-inf) = 0 against 0 instead of NaN.
+          const float corr0 = exp2_approx(m0 - (new0 == neg_inf() ? 0.f : new0));
+          const float corr1 = exp2_approx(m1 - (new1 == neg_inf() ? 0.f : new1));
+          m0 = new0;
+          m1 = new1;
+          l0 *= corr0;
+          l1 *= corr1;
+#pragma unroll
+          for (int n = 0; n < kODims / 8; ++n) {
+            o[n][0] *= corr0;
+            o[n][1] *= corr0;
+            o[n][2] *= corr1;
+            o[n][3] *= corr1;
+          }
         }
-      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      // Lazy rescaling: a row's reference max moves only when a score
-      // passes it by more than kMaxSlack (base 2; 0 for bf16 P: whenever
-      // the max grows), so the warp skips O's rescale (64 multiplies per
-      // thread at head_dim 128) and the two exponentials of the correction
-      // on every step where no row's reference moves. Weights stay below
-      // 2^kMaxSlack, and O / l is the same for any reference at or above the
-      // scores' max minus the slack. Warp-uniform: the vote covers every row.
-      if (__any_sync(0xffffffffu, mx0 > m0 + kMaxSlack<TQ> || mx1 > m1 + kMaxSlack<TQ>)) {
-        const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-        // A row with every score so far masked keeps -inf: its correction
-        // is then exp2(-inf) = 0 against 0 instead of NaN.
-        const float corr0 = exp2_approx(m0 - (new0 == neg_inf() ? 0.f : new0));
-        const float corr1 = exp2_approx(m1 - (new1 == neg_inf() ? 0.f : new1));
-        m0 = new0;
-        m1 = new1;
-        l0 *= corr0;
-        l1 *= corr1;
+        // With every score so far masked the max is -inf: use 0 so that
+        // exp2(-inf - 0) = 0 instead of NaN.
+        const float use0 = m0 == neg_inf() ? 0.f : m0;
+        const float use1 = m1 == neg_inf() ? 0.f : m1;
 #pragma unroll
-        for (int n = 0; n < kODims / 8; ++n) {
-          o[n][0] *= corr0;
-          o[n][1] *= corr0;
-          o[n][2] *= corr1;
-          o[n][3] *= corr1;
+        for (int n = 0; n < 2; ++n) {
+          s[n][0] = exp2_approx(s[n][0] - use0);
+          s[n][1] = exp2_approx(s[n][1] - use0);
+          s[n][2] = exp2_approx(s[n][2] - use1);
+          s[n][3] = exp2_approx(s[n][3] - use1);
         }
-      }
-      // With every score so far masked the max is -inf: use 0 so that
-      // exp2(-inf - 0) = 0 instead of NaN.
-      const float use0 = m0 == neg_inf() ? 0.f : m0;
-      const float use1 = m1 == neg_inf() ? 0.f : m1;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        s[n][0] = exp2_approx(s[n][0] - use0);
-        s[n][1] = exp2_approx(s[n][1] - use0);
-        s[n][2] = exp2_approx(s[n][2] - use1);
-        s[n][3] = exp2_approx(s[n][3] - use1);
-      }
-      // P as the A fragment of the PV mma (k = the 16 tokens).
-      uint32_t pa[4];
-      pa[0] = M::pack(s[0][0], s[0][1]);
-      pa[1] = M::pack(s[0][2], s[0][3]);
-      pa[2] = M::pack(s[1][0], s[1][1]);
-      pa[3] = M::pack(s[1][2], s[1][3]);
-      l0 += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
-      l1 += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
+        // P as the A fragment of the PV mma (k = the 16 tokens).
+        uint32_t pa[4];
+        pa[0] = M::pack(s[0][0], s[0][1]);
+        pa[1] = M::pack(s[0][2], s[0][3]);
+        pa[2] = M::pack(s[1][0], s[1][1]);
+        pa[3] = M::pack(s[1][2], s[1][3]);
+        l0 += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
+        l1 += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
 
-      // O += P V.
-      if constexpr (kFp8 && !kDimMajor) {
-        // Matrix mi: tokens t0 + 8 (mi & 1) .. +7 (rows), 16 dims of chunk
-        // 2 c2 + (mi >> 1), transposed: the thread gets dims 2 g, 2 g + 1 of
-        // tokens 2 tig, 2 tig + 1; so n-tile 2 c holds dims 16 c + 2 g and
-        // n-tile 2 c + 1 dims 16 c + 2 g + 1 (the epilogue undoes it).
+        // O += P V.
+        if constexpr (kFp8 && !kDimMajor) {
+          // Matrix mi: tokens t0 + 8 (mi & 1) .. +7 (rows), 16 dims of chunk
+          // 2 c2 + (mi >> 1), transposed: the thread gets dims 2 g, 2 g + 1 of
+          // tokens 2 tig, 2 tig + 1; so n-tile 2 c holds dims 16 c + 2 g and
+          // n-tile 2 c + 1 dims 16 c + 2 g + 1 (the epilogue undoes it).
 #pragma unroll
-        for (int c2 = 0; c2 < D / 32; ++c2) {
-          uint32_t b[4];
-          ldsm_x4_t(sv_u + f8_tm_offset<D>(t0 + (mi & 1) * 8 + rr, c2 * 2 + (mi >> 1)), b);
-          mma_f8_pairs(o[4 * c2], o[4 * c2 + 1], pa, b[0], b[1]);
-          mma_f8_pairs(o[4 * c2 + 2], o[4 * c2 + 3], pa, b[2], b[3]);
-        }
-      } else if constexpr (kFp8) {
-        // Matrix mi: dims 32 n4 + 8 mi .. +7 (rows) of the step's tokens;
-        // the thread gets tokens 4 tig .. 4 tig + 3 of its dim, which are
-        // P's k = 2 tig, 2 tig + 1 (tokens 4 tig, +2) and 2 tig + 8, +9
-        // (tokens 4 tig + 1, +3).
+          for (int c2 = 0; c2 < D / 32; ++c2) {
+            uint32_t b[4];
+            ldsm_x4_t(sv_u + f8_tm_offset<D>(t0 + (mi & 1) * 8 + rr, c2 * 2 + (mi >> 1)), b);
+            mma_f8_pairs(o[4 * c2], o[4 * c2 + 1], pa, b[0], b[1]);
+            mma_f8_pairs(o[4 * c2 + 2], o[4 * c2 + 3], pa, b[2], b[3]);
+          }
+        } else if constexpr (kFp8) {
+          // Matrix mi: dims 32 n4 + 8 mi .. +7 (rows) of the step's tokens;
+          // the thread gets tokens 4 tig .. 4 tig + 3 of its dim, which are
+          // P's k = 2 tig, 2 tig + 1 (tokens 4 tig, +2) and 2 tig + 8, +9
+          // (tokens 4 tig + 1, +3).
 #pragma unroll
-        for (int n4 = 0; n4 < D / 32; ++n4) {
-          uint32_t b[4];
-          ldsm_x4(sv_u + f8_dm_offset<D>(step, n4 * 32 + mi * 8 + rr), b);
+          for (int n4 = 0; n4 < D / 32; ++n4) {
+            uint32_t b[4];
+            ldsm_x4(sv_u + f8_dm_offset<D>(step, n4 * 32 + mi * 8 + rr), b);
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const F16x2x2 x = e4m3x4(pair_bytes(b[m]));
-            M::run(o[n4 * 4 + m], pa, x.lo, x.hi);
+            for (int m = 0; m < 4; ++m) {
+              const F16x2x2 x = e4m3x4(pair_bytes(b[m]));
+              M::run(o[n4 * 4 + m], pa, x.lo, x.hi);
+            }
+          }
+        } else {
+          // The warp's dims start at chunk n_half (a multiple of 8 for D =
+          // 256, so the row's XOR swizzle leaves it in place).
+          const int n_half = half * (kODims / 8);
+          const int vd_base =
+              kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
+          // Two 8-dim n-tiles per ldmatrix.x4.
+#pragma unroll
+          for (int n = 0; n < kODims / 8; n += 2) {
+            uint32_t b[4];
+            if (kDimMajor) {
+              ldsm_x4(sv_u + 2 * (vd_base + (n_half + n) * (64 << cpb_log2)), b);
+            } else {
+              const int r = t0 + (mi & 1) * 8 + rr;
+              const int c = n + (mi >> 1);
+              ldsm_x4_t(sv_u + 2 * (tile_offset(r, c, kChunks) + n_half * 8), b);
+            }
+            M::run(o[n], pa, b[0], b[1]);
+            M::run(o[n + 1], pa, b[2], b[3]);
           }
         }
-      } else {
-        // The warp's dims start at chunk n_half (a multiple of 8 for D =
-        // 256, so the row's XOR swizzle leaves it in place).
-        const int n_half = half * (kODims / 8);
-        const int vd_base =
-            kDimMajor ? dm_offset<D>((mi >> 1) * 8 + rr, t0 / 8 + (mi & 1), cpb_log2) : 0;
-        // Two 8-dim n-tiles per ldmatrix.x4.
-#pragma unroll
-        for (int n = 0; n < kODims / 8; n += 2) {
-          uint32_t b[4];
-          if (kDimMajor) {
-            ldsm_x4(sv_u + 2 * (vd_base + (n_half + n) * (64 << cpb_log2)), b);
-          } else {
-            const int r = t0 + (mi & 1) * 8 + rr;
-            const int c = n + (mi >> 1);
-            ldsm_x4_t(sv_u + 2 * (tile_offset(r, c, kChunks) + n_half * 8), b);
-          }
-          M::run(o[n], pa, b[0], b[1]);
-          M::run(o[n + 1], pa, b[2], b[3]);
-        }
-      }
+      }  // !kSwap
     }
   }
   cp_async_wait<0>();
   __syncthreads();
   FD_TRACE(fd_trace_attn, 8, 4, 0);
 
-  // Merge the warps (fixed order) through shared memory.
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  // Merge the warps (fixed order) through shared memory. The sums: over the
+  // 4 lanes of a row (swapped: over the 8 lanes of a head pair's tokens).
+  if constexpr (kSwap) {
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+      sw.la += __shfl_xor_sync(0xffffffffu, sw.la, x);
+      sw.lb += __shfl_xor_sync(0xffffffffu, sw.lb, x);
+    }
+  } else {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  }
   // Rows are padded to D + 8 floats: the 8-byte stores of a half-warp (rows
   // g = 0..3, dims 2 tig) then hit 16 distinct bank pairs (unpadded rows put
   // all 8 rows of a warp in one bank: an 8-way conflict that cost ~2 us per
   // CTA, measured by bench/trace_probe). Rows past the group are not stored.
   // FP8 token-major: 4 consecutive dims per thread and row (float4 stores,
-  // rows padded to D + 16).
+  // rows padded to D + 16). Swapped: a half-warp stores float2 at dims
+  // 16 c + 2 g of heads 2 tig; rows D + 4 floats apart put its four heads
+  // 8 banks apart.
   constexpr bool kWide = kFp8 && !kDimMajor;
-  constexpr int Dp = kRedStride<D, kWide>;
+  constexpr int Dp = kSwap ? D + 4 : kRedStride<D, kWide>;
+  static_assert(Dp <= kRedStride<D, kWide> && Dp % 4 == 0, "kMergeBytes bounds the buffer");
   static_assert(kMergeBytes<D, kWide> <= Cfg::kSmemBytes, "the merge buffer fits the stages");
   float *red_o = reinterpret_cast<float *>(smem);  // [warp][16][Dp]
   float *red_m = red_o + kWarps * 16 * Dp;         // [warp][16]
@@ -668,7 +701,21 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
   {
     float *wo = red_o + warp * 16 * Dp;
     const bool row0 = h0 < rows, row1 = h1 < rows;
-    if constexpr (kWide) {
+    if constexpr (kSwap) {
+      const int ha = 2 * tig, hb = ha + 1;
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        const int d = c * 16 + 2 * g;
+        if (ha < rows)
+          *reinterpret_cast<float2 *>(wo + ha * Dp + d) = make_float2(o[c][0], o[c][2]);
+        if (hb < rows)
+          *reinterpret_cast<float2 *>(wo + hb * Dp + d) = make_float2(o[c][1], o[c][3]);
+      }
+      if (g == 0) {  // (every g holds the same maxima and, now, sums)
+        if (ha < rows) red_m[warp * 16 + ha] = sw.ma, red_l[warp * 16 + ha] = sw.la;
+        if (hb < rows) red_m[warp * 16 + hb] = sw.mb, red_l[warp * 16 + hb] = sw.lb;
+      }
+    } else if constexpr (kWide) {
 #pragma unroll
       for (int c = 0; c < D / 16; ++c) {
         const int d = c * 16 + 4 * tig;
@@ -687,7 +734,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
           *reinterpret_cast<float2 *>(wo + (g + 8) * Dp + d) = make_float2(o[n][2], o[n][3]);
       }
     }
-    if (tig == 0 && half == 0) {  // (both warps of a role hold the same max and sum)
+    if (!kSwap && tig == 0 && half == 0) {  // (both warps of a role hold the same max and sum)
       red_m[warp * 16 + g] = m0;
       red_m[warp * 16 + g + 8] = m1;
       red_l[warp * 16 + g] = l0;
