@@ -4,6 +4,7 @@
 // pipeline (Config), the K/V element types, and the kernels' parameters.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -120,6 +121,12 @@ struct Params {
   float *partial_ml;
   float v_scale;  // V dequantisation scale, applied once to the output (K's is in variant)
   bool q_bf16;    // FP8 K/V: q and out are bf16 (else f16)
+  // The swapped FP8 kernel's TMA views of K and V (decode_dispatch.cuh,
+  // encode_kv_maps): bytes [block][KV head][token in block][dim], one
+  // block of one head per box, and which tensor dim (1-3) holds the token
+  // in block, the KV head and the block. Unused by the other kernels.
+  CUtensorMap tma_k, tma_v;
+  int8_t tma_pos[3];
 };
 
 }  // namespace detail

@@ -155,6 +155,51 @@ __device__ __forceinline__ void mma_f8_pairs(float c0[4], float c1[4], const uin
   Mma<__half>::run(c1, a, x0.hi, x1.hi);
 }
 
+// Tensor-memory-access (TMA) copies completing on shared-memory mbarriers
+// (sm_90): the swapped FP8 kernel's staging (decode_swapped.cuh). An
+// mbarrier phase completes when its pending arrivals reach zero and every
+// byte announced by arrive_expect_tx has landed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals));
+}
+// Makes initialised mbarriers visible to the async proxy (the TMA unit);
+// the CTA's threads see them after the next __syncthreads.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` more bytes to land on the barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n\t.reg .pred done;\n"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Orders this thread's generic-proxy shared-memory writes before later
+// async-proxy (TMA) accesses of the same memory.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Loads the box at coordinates (c0, c1, c2, c3) of the 4-d tensor map at
+// generic address `map` (a __grid_constant__ kernel parameter) into shared
+// memory at `dst`; its bytes complete on mbarrier `bar`. Coordinates outside
+// the tensor read nothing and fill zeros.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2,
+                                            int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // Programmatic dependent launch (sm_90). The kernels are launched with the
 // programmatic-stream-serialization attribute, so a kernel may be scheduled
 // while the previous one in the stream is still running: `pdl_wait` blocks

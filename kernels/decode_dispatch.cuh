@@ -4,10 +4,13 @@
 // (instantiated per element-type pair in decode_<dtype>.cu).
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "decode_kernel.cuh"
 #include "decode_merge.cuh"
@@ -63,13 +66,76 @@ constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &
 template <class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<TKV>::kFp8;
 
-// Whether an instantiation of decode_kernel has a swapped-operand twin
-// (decode_swapped.cuh): FP8 K/V, token-major, one query token per row. A run
-// takes it for groups of at most kSwapMaxGroup heads without attention
-// variants.
+// Whether an instantiation of decode_kernel has swapped-operand twins
+// (decode_swapped.cuh; staged by cp.async, or by TMA): FP8 K/V, token-major,
+// one query token per row. A run takes one for groups of at most
+// kDecodeSwapMaxGroup heads without attention variants; the TMA twin when
+// its plan chose it (DecodeWorkList::tma_stages) and the cache's strides
+// allow it (encode_kv_maps).
 template <class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasSwap = !kDimMajor && !kMulti && detail::KvType<TKV>::kFp8;
-constexpr int kSwapMaxGroup = 8;  // the n = 8 columns of the swapped mma
+
+// Dynamic shared memory of the TMA-staged swapped kernel: the stages, then
+// one 8-byte mbarrier per stage.
+template <int D>
+constexpr size_t kTmaSmemBytes =
+    detail::Config<D, 1>::kSmemBytes + 8 * detail::Config<D, 1>::kStages;
+
+// Encodes the TMA tensor maps the swapped FP8 kernel stages K and V through
+// (p.tma_k, p.tma_v): each cache as a 4-d byte tensor whose dims 1-3 are the
+// token in block, the KV head and the block, ordered by stride (the order
+// goes to p.tma_pos), boxes of one block of one head,
+// swizzled in 128-byte (head_dim 128) or 64-byte (64) spans as f8_tm_offset
+// stages a tile. Host work only (no device call). False when the layout
+// does not allow it (strides and addresses must be multiples of 16 bytes)
+// or the driver lacks the entry point: the caller then takes the cp.async
+// staging.
+inline bool encode_kv_maps(const DecodeLaunch &l, detail::Params &p) {
+  if (l.dim_major || l.stride_dim != 1 || l.num_blocks <= 0 || l.work.num_kv_heads <= 0)
+    return false;
+  auto fits = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
+  if (!fits(l.stride_token) || !fits(l.stride_head) || !fits(l.stride_block)) return false;
+  if (reinterpret_cast<uintptr_t>(l.k) % 16 != 0 || reinterpret_cast<uintptr_t>(l.v) % 16 != 0)
+    return false;
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr)
+    return false;
+  auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  const cuuint32_t dim_bytes = static_cast<cuuint32_t>(l.head_dim);
+  const cuuint32_t block = 1u << l.block_size_log2;
+  // Axes token, head, block with their extents and strides, in stride order.
+  struct Axis {
+    cuuint64_t extent, stride;
+    cuuint32_t box;
+    int which;  // 0 token, 1 head, 2 block
+  };
+  Axis axes[3] = {
+      {block, static_cast<cuuint64_t>(l.stride_token), block, 0},
+      {static_cast<cuuint64_t>(l.work.num_kv_heads), static_cast<cuuint64_t>(l.stride_head), 1, 1},
+      {static_cast<cuuint64_t>(l.num_blocks), static_cast<cuuint64_t>(l.stride_block), 1, 2}};
+  for (int i = 1; i < 3; ++i)
+    for (int j = i; j > 0 && axes[j].stride < axes[j - 1].stride; --j)
+      std::swap(axes[j], axes[j - 1]);
+  const cuuint64_t dims[4] = {dim_bytes, axes[0].extent, axes[1].extent, axes[2].extent};
+  const cuuint64_t strides[3] = {axes[0].stride, axes[1].stride, axes[2].stride};
+  const cuuint32_t box[4] = {dim_bytes, axes[0].box, axes[1].box, axes[2].box};
+  for (int i = 0; i < 3; ++i) p.tma_pos[axes[i].which] = static_cast<int8_t>(i + 1);
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUtensorMapSwizzle swizzle =
+      l.head_dim == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  for (int i = 0; i < 2; ++i) {
+    const CUresult r =
+        encode(i == 0 ? &p.tma_k : &p.tma_v, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4,
+               const_cast<void *>(i == 0 ? l.k : l.v), dims, strides, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return false;
+  }
+  return true;
+}
 
 // Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
 // element-type pair in decode_<dtype>.cu so they compile in parallel).
@@ -97,9 +163,12 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
     if (err != cudaSuccess) return err;
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
-    const cudaError_t err = cudaFuncSetAttribute(
+    cudaError_t err = cudaFuncSetAttribute(
         detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, sizeof(TKV)>::kSmemBytes);
+        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, 1>::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D>);
     if (err != cudaSuccess) return err;
   }
   const cudaError_t err = cudaFuncSetAttribute(
@@ -210,10 +279,14 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
     }
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
-    if (l.work.group_size <= kSwapMaxGroup && l.variant.is_plain()) {
-      err = detail::launch_pdl(
-          detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>, grid,
-          Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
+    if (l.work.group_size <= kDecodeSwapMaxGroup && l.variant.is_plain()) {
+      if (l.work.tma_stages && encode_kv_maps(l, p))
+        err = detail::launch_pdl(detail::decode_kernel_tma<TQ, TKV, D>, grid, Cfg::kThreads,
+                                 kTmaSmemBytes<D>, l.stream, p);
+      else
+        err = detail::launch_pdl(
+            detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>, grid,
+            Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
       launched = true;
     }
   }

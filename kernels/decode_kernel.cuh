@@ -66,17 +66,21 @@ constexpr float kMaxSlack = std::is_same<TQ, __half>::value ? 8.f : 0.f;
 // Config's deeper-pipelined shape (head_dim 128, 16-bit K/V, one query
 // token, plain, token-major: the only instantiation taking it). kSwap: the
 // swapped-operand step of decode_swapped.cuh (FP8 K/V, token-major, one query
-// token, plain; the host takes it for groups of at most 8 heads).
-template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant,
-          bool kDeep = false, bool kSwap = false>
-__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCtasPerSm)
-    decode_kernel(const Params p) {
+// token, plain; the host takes it for groups of at most 8 heads). kTma (with
+// kSwap): K/V tiles staged by TMA block copies on mbarriers instead of
+// per-thread cp.async (the plan's DecodeWorkList::tma_stages; sm_90).
+// The body is decode_attention; decode_kernel and decode_kernel_tma (below)
+// are its entry points.
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant, bool kDeep,
+          bool kSwap, bool kTma>
+__device__ __forceinline__ void decode_attention(const Params &p) {
   constexpr bool kFp8 = KvType<TKV>::kFp8;
   static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
                 "the tensor-core path reads 16-bit q and 16-bit or FP8 K/V elements");
   static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
   static_assert(!kSwap || (kFp8 && !kDimMajor && !kMulti && !kVariant),
                 "the swapped step serves plain one-token FP8 token-major calls");
+  static_assert(!kTma || kSwap, "TMA staging is the swapped kernel's");
   using Cfg = Config<D, sizeof(TKV), kDeep>;
   using M = Mma<TQ>;
   constexpr int kThreads = Cfg::kThreads;
@@ -102,7 +106,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
   static_assert(
       !kTmUniformRows || (kTmRowsPerPass % 8 == 0 && (kTmRowsPerPass & (kTmRowsPerPass - 1)) == 0),
       "a pass of rows keeps the swizzle phase and is a power of two");
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  // 1024-byte aligned: TMA's 128-byte swizzle (the swapped kernel's
+  // staging) follows address bits 7-9, which f8_tm_offset reproduces
+  // relative to a stage's start.
+  extern __shared__ __align__(1024) unsigned char smem_bytes[];
   TKV *smem = reinterpret_cast<TKV *>(smem_bytes);
 
   const int tid = threadIdx.x;
@@ -172,9 +179,22 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
   // the first tile depends on seq_len, so they load after it (one round
   // trip more, once per CTA).
   int pre[kS][kNmax];
-  if (!kVariant || p.variant.window == 0) {
+  if (!kTma && (!kVariant || p.variant.window == 0)) {
 #pragma unroll
     for (int s = 0; s < kS; ++s) fetch_ids(s, pre[s]);
+  }
+  // TMA: lane i of warp 0 stages block i of each tile (see
+  // tma_issue); its raw table entries of the first tiles load here.
+  const int tile_blocks = kTile >> bs_log2;
+  const bool stager = kTma && tid < tile_blocks;
+  auto tma_id = [&](int j) {
+    const int b = (((tile_begin + j) * kTile) >> bs_log2) + lane;
+    return b < p.max_blocks_per_seq ? __ldg(table + b) : -1;
+  };
+  int tma_ids[kS];
+  if (stager) {
+#pragma unroll
+    for (int s = 0; s < kS; ++s) tma_ids[s] = tma_id(s);
   }
 
   seq_len = seq_len < 0 ? 0 : (seq_len > max_len ? max_len : seq_len);
@@ -279,15 +299,58 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
     }
   };
 
+  // TMA: one mbarrier per stage (after the stages), completed by warp
+  // 0 lane 0's arrival and the bytes of the tile's TMA copies. Lane i
+  // copies block i of tile j (K and V: a box of block_size rows of D bytes
+  // each, swizzled as f8_tm_offset) when it holds a token below kv_end;
+  // blocks past the row's end are not copied, and a table entry outside the
+  // cache reads nothing (TMA fills zeros). Rows past kv_end in a copied or
+  // skipped block hold stale bytes: their scores are masked and the warp
+  // that reads them zeroes their V rows (swapped_step).
+  const uint32_t bars = smem_u32(smem_bytes + Cfg::kSmemBytes);
+  auto tma_issue = [&](int j, int id) {
+    const int t = (tile_begin + j) * kTile + (lane << bs_log2);
+    const bool valid = lane < tile_blocks && t < kv_end;
+    const uint32_t n = __popc(__ballot_sync(0xffffffffu, valid));
+    const uint32_t bar = bars + (j % kS) * 8;
+    if (lane == 0) mbar_arrive_expect_tx(bar, n * 2 * (static_cast<uint32_t>(D) << bs_log2));
+    if (valid) {
+      const uint32_t dst =
+          smem_u32(smem + (j % kS) * 2 * Cfg::kTileElems) + ((lane * D) << bs_log2);
+      // Coordinates (dim, then token 0, head kvh and block id in the map's
+      // order).
+      auto at = [&](int dim) { return p.tma_pos[1] == dim ? kvh : (p.tma_pos[2] == dim ? id : 0); };
+      const int c1 = at(1), c2 = at(2), c3 = at(3);
+      tma_load_4d(dst, &p.tma_k, 0, c1, c2, c3, bar);
+      tma_load_4d(dst + Cfg::kTileElems, &p.tma_v, 0, c1, c2, c3, bar);
+    }
+  };
+
   // Start the pipeline before anything else so memory is busy early.
-#pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_tiles) issue(s, pre[s], s == 0 ? kv_begin : 0);
-    cp_async_commit();
-  }
   int ids[kNmax];
+  int next_id = 0;  // TMA: the stager's entry of the next tile to issue
+  if constexpr (kTma) {
+    if (warp == 0) {
+      if (lane == 0) {
 #pragma unroll
-  for (int i = 0; i < kNmax; ++i) ids[i] = pre[kS - 1][i];
+        for (int s = 0; s < kS; ++s) mbar_init(bars + 8 * s, 1);
+        mbar_fence_init();
+      }
+      __syncwarp();
+#pragma unroll
+      for (int s = 0; s < kS - 1; ++s)
+        if (s < n_tiles) tma_issue(s, stager ? tma_ids[s] : -1);
+      next_id = stager ? tma_ids[kS - 1] : -1;
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kS - 1; ++s) {
+      if (s < n_tiles) issue(s, pre[s], s == 0 ? kv_begin : 0);
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < kNmax; ++i) ids[i] = pre[kS - 1][i];
+  }
 
   // This warp's m-tile (16 q heads of the group) and token slices.
   const int mt = warp % p.m_tiles;
@@ -434,14 +497,25 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
   const int rr = lane & 7;   // ... and which of its rows
 
   for (int j = 0; j < n_tiles; ++j) {
-    cp_async_wait<kS - 2>();
-    __syncthreads();
-    if (j == 0) FD_TRACE(fd_trace_attn, 8, 3, 0);
-    if (j + kS - 1 < n_tiles) {
-      issue(j + kS - 1, ids, 0);
-      if (j + kS < n_tiles) fetch_ids(j + kS, ids);  // consumed next iteration
+    if constexpr (kTma) {
+      // Every warp is past tile j - 1, so its stage may be refilled (and,
+      // at j = 0, the barriers' initialisation is visible to all).
+      __syncthreads();
+      if (warp == 0 && j + kS - 1 < n_tiles) {
+        tma_issue(j + kS - 1, next_id);
+        if (stager && j + kS < n_tiles) next_id = tma_id(j + kS);
+      }
+      mbar_wait(bars + (j % kS) * 8, static_cast<uint32_t>(j / kS) & 1u);
+    } else {
+      cp_async_wait<kS - 2>();
+      __syncthreads();
+      if (j + kS - 1 < n_tiles) {
+        issue(j + kS - 1, ids, 0);
+        if (j + kS < n_tiles) fetch_ids(j + kS, ids);  // consumed next iteration
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
+    if (j == 0) FD_TRACE(fd_trace_attn, 8, 3, 0);
 
     const int tok0 = (tile_begin + j) * kTile;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
@@ -472,8 +546,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
           tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
         continue;  // before the window of every row of the warp
       if constexpr (kSwap) {
-        swapped_step<D>(sk_u, sv_u, t0, tok0 + t0, seq_len, qa, lsa, lsb, kMaxSlack<TQ>, sw, o,
-                        lane);
+        swapped_step<D, kTma>(sk_u, reinterpret_cast<unsigned char *>(sv), t0, tok0 + t0, seq_len,
+                              qa, lsa, lsb, kMaxSlack<TQ>, sw, o, lane);
       } else {
         // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -826,6 +900,22 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
     }
   }
   FD_TRACE(fd_trace_attn, 8, 5, 0);
+}
+
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant,
+          bool kDeep = false, bool kSwap = false>
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCtasPerSm)
+    decode_kernel(const Params p) {
+  decode_attention<TQ, TKV, D, kDimMajor, kMulti, kVariant, kDeep, kSwap, false>(p);
+}
+
+// The TMA-staged swapped kernel: its TMA copies name the tensor maps in its
+// parameter space, so the parameter is __grid_constant__ (taking it so in
+// decode_kernel changed every other kernel's code).
+template <class TQ, class TKV, int D>
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 1>::kCtasPerSm)
+    decode_kernel_tma(const __grid_constant__ Params p) {
+  decode_attention<TQ, TKV, D, false, false, false, false, true, true>(p);
 }
 
 }  // namespace detail

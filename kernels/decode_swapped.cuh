@@ -60,9 +60,9 @@ struct SwapState {
 // `slack`, as in decode_kernel), O^T += V^T P^T.
 // qa[ks][0], qa[ks][2]: q row g's dims of k-step ks (permuted as above);
 // lsa, lsb: the base-2 logit scales of heads 2 tig and 2 tig + 1; positions
-// at or past seq_len are masked.
-template <int D>
-__device__ __forceinline__ void swapped_step(uint32_t sk_u, uint32_t sv_u, int t0, int tok,
+// at or past seq_len are masked. sv: the V stage (generic pointer).
+template <int D, bool kZeroTail>
+__device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, int t0, int tok,
                                              int seq_len, const uint32_t (&qa)[D / 16][4],
                                              float lsa, float lsb, float slack, SwapState &st,
                                              float (&o)[D / 16][4], int lane) {
@@ -74,6 +74,25 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, uint32_t sv_u, int t
   // (mi >> 1): registers 0 / 1 are tokens g / g + 8 of chunk 2 c2, 2 / 3 of
   // chunk 2 c2 + 1.
   const int row = t0 + (mi & 1) * 8 + rr;
+  if (kZeroTail && tok + 16 > seq_len) {  // warp-uniform
+    // kZeroTail (TMA staging): the step's rows at or past seq_len hold stale
+    // bytes (TMA stages whole blocks, and skips blocks past the row's end;
+    // cp.async staging zero-fills them instead): their scores are masked
+    // below, but a weight of 0 times a stale NaN would still be NaN, so zero
+    // their V rows (this warp alone reads them), before the next TMA write.
+    const int first = seq_len - tok < 0 ? 0 : seq_len - tok;
+    constexpr int kRowChunks = D / 16;
+#pragma unroll
+    for (int e = lane; e < 16 * kRowChunks; e += 32) {
+      const int r = e / kRowChunks;
+      if (r >= first)
+        *reinterpret_cast<uint4 *>(sv + f8_tm_offset<D>(t0 + r, e % kRowChunks)) =
+            make_uint4(0u, 0u, 0u, 0u);
+    }
+    fence_proxy_async_smem();
+    __syncwarp();
+  }
+  const uint32_t sv_u = smem_u32(sv);
   float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int c2 = 0; c2 < D / 32; ++c2) {

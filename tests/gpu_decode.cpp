@@ -28,6 +28,7 @@ extern "C" {
 #include <vector>
 
 #include "fd_gpu_test.h"
+#include "fd_gpu_graph.h"
 
 namespace {
 
@@ -493,20 +494,6 @@ void test_lead_units(void **state) {
   }
 }
 
-/* cuGraphKernelNodeGetParams, through the runtime: the library's kernels
- * are registered with its own (static) CUDA runtime, which this suite's
- * runtime cannot name, so cudaGraphKernelNodeGetParams fails on them. */
-using KernelNodeParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
-
-KernelNodeParamsFn kernel_node_params() {
-  void *fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  CUDA_OK(cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000,
-                                           cudaEnableDefault, &found));
-  assert_int_equal(found, cudaDriverEntryPointSuccess);
-  return reinterpret_cast<KernelNodeParamsFn>(fn);
-}
-
 /* fd_decode(p) captured into a CUDA graph on d's stream, its output (the
  * first `out_bytes`) poisoned first. */
 cudaGraph_t capture_decode(Dev &d, const fd_decode_params &p, size_t out_bytes) {
@@ -528,22 +515,7 @@ size_t captured_smem(Dev &d, const fd_decode_params &p, size_t elems, std::vecto
                      size_t *kernels) {
   cudaGraph_t graph = capture_decode(d, p, elems * esize());
   cudaGraphExec_t exec = nullptr;
-  size_t count = 0;
-  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
-  std::vector<cudaGraphNode_t> nodes(count);
-  CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
-  const KernelNodeParamsFn get_params = kernel_node_params();
-  size_t smem = 0;
-  *kernels = 0;
-  for (cudaGraphNode_t n : nodes) {
-    cudaGraphNodeType type;
-    CUDA_OK(cudaGraphNodeGetType(n, &type));
-    if (type != cudaGraphNodeTypeKernel) continue;
-    CUDA_KERNEL_NODE_PARAMS kp = {};
-    assert_int_equal(get_params(n, &kp), CUDA_SUCCESS);
-    smem = std::max<size_t>(smem, kp.sharedMemBytes);
-    ++*kernels;
-  }
+  const size_t smem = fd_graph_kernel_smem(graph, kernels);
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_OK(cudaGraphLaunch(exec, d.stream));
   out->assign(elems, 0);

@@ -38,6 +38,7 @@ extern "C" {
 
 #include "dtype.hpp" /* the host FP8 conversions (src/core) */
 #include "fd_gpu_test.h"
+#include "fd_gpu_graph.h"
 #include "fd_test_fp8_close.h"
 
 namespace {
@@ -52,6 +53,8 @@ constexpr uint8_t kNanCode = 0x7f;
 struct Case {
   int32_t q_dtype = FD_DTYPE_BF16;
   bool dim_major = false;
+  bool nhd = false; /* token-major [block][token][KV head][dim] (explicit strides) */
+  int32_t hint = 0; /* max_seq_len_hint (0: none, the table's length plans) */
   uint32_t dim = 128, bs = 16, hkv = 2, group = 4;
   std::vector<int32_t> lens;
   int32_t q_len = 1;    /* query tokens per row (> 1: q_indptr) */
@@ -88,6 +91,8 @@ Host make_host(const Case &c) {
   const int64_t H = c.hkv, D = c.dim, B = c.bs;
   if (c.dim_major)
     h.sb = H * D * B, h.sh = D * B, h.st = 1, h.sd = B;
+  else if (c.nhd)
+    h.sb = B * H * D, h.sh = D, h.st = H * D, h.sd = 1;
   else
     h.sb = H * B * D, h.sh = B * D, h.st = D, h.sd = 1;
   h.cache_elems = static_cast<size_t>(h.sb) * h.num_blocks;
@@ -254,6 +259,9 @@ fd_decode_params params_for(const Host &h, const void *q, const void *k, const v
   p.k_scale = h.k_scale;
   p.v_scale = h.v_scale;
   p.sm_scale = h.sm_scale;
+  p.max_seq_len_hint = h.c.hint;
+  if (h.c.nhd)
+    p.stride_block = h.sb, p.stride_head = h.sh, p.stride_token = h.st, p.stride_dim = h.sd;
   p.q = q;
   p.k_cache = k;
   p.v_cache = v;
@@ -501,6 +509,71 @@ void test_long_rows(void **state) {
       ++cases;
     }
   report("long rows", cases, w);
+}
+
+/* TMA staging of the swapped FP8 kernel (DecodeWorkList::tma_stages:
+ * token-major, one query token, groups of at most 8, a one-wave list of
+ * items of at most 4 tiles): rows of at most 256 tokens over a few (row, KV
+ * head) units take it, which the attention node's shared memory shows (the
+ * stages plus one 8-byte mbarrier each); head_dim 64 and 128, block sizes
+ * 8/16/32, packed and NHD strides (the tensor map orders its dims by
+ * stride), groups 1/5/8; rows ending inside a block, at a block's end and
+ * empty, FP8 NaN past every row's end and in the spare blocks behind
+ * unused table slots. Outputs against the float64 reference of the
+ * dequantised cache (unsplit, automatic and 5 splits: check_case). Rows of
+ * 1000 tokens (16 tiles) take the cp.async staging. */
+void test_tma_staging(void **state) {
+  (void)state;
+  const struct {
+    uint32_t dim, bs, hkv, group;
+    bool nhd;
+    int32_t longest;
+    bool tma;
+  } cases[] = {{128, 16, 2, 8, false, 256, true},
+               {128, 8, 2, 5, true, 250, true},
+               {64, 32, 4, 8, true, 200, true},
+               {64, 16, 4, 1, false, 256, true},
+               {128, 16, 2, 8, true, 1000, false}};
+  fd_test_rng rng = {5};
+  Worst w;
+  int cases_run = 0;
+  for (const auto &k : cases) {
+    Case c;
+    c.dim = k.dim, c.bs = k.bs, c.hkv = k.hkv, c.group = k.group, c.nhd = k.nhd;
+    c.hint = k.longest; /* (the table holds a spare slot per row: 5 tiles unhinted) */
+    c.lens = {k.longest,
+              0,
+              1,
+              static_cast<int32_t>(k.bs),
+              static_cast<int32_t>(2 * k.bs + 3),
+              static_cast<int32_t>(fd_test_range(&rng, 2, k.longest))};
+    c.seed = fd_test_next(&rng);
+    check_case(c, &w);
+    ++cases_run;
+    /* Which staging ran: the captured attention node's shared memory. */
+    const Host h = make_host(c);
+    Dev d;
+    upload(h, d);
+    const fd_decode_params p = device_params(h, d, 1);
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
+    const fd_status st = fd_decode(&p);
+    CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
+    FD_ASSERT_OK(st);
+    size_t kernels = 0;
+    const size_t smem = fd_graph_kernel_smem(graph, &kernels);
+    CUDA_OK(cudaGraphDestroy(graph));
+    const size_t stages = k.dim == 128 ? 4 : 6; /* Config's FP8 stages */
+    const size_t want = stages * 2 * 64 * k.dim + (k.tma ? 8 * stages : 0);
+    if (smem != want) {
+      print_error("D=%u bs=%u group=%u %s longest %d: attention smem %zu, want %zu (%s)\n", k.dim,
+                  k.bs, k.group, k.nhd ? "NHD" : "packed", k.longest, smem, want,
+                  k.tma ? "TMA" : "cp.async");
+      fail();
+    }
+    assert_int_equal(kernels, 1);
+  }
+  report("TMA staging", cases_run, w);
 }
 
 /* A CUDA graph of FP8 decode calls replays to the same bits. */
@@ -848,8 +921,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_sweep), cmocka_unit_test(test_bf16_q_range),
       cmocka_unit_test(test_long_rows),    cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_refusals),     cmocka_unit_test(test_append_bytes),
-      cmocka_unit_test(test_cache_writes),
+      cmocka_unit_test(test_tma_staging),  cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_append_bytes), cmocka_unit_test(test_cache_writes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

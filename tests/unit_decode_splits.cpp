@@ -6,7 +6,8 @@
  * docs/perf/h200-session10-ae15739-2026-12-02.json, decode_bench --quick:
  * its "splits" column is slot_splits()), and the deep shape only where it serves: 16-bit
  * token-major plain calls of one query token, lists of at most 2 items per
- * SM of at least 4 tiles, or unsplit lists of up to two deep waves. The
+ * SM of at least 4 tiles, or unsplit lists of up to two deep waves; TMA
+ * staging only for FP8 one-wave lists of items of at most 4 tiles. The
  * CUDA suites check what the kernels do with these lists (gpu_decode). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -73,29 +74,32 @@ struct GridCase {
   int32_t len;
   int32_t splits, fp8_splits;  // slot_splits() the H200 ran, 16-bit / FP8 K/V
   bool deep;                   // 16-bit: the deep shape
+  bool tma;                    // FP8: TMA staging (one-wave lists of items of <= 4 tiles)
 };
 
 const GridCase kGrid[] = {
-    {&kA, 1, 32768, 47, 47, false},   {&kA, 1, 2048, 16, 16, false},
-    {&kA, 8, 8192, 6, 6, false},      {&kA, 32, 4096, 1, 3, true},
-    {&kA, 64, 4096, 1, 3, true},      {&kA, 128, 2048, 1, 1, false},
-    {&kA, 256, 1024, 4, 4, false},    {&kA, 64, 8192, 7, 7, false},
-    {&kB, 1, 32768, 12, 12, false},   {&kB, 1, 2048, 11, 11, false},
-    {&kB, 8, 8192, 4, 4, false},      {&kB, 32, 4096, 3, 1, false},
-    {&kB, 64, 4096, 5, 5, false},     {&kB, 128, 2048, 1, 1, false},
-    {&kB, 256, 1024, 1, 1, false},    {&kB, 64, 8192, 4, 4, false},
-    {&kC, 1, 32768, 128, 128, true},  {&kC, 1, 2048, 32, 32, false},
-    {&kC, 8, 8192, 22, 22, false},    {&kC, 32, 4096, 6, 6, false},
-    {&kC, 64, 4096, 3, 3, false},     {&kC, 128, 2048, 1, 3, true},
-    {&kC, 256, 1024, 1, 3, true},     {&kC, 64, 8192, 4, 4, false},
-    {&kD, 1, 32768, 128, 128, false}, {&kD, 1, 2048, 32, 32, false},
-    {&kD, 8, 8192, 16, 16, false},    {&kD, 32, 4096, 4, 4, false},
-    {&kD, 64, 4096, 2, 2, false},     {&kD, 128, 2048, 1, 1, false},
-    {&kD, 256, 1024, 1, 1, false},    {&kD, 64, 8192, 16, 16, false},
+    {&kA, 1, 32768, 47, 47, false, false},  {&kA, 1, 2048, 16, 16, false, true},
+    {&kA, 8, 8192, 6, 6, false, false},     {&kA, 32, 4096, 1, 3, true, false},
+    {&kA, 64, 4096, 1, 3, true, false},     {&kA, 128, 2048, 1, 1, false, false},
+    {&kA, 256, 1024, 4, 4, false, false},   {&kA, 64, 8192, 7, 7, false, false},
+    {&kB, 1, 32768, 12, 12, false, false},  {&kB, 1, 2048, 11, 11, false, true},
+    {&kB, 8, 8192, 4, 4, false, false},     {&kB, 32, 4096, 3, 1, false, false},
+    {&kB, 64, 4096, 5, 5, false, false},    {&kB, 128, 2048, 1, 1, false, false},
+    {&kB, 256, 1024, 1, 1, false, false},   {&kB, 64, 8192, 4, 4, false, false},
+    {&kC, 1, 32768, 128, 128, true, true},  {&kC, 1, 2048, 32, 32, false, true},
+    {&kC, 8, 8192, 22, 22, false, false},   {&kC, 32, 4096, 6, 6, false, false},
+    {&kC, 64, 4096, 3, 3, false, false},    {&kC, 128, 2048, 1, 3, true, false},
+    {&kC, 256, 1024, 1, 3, true, false},    {&kC, 64, 8192, 4, 4, false, false},
+    {&kD, 1, 32768, 128, 128, false, true}, {&kD, 1, 2048, 32, 32, false, true},
+    {&kD, 8, 8192, 16, 16, false, false},   {&kD, 32, 4096, 4, 4, false, false},
+    {&kD, 64, 4096, 2, 2, false, false},    {&kD, 128, 2048, 1, 1, false, false},
+    {&kD, 256, 1024, 1, 1, false, false},   {&kD, 64, 8192, 16, 16, false, false},
 };
 
-/* Every grid case, 16-bit and FP8 K/V: the split count the H200 ran, and the
- * deep shape exactly where the case says (never for FP8 K/V). */
+/* Every grid case, 16-bit and FP8 K/V: the split count the H200 ran, the
+ * deep shape exactly where the case says (never for FP8 K/V), and TMA
+ * staging exactly where it says (FP8 only: the one-wave lists of short items
+ * it ran faster on the H200, session 11). */
 void test_benchmark_grid(void **state) {
   (void)state;
   for (const GridCase &g : kGrid) {
@@ -104,9 +108,11 @@ void test_benchmark_grid(void **state) {
       const DecodeWorkList w = plan(problem(*g.shape, g.batch, g.len, kv));
       const int32_t want = fp8 ? g.fp8_splits : g.splits;
       const bool deep = !fp8 && g.deep;
-      if (w.slot_splits() != want || w.deep_stages != deep) {
-        fail_msg("%s %ux%d %s: %d splits, deep %d; the H200 ran %d splits, deep %d", g.shape->name,
-                 g.batch, g.len, fp8 ? "fp8" : "bf16", w.slot_splits(), w.deep_stages, want, deep);
+      const bool tma = fp8 && g.tma;
+      if (w.slot_splits() != want || w.deep_stages != deep || w.tma_stages != tma) {
+        fail_msg("%s %ux%d %s: %d splits, deep %d, TMA %d; want %d splits, deep %d, TMA %d",
+                 g.shape->name, g.batch, g.len, fp8 ? "fp8" : "bf16", w.slot_splits(),
+                 w.deep_stages, w.tma_stages, want, deep, tma);
       }
       /* Unsplit deep lists fit two deep waves; split ones one. */
       if (w.deep_stages) {
@@ -171,6 +177,52 @@ void test_deep_serves(void **state) {
   assert_false(fd::cuda::plan_decode_splits(base, base.max_seq_len, false, none).deep_stages);
 }
 
+/* Where TMA staging does not serve, from a list that takes it (C 1 x 2048
+ * over FP8): dim-major K/V, an attention variant, several query tokens per
+ * row, groups over 8 heads, 16-bit K/V, a device other than compute
+ * capability 9.0; and a grid past one wave (the same short items over more
+ * rows) or items of more than 4 tiles. */
+void test_tma_serves(void **state) {
+  (void)state;
+  const DecodeProblem base = problem(kC, 1, 2048, FD_DTYPE_FP8_E4M3);
+  assert_true(plan(base).tma_stages);
+  DecodeProblem p = base;
+  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
+  assert_false(plan(p).tma_stages);
+  p = base;
+  p.variant.sliding_window = 128;
+  assert_false(plan(p).tma_stages);
+  p = base;
+  p.max_q_len = 2;
+  assert_false(plan(p).tma_stages);
+  p = base;
+  p.num_q_heads = 32;
+  p.group_size = 16;
+  assert_false(plan(p).tma_stages);
+  p = base;
+  p.kv.dtype = FD_DTYPE_BF16;
+  assert_false(plan(p).tma_stages);
+  fd::cuda::DecodeSlots other = h200(128);
+  other.sm90_device = false;
+  assert_false(fd::cuda::plan_decode_splits(base, base.max_seq_len, false, other).tma_stages);
+  /* Two explicit splits of one tile: 99 rows x 2 KV heads x 2 fill the 396
+   * slots (TMA), 100 rows do not. */
+  p = problem(kC, 99, 128, FD_DTYPE_FP8_E4M3);
+  p.num_splits = 2;
+  const DecodeWorkList fits = plan(p);
+  assert_int_equal(fits.size(), 396);
+  assert_true(fits.tma_stages);
+  p.batch = 100;
+  assert_false(plan(p).tma_stages);
+  /* 4 tiles per item take it, 5 do not. */
+  p = problem(kC, 1, 512, FD_DTYPE_FP8_E4M3);
+  p.num_splits = 2;
+  assert_true(plan(p).tma_stages);
+  p = problem(kC, 1, 640, FD_DTYPE_FP8_E4M3);
+  p.num_splits = 2;
+  assert_false(plan(p).tma_stages);
+}
+
 }  // namespace
 
 int main(void) {
@@ -178,6 +230,7 @@ int main(void) {
       cmocka_unit_test(test_benchmark_grid),
       cmocka_unit_test(test_two_wave_unsplit),
       cmocka_unit_test(test_deep_serves),
+      cmocka_unit_test(test_tma_serves),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,12 @@ constexpr int kDecodeMaxGroup = 32;
 // one per warp. A (row, KV head) with more query rows (max_q_len x group) is
 // cut into query tiles of whole tokens, one CTA each (work.q_tiles).
 constexpr int kDecodeMaxQueryRows = 64;
+// Largest GQA group the swapped-operand FP8 step serves (kernels/
+// decode_swapped.cuh): the heads are the n = 8 columns of its mma.
+constexpr int kDecodeSwapMaxGroup = 8;
+// One-wave lists whose items walk at most this many tiles stage by TMA in
+// the swapped FP8 kernel (DecodeWorkList::tma_stages).
+constexpr int kDecodeTmaMaxTiles = 4;
 
 }  // namespace cuda
 }  // namespace fd

@@ -97,6 +97,24 @@ bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, cons
          work.tiles_per_split >= kDeepMinTiles;
 }
 
+// Whether a list stages by TMA (DecodeWorkList::tma_stages): the swapped
+// FP8 kernel serves it (FP8 K/V, token-major, one query token per row,
+// plain, groups of at most kDecodeSwapMaxGroup) on a compute capability 9.0
+// device, the grid fits one wave, and no item walks more than
+// kDecodeTmaMaxTiles tiles: there every CTA's first tile is on the critical
+// path, and TMA brings it sooner (no per-thread copy addressing). H200
+// (docs/kernel-design.md): such lists (C / D 1 x 2048 and 1 x 32768, A / B
+// 1 x 2048) 8-12% faster; longer items (6 tiles or more) 1-11% slower, and
+// a many-wave grid of 4-tile items (A 256 x 1024) 3% slower.
+bool takes_tma_stages(const DecodeProblem &pb, const DecodeWorkList &work, const DecodeSlots &s) {
+  const bool serves = pb.kv.dtype == FD_DTYPE_FP8_E4M3 && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
+                      pb.variant.is_plain() &&
+                      pb.group_size <= static_cast<uint32_t>(kDecodeSwapMaxGroup) && s.sm90_device;
+  return serves && work.size() <= static_cast<int64_t>(s.sms) * s.ctas_per_sm &&
+         work.tiles_per_split <= kDecodeTmaMaxTiles &&
+         (work.lead_units == 0 || work.lead_tiles_per_split <= kDecodeTmaMaxTiles);
+}
+
 // The regular work list of `wanted` whole-tile splits.
 DecodeWorkList make_list(const DecodeProblem &pb, int max_len, int64_t wanted) {
   const int32_t w = static_cast<int32_t>(std::min<int64_t>(wanted, cuda::kDecodeMaxSplits));
@@ -266,6 +284,7 @@ DecodeWorkList plan_decode_splits(const DecodeProblem &pb, int32_t max_len, bool
   DecodeWorkList work = choose_splits(pb, max_len, limit_by_workspace, slots);
   work.sm90_device = slots.sm90_device;
   work.deep_stages = takes_deep_stages(pb, work, slots);
+  work.tma_stages = takes_tma_stages(pb, work, slots);
   return work;
 }
 

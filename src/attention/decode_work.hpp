@@ -83,6 +83,14 @@ struct DecodeWorkList {
   // of several tiles. A shape only: every item is the same either way, and a
   // run with an attention variant takes the regular shape.
   bool deep_stages = false;
+  // The CUDA plan chose TMA staging for the swapped FP8 kernel (FP8 K/V,
+  // token-major, one query token per row, groups of at most 8 heads, a
+  // compute capability 9.0 device) because its grid fits one wave and every
+  // item walks at most kDecodeTmaMaxTiles tiles: a CTA's first tile arrives
+  // sooner (no per-thread copy addressing), while long items stream faster
+  // with cp.async. A staging only: a run whose cache strides TMA cannot
+  // describe, or with an attention variant, takes another kernel.
+  bool tma_stages = false;
 
   FD_HD int64_t units() const { return static_cast<int64_t>(q_tiles) * batch * num_kv_heads; }
   // Items in the list (the attention kernel's grid).
