@@ -16,7 +16,10 @@
 // bytes with twice the stages, ldmatrix on the FP8 bytes and an exact
 // cvt.rn.f16x2.e4m3x2 per pair of elements in registers before f16 mma's
 // (the K scale is in the logit scale, the V scale one multiply on the
-// output); see the kFp8 branches and docs/kernel-design.md.
+// output); see the kFp8 branches and docs/kernel-design.md. Token-major
+// one-token plain FP8 calls with groups of at most 8 heads take the
+// swapped-operand step of decode_swapped.cuh (tokens as the mma rows), and
+// one-wave lists of short items stage it by TMA (decode_kernel_tma).
 //
 // Layouts: token-major tiles are staged as [token][dim] (rows XOR-swizzled in
 // 16-byte chunks), dim-major tiles keep each block's [dim][block_size] slab
