@@ -45,9 +45,13 @@ struct KvType<__nv_fp8_e4m3> {
 // kDeep: the deeper-pipelined shape of head_dim 128 over 16-bit K/V (3
 // stages x 2 CTAs/SM), which the plan picks for grids of at most 2 CTAs per
 // SM whose CTAs each walk several tiles (DecodeWorkList::deep_stages).
-template <int D, int kElemBytes = 2, bool kDeep = false>
+// kSwap: the swapped-operand FP8 kernel (decode_swapped.cuh), whose fewer
+// registers (114 at head_dim 128, 72 at 64, against 164 and 101) leave room
+// for more CTAs per SM with fewer stages each.
+template <int D, int kElemBytes = 2, bool kDeep = false, bool kSwap = false>
 struct Config {
   static_assert(!kDeep || (D == 128 && kElemBytes == 2), "the deep shape is head_dim 128, 16-bit");
+  static_assert(!kSwap || (kElemBytes == 1 && (D == 64 || D == 128)), "the swapped kernel is FP8");
   // Staged row width of a token-major tile (elements): D (tile_offset keeps
   // D = 96's swizzle inside its 12-chunk rows).
   static constexpr int kRowElems = D;
@@ -70,8 +74,12 @@ struct Config {
   // doubles the tiles in flight per CTA (one stage is being read); at 3
   // CTAs/SM a third stage does not fit (H200, bf16: C 1 x 32768 4.3%
   // faster, 256 CTAs of 64 tiles 1.3x).
+  // Swapped FP8: 4 CTAs per SM of 3 stages (head_dim 128), 6 of 4 (64):
+  // the same 192 KB per SM as 3 x 4 and 4 x 6, in more, shorter CTAs.
   static constexpr int kStages =
-      kDeep ? 3 : (kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6));
+      kDeep ? 3
+            : (kSwap ? (D == 128 ? 3 : 4)
+                     : (kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6)));
   // D = 256 runs 8 warps: each of the kWarps (m-tile, token slice) roles is
   // a pair of warps that compute the same scores and each accumulate half of
   // O's dims (64 O registers per thread instead of 128, so no spill and two
@@ -80,7 +88,8 @@ struct Config {
   static constexpr int kThreads = kWarps * 32 * kDimSplit;
   static constexpr int kChunksPerThread = kTile * D * kElemBytes / 16 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
-  static constexpr int kCtasPerSm = kDeep ? 2 : (D == 64 ? 4 : (D == 256 ? 1 : 3));
+  static constexpr int kCtasPerSm =
+      kDeep ? 2 : (kSwap ? (D == 64 ? 6 : 4) : (D == 64 ? 4 : (D == 256 ? 1 : 3)));
 };
 
 // Row stride (floats) of the warp-merge buffer; see decode_kernel. FP8

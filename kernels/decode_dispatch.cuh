@@ -79,7 +79,7 @@ constexpr bool kHasSwap = !kDimMajor && !kMulti && detail::KvType<TKV>::kFp8;
 // one 8-byte mbarrier per stage.
 template <int D>
 constexpr size_t kTmaSmemBytes =
-    detail::Config<D, 1>::kSmemBytes + 8 * detail::Config<D, 1>::kStages;
+    detail::Config<D, 1, false, true>::kSmemBytes + 8 * detail::Config<D, 1, false, true>::kStages;
 
 // Encodes the TMA tensor maps the swapped FP8 kernel stages K and V through
 // (p.tma_k, p.tma_v): each cache as a 4-d byte tensor whose dims 1-3 are the
@@ -165,7 +165,7 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
     cudaError_t err = cudaFuncSetAttribute(
         detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, 1>::kSmemBytes);
+        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, 1, false, true>::kSmemBytes);
     if (err != cudaSuccess) return err;
     err = cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D>);
@@ -286,7 +286,7 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
       else
         err = detail::launch_pdl(
             detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>, grid,
-            Cfg::kThreads, Cfg::kSmemBytes, l.stream, p);
+            Cfg::kThreads, detail::Config<D, 1, false, true>::kSmemBytes, l.stream, p);
       launched = true;
     }
   }

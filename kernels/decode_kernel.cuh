@@ -84,7 +84,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   static_assert(!kSwap || (kFp8 && !kDimMajor && !kMulti && !kVariant),
                 "the swapped step serves plain one-token FP8 token-major calls");
   static_assert(!kTma || kSwap, "TMA staging is the swapped kernel's");
-  using Cfg = Config<D, sizeof(TKV), kDeep>;
+  using Cfg = Config<D, sizeof(TKV), kDeep, kSwap>;
   using M = Mma<TQ>;
   constexpr int kThreads = Cfg::kThreads;
   // Warps per role and the O dims each accumulates (D = 256: pairs, half
@@ -907,7 +907,8 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
 
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant,
           bool kDeep = false, bool kSwap = false>
-__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCtasPerSm)
+__global__ void __launch_bounds__(Config<D>::kThreads,
+                                  Config<D, sizeof(TKV), kDeep, kSwap>::kCtasPerSm)
     decode_kernel(const Params p) {
   decode_attention<TQ, TKV, D, kDimMajor, kMulti, kVariant, kDeep, kSwap, false>(p);
 }
@@ -916,7 +917,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 2, kDeep>::kCta
 // parameter space, so the parameter is __grid_constant__ (taking it so in
 // decode_kernel changed every other kernel's code).
 template <class TQ, class TKV, int D>
-__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 1>::kCtasPerSm)
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 1, false, true>::kCtasPerSm)
     decode_kernel_tma(const __grid_constant__ Params p) {
   decode_attention<TQ, TKV, D, false, false, false, false, true, true>(p);
 }

@@ -50,5 +50,10 @@ int decode_deep_ctas_per_sm() {
   return detail::Config<128, 2, true>::kCtasPerSm;
 }
 
+int decode_swap_ctas_per_sm(int32_t head_dim) {
+  return head_dim == 64 ? detail::Config<64, 1, false, true>::kCtasPerSm
+                        : detail::Config<128, 1, false, true>::kCtasPerSm;
+}
+
 }  // namespace cuda
 }  // namespace fd

@@ -66,6 +66,10 @@ int decode_ctas_per_sm(int32_t head_dim, bool sm90 = false);
 // instead of 2; DecodeWorkList::deep_stages).
 int decode_deep_ctas_per_sm();
 
+// CTAs per SM of the swapped-operand FP8 kernel at head_dim 64 or 128 (the
+// calls takes_swapped serves, attention/decode_splits.hpp).
+int decode_swap_ctas_per_sm(int32_t head_dim);
+
 namespace sm90 {
 // CTAs of the Hopper kernel (decode_sm90.cu) per SM at head_dim 64 or 128.
 int ctas_per_sm(int32_t head_dim);

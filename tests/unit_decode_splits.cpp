@@ -1,14 +1,17 @@
 /* The CUDA backend's split-KV planning (src/attention/decode_splits.cpp),
  * checked on the CPU with the CTA slots of an H200 (132 SMs; 3 resident
- * CTAs per SM at head_dim 128, 4 at 64, 2 in the deep shape): the split
- * counts, lead units and deep shape it picks for the benchmark grid are
- * those the H200 ran and timed (call 6 of
- * docs/perf/h200-session10-ae15739-2026-12-02.json, decode_bench --quick:
- * its "splits" column is slot_splits()), and the deep shape only where it serves: 16-bit
- * token-major plain calls of one query token, lists of at most 2 items per
- * SM of at least 4 tiles, or unsplit lists of up to two deep waves; TMA
- * staging only for FP8 one-wave lists of items of at most 4 tiles. The
- * CUDA suites check what the kernels do with these lists (gpu_decode). */
+ * CTAs per SM at head_dim 128, 4 at 64, 2 in the deep shape; the swapped
+ * FP8 kernel 4 and 6, staged by cp.async or TMA): the split counts, lead
+ * units and deep shape it picks for the benchmark grid are those the H200
+ * ran and timed (16-bit: call 6 of
+ * docs/perf/h200-session10-ae15739-2026-12-02.json; FP8: call 6 of
+ * docs/perf/h200-session11-f41306c-2026-12-02.json; decode_bench --quick:
+ * its "splits" column is slot_splits()), and the deep shape only where it
+ * serves: 16-bit token-major plain calls of one query token, lists of at
+ * most 2 items per SM of at least 4 tiles, or unsplit lists of up to two
+ * deep waves; TMA staging only for FP8 one-wave lists of items of at most
+ * 4 tiles. The CUDA suites check what the kernels do with these
+ * lists (gpu_decode, gpu_fp8). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -64,8 +67,17 @@ DecodeProblem problem(const Shape &sh, uint32_t batch, int32_t len, int32_t kv_d
   return pb;
 }
 
+/* The slots src/cuda/decode_cuda.cpp gives a problem on an H200: the
+ * swapped FP8 kernel's (4 CTAs per SM at head_dim 128, 6 at 64) for the calls
+ * it serves. */
+fd::cuda::DecodeSlots h200_for(const DecodeProblem &pb) {
+  fd::cuda::DecodeSlots s = h200(pb.head_dim);
+  if (fd::cuda::takes_swapped(pb)) s.ctas_per_sm = pb.head_dim == 64 ? 6 : 4;
+  return s;
+}
+
 DecodeWorkList plan(const DecodeProblem &pb) {
-  return fd::cuda::plan_decode_splits(pb, pb.max_seq_len, false, h200(pb.head_dim));
+  return fd::cuda::plan_decode_splits(pb, pb.max_seq_len, false, h200_for(pb));
 }
 
 struct GridCase {
@@ -78,22 +90,22 @@ struct GridCase {
 };
 
 const GridCase kGrid[] = {
-    {&kA, 1, 32768, 47, 47, false, false},  {&kA, 1, 2048, 16, 16, false, true},
-    {&kA, 8, 8192, 6, 6, false, false},     {&kA, 32, 4096, 1, 3, true, false},
-    {&kA, 64, 4096, 1, 3, true, false},     {&kA, 128, 2048, 1, 1, false, false},
-    {&kA, 256, 1024, 4, 4, false, false},   {&kA, 64, 8192, 7, 7, false, false},
-    {&kB, 1, 32768, 12, 12, false, false},  {&kB, 1, 2048, 11, 11, false, true},
+    {&kA, 1, 32768, 47, 64, false, false},  {&kA, 1, 2048, 16, 32, false, true},
+    {&kA, 8, 8192, 6, 8, false, false},     {&kA, 32, 4096, 1, 2, true, false},
+    {&kA, 64, 4096, 1, 1, true, false},     {&kA, 128, 2048, 1, 1, false, false},
+    {&kA, 256, 1024, 4, 1, false, false},   {&kA, 64, 8192, 7, 9, false, false},
+    {&kB, 1, 32768, 12, 16, false, false},  {&kB, 1, 2048, 11, 16, false, true},
     {&kB, 8, 8192, 4, 4, false, false},     {&kB, 32, 4096, 3, 1, false, false},
-    {&kB, 64, 4096, 5, 5, false, false},    {&kB, 128, 2048, 1, 1, false, false},
+    {&kB, 64, 4096, 5, 1, false, false},    {&kB, 128, 2048, 1, 1, false, false},
     {&kB, 256, 1024, 1, 1, false, false},   {&kB, 64, 8192, 4, 4, false, false},
     {&kC, 1, 32768, 128, 128, true, true},  {&kC, 1, 2048, 32, 32, false, true},
-    {&kC, 8, 8192, 22, 22, false, false},   {&kC, 32, 4096, 6, 6, false, false},
-    {&kC, 64, 4096, 3, 3, false, false},    {&kC, 128, 2048, 1, 3, true, false},
-    {&kC, 256, 1024, 1, 3, true, false},    {&kC, 64, 8192, 4, 4, false, false},
+    {&kC, 8, 8192, 22, 32, false, true},    {&kC, 32, 4096, 6, 8, false, false},
+    {&kC, 64, 4096, 3, 4, false, false},    {&kC, 128, 2048, 1, 2, true, false},
+    {&kC, 256, 1024, 1, 1, true, false},    {&kC, 64, 8192, 4, 4, false, false},
     {&kD, 1, 32768, 128, 128, false, true}, {&kD, 1, 2048, 32, 32, false, true},
-    {&kD, 8, 8192, 16, 16, false, false},   {&kD, 32, 4096, 4, 4, false, false},
-    {&kD, 64, 4096, 2, 2, false, false},    {&kD, 128, 2048, 1, 1, false, false},
-    {&kD, 256, 1024, 1, 1, false, false},   {&kD, 64, 8192, 16, 16, false, false},
+    {&kD, 8, 8192, 16, 22, false, false},   {&kD, 32, 4096, 4, 6, false, false},
+    {&kD, 64, 4096, 2, 3, false, false},    {&kD, 128, 2048, 1, 3, false, false},
+    {&kD, 256, 1024, 1, 3, false, false},   {&kD, 64, 8192, 16, 4, false, false},
 };
 
 /* Every grid case, 16-bit and FP8 K/V: the split count the H200 ran, the
@@ -205,14 +217,14 @@ void test_tma_serves(void **state) {
   fd::cuda::DecodeSlots other = h200(128);
   other.sm90_device = false;
   assert_false(fd::cuda::plan_decode_splits(base, base.max_seq_len, false, other).tma_stages);
-  /* Two explicit splits of one tile: 99 rows x 2 KV heads x 2 fill the 396
-   * slots (TMA), 100 rows do not. */
-  p = problem(kC, 99, 128, FD_DTYPE_FP8_E4M3);
+  /* Two explicit splits of one tile: 132 rows x 2 KV heads x 2 fill the
+   * swapped kernel's 528 slots (TMA), 133 rows do not. */
+  p = problem(kC, 132, 128, FD_DTYPE_FP8_E4M3);
   p.num_splits = 2;
   const DecodeWorkList fits = plan(p);
-  assert_int_equal(fits.size(), 396);
+  assert_int_equal(fits.size(), 528);
   assert_true(fits.tma_stages);
-  p.batch = 100;
+  p.batch = 133;
   assert_false(plan(p).tma_stages);
   /* 4 tiles per item take it, 5 do not. */
   p = problem(kC, 1, 512, FD_DTYPE_FP8_E4M3);

@@ -98,19 +98,15 @@ bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, cons
 }
 
 // Whether a list stages by TMA (DecodeWorkList::tma_stages): the swapped
-// FP8 kernel serves it (FP8 K/V, token-major, one query token per row,
-// plain, groups of at most kDecodeSwapMaxGroup) on a compute capability 9.0
-// device, the grid fits one wave, and no item walks more than
-// kDecodeTmaMaxTiles tiles: there every CTA's first tile is on the critical
-// path, and TMA brings it sooner (no per-thread copy addressing). H200
-// (docs/kernel-design.md): such lists (C / D 1 x 2048 and 1 x 32768, A / B
-// 1 x 2048) 8-12% faster; longer items (6 tiles or more) 1-11% slower, and
-// a many-wave grid of 4-tile items (A 256 x 1024) 3% slower.
+// FP8 kernel serves it (takes_swapped) on a compute capability 9.0 device,
+// the grid fits one wave, and no item walks more than kDecodeTmaMaxTiles
+// tiles: there every CTA's first tile is on the critical path, and TMA
+// brings it sooner (no per-thread copy addressing). H200 (docs/
+// kernel-design.md): such lists (C / D 1 x 2048 and 1 x 32768, A / B 1 x
+// 2048) 7-12% faster than cp.async; longer items (6 tiles or more) 1-11%
+// slower, and a many-wave grid of 4-tile items (A 256 x 1024) 3% slower.
 bool takes_tma_stages(const DecodeProblem &pb, const DecodeWorkList &work, const DecodeSlots &s) {
-  const bool serves = pb.kv.dtype == FD_DTYPE_FP8_E4M3 && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
-                      pb.variant.is_plain() &&
-                      pb.group_size <= static_cast<uint32_t>(kDecodeSwapMaxGroup) && s.sm90_device;
-  return serves && work.size() <= static_cast<int64_t>(s.sms) * s.ctas_per_sm &&
+  return takes_swapped(pb) && s.sm90_device && work.size() <= s.sms * s.ctas_per_sm &&
          work.tiles_per_split <= kDecodeTmaMaxTiles &&
          (work.lead_units == 0 || work.lead_tiles_per_split <= kDecodeTmaMaxTiles);
 }
@@ -193,6 +189,11 @@ bool takes_sm90(const DecodeProblem &pb, bool sm90_device) {
                            static_cast<int32_t>(pb.head_dim), pb.max_q_len,
                            static_cast<int64_t>(query_tile_tokens(pb)) * pb.group_size,
                            pb.variant.is_plain());
+}
+
+bool takes_swapped(const DecodeProblem &pb) {
+  return pb.kv.dtype == FD_DTYPE_FP8_E4M3 && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
+         pb.variant.is_plain() && pb.group_size <= static_cast<uint32_t>(kDecodeSwapMaxGroup);
 }
 
 size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {

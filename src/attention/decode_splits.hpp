@@ -33,6 +33,13 @@ int64_t query_tiles(const DecodeProblem &pb);
 // compute capability 9.0.
 bool takes_sm90(const DecodeProblem &pb, bool sm90_device);
 
+// Whether a call of this problem runs the swapped-operand FP8 kernel
+// (kernels/decode_swapped.cuh): FP8 K/V, token-major, one query token per
+// row, groups of at most kDecodeSwapMaxGroup heads, no attention variant.
+// Its CTAs per SM differ from the m-tile kernel's (DecodeSlots::ctas_per_sm
+// is the swapped kernel's for these calls).
+bool takes_swapped(const DecodeProblem &pb);
+
 // Workspace bytes of a work list's partials (0 without splits).
 size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work);
 
