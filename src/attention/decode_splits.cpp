@@ -101,10 +101,11 @@ bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, cons
 // FP8 kernel serves it (takes_swapped) on a compute capability 9.0 device,
 // the grid fits one wave, and no item walks more than kDecodeTmaMaxTiles
 // tiles: there every CTA's first tile is on the critical path, and TMA
-// brings it sooner (no per-thread copy addressing). H200 (docs/
-// kernel-design.md): such lists (C / D 1 x 2048 and 1 x 32768, A / B 1 x
-// 2048) 7-12% faster than cp.async; longer items (6 tiles or more) 1-11%
-// slower, and a many-wave grid of 4-tile items (A 256 x 1024) 3% slower.
+// brings it sooner (no per-thread copy addressing). H200, measured at 3
+// CTAs per SM (docs/kernel-design.md): such lists (C / D 1 x 2048 and
+// 1 x 32768, A / B 1 x 2048) 7-12% faster than cp.async; longer items (6
+// tiles or more) 1-11% slower, and a many-wave grid of 4-tile items (A 256
+// x 1024) 3% slower.
 bool takes_tma_stages(const DecodeProblem &pb, const DecodeWorkList &work, const DecodeSlots &s) {
   return takes_swapped(pb) && s.sm90_device && work.size() <= s.sms * s.ctas_per_sm &&
          work.tiles_per_split <= kDecodeTmaMaxTiles &&
