@@ -21,6 +21,7 @@ extern "C" {
 }
 
 #include <initializer_list>
+#include <vector>
 
 #include "attention/decode_splits.hpp"
 #include "fd_test.h"
@@ -153,6 +154,18 @@ void test_two_wave_unsplit(void **state) {
   assert_false(past.deep_stages);
 }
 
+/* `base` changed one way at a time in what neither the deep shape nor TMA
+ * staging serves: dim-major K/V, an attention variant (a soft-cap, a
+ * sliding window), several query tokens per row. */
+std::vector<DecodeProblem> unserved_variants(const DecodeProblem &base) {
+  std::vector<DecodeProblem> out(4, base);
+  out[0].kv.layout = FD_LAYOUT_DIM_MAJOR;
+  out[1].variant.logit_softcap = 30.f;
+  out[2].variant.sliding_window = 128;
+  out[3].max_q_len = 4;
+  return out;
+}
+
 /* Where the deep shape does not serve: dim-major K/V, an attention variant,
  * several query tokens per row, head_dim 64 and 96, FP8 K/V; and items of
  * fewer than 4 tiles. Each keeps the regular shape. */
@@ -160,16 +173,8 @@ void test_deep_serves(void **state) {
   (void)state;
   const DecodeProblem base = problem(kC, 1, 32768, FD_DTYPE_BF16);
   assert_true(plan(base).deep_stages);
+  for (const DecodeProblem &u : unserved_variants(base)) assert_false(plan(u).deep_stages);
   DecodeProblem p = base;
-  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
-  assert_false(plan(p).deep_stages);
-  p = base;
-  p.variant.logit_softcap = 30.f;
-  assert_false(plan(p).deep_stages);
-  p = base;
-  p.max_q_len = 4;
-  assert_false(plan(p).deep_stages);
-  p = base;
   p.kv.dtype = FD_DTYPE_FP8_E4M3;
   assert_false(plan(p).deep_stages);
   p = base;
@@ -198,16 +203,8 @@ void test_tma_serves(void **state) {
   (void)state;
   const DecodeProblem base = problem(kC, 1, 2048, FD_DTYPE_FP8_E4M3);
   assert_true(plan(base).tma_stages);
+  for (const DecodeProblem &u : unserved_variants(base)) assert_false(plan(u).tma_stages);
   DecodeProblem p = base;
-  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
-  assert_false(plan(p).tma_stages);
-  p = base;
-  p.variant.sliding_window = 128;
-  assert_false(plan(p).tma_stages);
-  p = base;
-  p.max_q_len = 2;
-  assert_false(plan(p).tma_stages);
-  p = base;
   p.num_q_heads = 32;
   p.group_size = 16;
   assert_false(plan(p).tma_stages);
