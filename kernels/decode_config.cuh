@@ -46,8 +46,9 @@ struct KvType<__nv_fp8_e4m3> {
 // stages x 2 CTAs/SM), which the plan picks for grids of at most 2 CTAs per
 // SM whose CTAs each walk several tiles (DecodeWorkList::deep_stages).
 // kSwap: the swapped-operand FP8 kernel (decode_swapped.cuh), whose fewer
-// registers (114 at head_dim 128, 72 at 64, against 164 and 101) leave room
-// for more CTAs per SM with fewer stages each.
+// registers (110 at head_dim 128 under its 4-CTA bound, 72 at 64, against
+// the m-tile FP8 kernel's 164 and 101) leave room for more CTAs per SM with
+// fewer stages each.
 template <int D, int kElemBytes = 2, bool kDeep = false, bool kSwap = false>
 struct Config {
   static_assert(!kDeep || (D == 128 && kElemBytes == 2), "the deep shape is head_dim 128, 16-bit");

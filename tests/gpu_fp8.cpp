@@ -10,7 +10,9 @@
  * blocks, past every row's end and behind unused table slots; worst
  * row-relative error <= 5e-3; bit-identical reruns; bf16 q far outside f16's
  * range (the kernel's power-of-two row scaling); long split rows; a CUDA
- * graph replay. It prints the worst error against the unquantised values
+ * graph replay; TMA staging of the swapped kernel for one-wave lists of
+ * short rows (packed and NHD strides), the staging read from a captured
+ * graph. It prints the worst error against the unquantised values
  * and, when the CPU backend serves the same FP8 call, against it.
  * Append: fd_kv_append into FP8 stores exactly the host conversion
  * saturate(x / scale) (NaN, +-inf, saturation, subnormals, -0) in both
