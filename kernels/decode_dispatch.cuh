@@ -68,34 +68,33 @@ constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<T
 
 // Whether an instantiation of decode_kernel has swapped-operand twins
 // (decode_swapped.cuh; staged by cp.async, or by TMA): FP8 K/V, token-major,
-// one query token per row. A run takes one for groups of at most
-// kDecodeSwapMaxGroup heads without attention variants; the TMA twin when
-// its plan chose it (DecodeWorkList::tma_stages) and the cache's strides
-// allow it (encode_kv_maps).
+// one query token per row. A run takes one when swapped_serves
+// (attention/swap_choice.hpp, the rule the plan shares); the TMA twin when
+// its plan chose it (DecodeWorkList::tma_stages) and the driver encodes the
+// tensor maps (encode_kv_maps).
 template <class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasSwap = !kDimMajor && !kMulti && detail::KvType<TKV>::kFp8;
+template <int D>
+using SwapConfig = detail::Config<D, 1, false, true>;
 
 // Dynamic shared memory of the TMA-staged swapped kernel: the stages, then
 // one 8-byte mbarrier per stage.
 template <int D>
-constexpr size_t kTmaSmemBytes =
-    detail::Config<D, 1, false, true>::kSmemBytes + 8 * detail::Config<D, 1, false, true>::kStages;
+constexpr size_t kTmaSmemBytes = SwapConfig<D>::kSmemBytes + 8 * SwapConfig<D>::kStages;
 
 // Encodes the TMA tensor maps the swapped FP8 kernel stages K and V through
 // (p.tma_k, p.tma_v): each cache as a 4-d byte tensor whose dims 1-3 are the
 // token in block, the KV head and the block, ordered by stride (the order
 // goes to p.tma_pos), boxes of one block of one head,
 // swizzled in 128-byte (head_dim 128) or 64-byte (64) spans as f8_tm_offset
-// stages a tile. Host work only (no device call). False when the layout
-// does not allow it (strides and addresses must be multiples of 16 bytes)
-// or the driver lacks the entry point: the caller then takes the cp.async
-// staging.
+// stages a tile. Host work only (no device call). The backend has already
+// required what TMA requires too (positive strides and addresses in
+// multiples of 16 bytes, src/cuda/decode_cuda.cpp check_supported); false
+// for a stride of 2^40 bytes or more, when the driver lacks the entry point
+// or refuses a map: the caller then takes the cp.async staging.
 inline bool encode_kv_maps(const DecodeLaunch &l, detail::Params &p) {
-  if (l.dim_major || l.stride_dim != 1 || l.num_blocks <= 0 || l.work.num_kv_heads <= 0)
-    return false;
-  auto fits = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
-  if (!fits(l.stride_token) || !fits(l.stride_head) || !fits(l.stride_block)) return false;
-  if (reinterpret_cast<uintptr_t>(l.k) % 16 != 0 || reinterpret_cast<uintptr_t>(l.v) % 16 != 0)
+  constexpr int64_t kMaxStride = int64_t{1} << 40;
+  if (l.stride_token >= kMaxStride || l.stride_head >= kMaxStride || l.stride_block >= kMaxStride)
     return false;
   void *fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
@@ -165,7 +164,7 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
     cudaError_t err = cudaFuncSetAttribute(
         detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, detail::Config<D, 1, false, true>::kSmemBytes);
+        cudaFuncAttributeMaxDynamicSharedMemorySize, SwapConfig<D>::kSmemBytes);
     if (err != cudaSuccess) return err;
     err = cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D>);
@@ -279,14 +278,15 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
     }
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
-    if (l.work.group_size <= kDecodeSwapMaxGroup && l.variant.is_plain()) {
+    if (swapped_serves(l.kv_dtype, l.dim_major, l.work.max_q_len, l.work.group_size,
+                       l.variant.is_plain())) {
       if (l.work.tma_stages && encode_kv_maps(l, p))
         err = detail::launch_pdl(detail::decode_kernel_tma<TQ, TKV, D>, grid, Cfg::kThreads,
                                  kTmaSmemBytes<D>, l.stream, p);
       else
         err = detail::launch_pdl(
             detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>, grid,
-            Cfg::kThreads, detail::Config<D, 1, false, true>::kSmemBytes, l.stream, p);
+            Cfg::kThreads, SwapConfig<D>::kSmemBytes, l.stream, p);
       launched = true;
     }
   }

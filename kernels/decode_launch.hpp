@@ -12,6 +12,7 @@
 #include "attention/decode_limits.hpp"
 #include "attention/decode_work.hpp"
 #include "attention/sm90_choice.hpp"
+#include "attention/swap_choice.hpp"
 #include "attention/variant.hpp"
 
 namespace fd {

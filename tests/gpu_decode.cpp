@@ -498,12 +498,7 @@ void test_lead_units(void **state) {
  * first `out_bytes`) poisoned first. */
 cudaGraph_t capture_decode(Dev &d, const fd_decode_params &p, size_t out_bytes) {
   CUDA_OK(fd_gpu_fill(d.stream, d.out, 0xff, out_bytes));
-  cudaGraph_t graph = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-  const fd_status st = fd_decode(&p);
-  CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-  FD_ASSERT_OK(st);
-  return graph;
+  return fd_capture_decode(d.stream, p);
 }
 
 /* Captures fd_decode(p) into a CUDA graph and returns the largest dynamic

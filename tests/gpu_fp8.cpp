@@ -557,11 +557,7 @@ void test_tma_staging(void **state) {
     Dev d;
     upload(h, d);
     const fd_decode_params p = device_params(h, d, 1);
-    cudaGraph_t graph = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeGlobal));
-    const fd_status st = fd_decode(&p);
-    CUDA_OK(cudaStreamEndCapture(d.stream, &graph));
-    FD_ASSERT_OK(st);
+    cudaGraph_t graph = fd_capture_decode(d.stream, p);
     size_t kernels = 0;
     const size_t smem = fd_graph_kernel_smem(graph, &kernels);
     CUDA_OK(cudaGraphDestroy(graph));

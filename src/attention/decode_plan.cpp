@@ -59,7 +59,7 @@ void check_workspace(const DecodePlan &plan, const DecodeProblem &pb) {
          "(see fd_decode_workspace_size)",
          pb.workspace == nullptr ? size_t{0} : pb.workspace_size, plan.work.num_splits,
          plan.workspace_bytes);
-  if (reinterpret_cast<uintptr_t>(pb.workspace) % 16 != 0)
+  if (!is_aligned(pb.workspace, 16))
     fail(FD_ERR_UNSUPPORTED, "workspace must be 16-byte aligned on CUDA");
 }
 

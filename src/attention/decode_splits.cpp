@@ -11,7 +11,9 @@
 
 #include "attention/decode_limits.hpp"
 #include "attention/sm90_choice.hpp"
+#include "attention/swap_choice.hpp"
 #include "attention/variant.hpp"
+#include "core/arg_checks.hpp"
 
 namespace fd {
 namespace cuda {
@@ -56,9 +58,6 @@ constexpr double kLeadGain = 0.95;
 // 9), items of 1-2 tiles (batch 1 x 2048) ran 8-11% slower: a CTA's start is
 // not hidden there, and a third resident CTA per SM overlaps it.
 constexpr int32_t kDeepMinTiles = 4;
-bool aligned16(const void *p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 
 // FP8 K/V: a tile streams in half the time, so the same fixed costs are
 // twice as many tiles.
@@ -193,8 +192,8 @@ bool takes_sm90(const DecodeProblem &pb, bool sm90_device) {
 }
 
 bool takes_swapped(const DecodeProblem &pb) {
-  return pb.kv.dtype == FD_DTYPE_FP8_E4M3 && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
-         pb.variant.is_plain() && pb.group_size <= static_cast<uint32_t>(kDecodeSwapMaxGroup);
+  return swapped_serves(pb.kv.dtype, pb.kv.dim_major(), pb.max_q_len, pb.group_size,
+                        pb.variant.is_plain());
 }
 
 size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {
@@ -272,7 +271,7 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
     // Fewer partitions when the caller's workspace cannot hold them all.
     const size_t per_split = decode_workspace_bytes(pb, make_list(pb, 2 * kTile, 2)) / 2;
     size_t fit = pb.workspace == nullptr ? 0 : pb.workspace_size / per_split;
-    if (pb.workspace != nullptr && !aligned16(pb.workspace)) fit = 0;
+    if (pb.workspace != nullptr && !is_aligned(pb.workspace, 16)) fit = 0;
     if (fit < static_cast<size_t>(work.slot_splits()))
       work = make_list(pb, max_len, fit < 2 ? 1 : static_cast<int64_t>(fit));
   }

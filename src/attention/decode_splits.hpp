@@ -1,10 +1,10 @@
 // The CUDA backend's split-KV planning: from a resolved decode problem and
 // the device's CTA slots, the work list (decode_work.hpp) a call runs: how
-// many splits per (row, KV head), lead units, and whether the kernel runs in
-// its deep shape. Plain C++ with no CUDA header (src/cuda/decode_cuda.cpp
-// fills DecodeSlots from the device and the kernels), so the CPU unit suite
-// tests/unit_decode_splits.cpp checks the choices. Thread contract: pure
-// functions of their arguments.
+// many splits per (row, KV head), lead units, whether the kernel runs in
+// its deep shape, and whether the swapped FP8 kernel stages by TMA. Plain C++ with no CUDA header
+// (src/cuda/decode_cuda.cpp fills DecodeSlots from the device and the kernels), so the CPU unit
+// suite tests/unit_decode_splits.cpp checks the choices. Thread contract: pure functions of their
+// arguments.
 #pragma once
 
 #include <cstddef>
@@ -34,9 +34,8 @@ int64_t query_tiles(const DecodeProblem &pb);
 bool takes_sm90(const DecodeProblem &pb, bool sm90_device);
 
 // Whether a call of this problem runs the swapped-operand FP8 kernel
-// (kernels/decode_swapped.cuh): FP8 K/V, token-major, one query token per
-// row, groups of at most kDecodeSwapMaxGroup heads, no attention variant.
-// Its CTAs per SM differ from the m-tile kernel's (DecodeSlots::ctas_per_sm
+// (kernels/decode_swapped.cuh; attention/swap_choice.hpp's rule). Its CTAs
+// per SM differ from the m-tile kernel's (DecodeSlots::ctas_per_sm
 // is the swapped kernel's for these calls).
 bool takes_swapped(const DecodeProblem &pb);
 
@@ -45,7 +44,7 @@ size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &wor
 
 // The work list for rows of at most `max_len` keys (the span the plan
 // counts): pb.num_splits when given (1: none), else the modelled best, with
-// sm90_device and deep_stages set. limit_by_workspace: fewer splits when
+// sm90_device, deep_stages and tma_stages set. limit_by_workspace: fewer splits when
 // pb's workspace cannot hold the partials.
 DecodeWorkList plan_decode_splits(const DecodeProblem &pb, int32_t max_len, bool limit_by_workspace,
                                   const DecodeSlots &slots);

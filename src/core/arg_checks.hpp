@@ -21,8 +21,11 @@ namespace fd {
 // NULL rules are the caller's). This is the one alignment check of the
 // library: FD_ERR_INVALID_ARGUMENT "<name> (<address>) must be aligned to <n>
 // bytes".
+inline bool is_aligned(const void *p, size_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
 inline void require_aligned(const void *p, size_t alignment, const char *name) {
-  if (p != nullptr && reinterpret_cast<uintptr_t>(p) % alignment != 0)
+  if (p != nullptr && !is_aligned(p, alignment))
     fail(FD_ERR_INVALID_ARGUMENT, "%s (%p) must be aligned to %zu bytes (its element alignment)",
          name, p, alignment);
 }

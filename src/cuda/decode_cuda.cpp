@@ -18,6 +18,7 @@
 #include "attention/decode_splits.hpp"
 #include "attention/decode_work.hpp"
 #include "backend/backend.hpp"
+#include "core/arg_checks.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_util.hpp"
@@ -30,10 +31,6 @@ int log2_exact(uint32_t v) {
   int n = 0;
   while ((1u << n) < v) ++n;
   return n;
-}
-
-bool aligned16(const void *p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 // What this backend serves; everything else is FD_ERR_UNSUPPORTED naming the
@@ -78,7 +75,7 @@ void check_supported(const DecodeProblem &pb) {
   // The kernel copies 16 bytes (8 16-bit or 16 FP8 elements) at a time along
   // the contiguous axis, so each copy must start 16-byte aligned (FP8
   // dim-major tiles of 8-token blocks copy 8 bytes per dim).
-  if (!aligned16(pb.k) || !aligned16(pb.v))
+  if (!is_aligned(pb.k, 16) || !is_aligned(pb.v, 16))
     fail(FD_ERR_UNSUPPORTED, "k_cache and v_cache must be 16-byte aligned on CUDA");
   // q is read as pairs of elements (4 bytes).
   if (reinterpret_cast<uintptr_t>(pb.q) % 4 != 0)

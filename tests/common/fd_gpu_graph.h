@@ -1,4 +1,5 @@
-/* Reading a captured CUDA graph's kernel nodes in the GPU suites (C++):
+/* Capturing a decode call into a CUDA graph and reading its kernel nodes in
+ * the GPU suites (C++):
  * which shape of a kernel a library call took shows in the dynamic shared
  * memory of its attention node. Include after fd_gpu_test.h. */
 #ifndef FD_GPU_GRAPH_H
@@ -21,6 +22,17 @@ inline FdKernelNodeParamsFn fd_kernel_node_params() {
                                            cudaEnableDefault, &found));
   assert_int_equal(found, cudaDriverEntryPointSuccess);
   return reinterpret_cast<FdKernelNodeParamsFn>(fn);
+}
+
+/* fd_decode(p) captured into a CUDA graph on `stream` (p's stream); the
+ * call must succeed. */
+inline cudaGraph_t fd_capture_decode(cudaStream_t stream, const fd_decode_params &p) {
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fd_status st = fd_decode(&p);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  FD_ASSERT_OK(st);
+  return graph;
 }
 
 /* The largest dynamic shared memory of `graph`'s kernel nodes (a decode
