@@ -66,14 +66,14 @@ constexpr bool kHasSm90 = kMulti && !kDimMajor && std::is_same<TQ, TKV>::value &
 template <class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<TKV>::kFp8;
 
-// Whether an instantiation of decode_kernel has swapped-operand twins
-// (decode_swapped.cuh; staged by cp.async, or by TMA): FP8 K/V, token-major,
-// one query token per row. A run takes one when swapped_serves
-// (attention/swap_choice.hpp, the rule the plan shares); the TMA twin when
-// its plan chose it (DecodeWorkList::tma_stages) and the driver encodes the
-// tensor maps (encode_kv_maps).
+// Whether an instantiation of decode_kernel has a swapped-operand twin
+// (decode_swapped.cuh, staged by cp.async): FP8 K/V, one query token per
+// row; token-major ones also a TMA-staged twin. A run takes the twin when
+// swapped_serves (attention/swap_choice.hpp, the rule the plan shares); the
+// TMA twin when its plan chose it (DecodeWorkList::tma_stages) and the
+// driver encodes the tensor maps (encode_kv_maps).
 template <class TKV, int D, bool kDimMajor, bool kMulti>
-constexpr bool kHasSwap = !kDimMajor && !kMulti && detail::KvType<TKV>::kFp8;
+constexpr bool kHasSwap = !kMulti && detail::KvType<TKV>::kFp8;
 template <int D>
 using SwapConfig = detail::Config<D, 1, false, true>;
 
@@ -166,9 +166,11 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
         detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, SwapConfig<D>::kSmemBytes);
     if (err != cudaSuccess) return err;
-    err = cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D>);
-    if (err != cudaSuccess) return err;
+    if constexpr (!kDimMajor) {
+      err = cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D>);
+      if (err != cudaSuccess) return err;
+    }
   }
   const cudaError_t err = cudaFuncSetAttribute(
       detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>,
@@ -278,9 +280,8 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
     }
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
-    if (swapped_serves(l.kv_dtype, l.dim_major, l.work.max_q_len, l.work.group_size,
-                       l.variant.is_plain())) {
-      if (l.work.tma_stages && encode_kv_maps(l, p))
+    if (swapped_serves(l.kv_dtype, l.work.max_q_len, l.work.group_size, l.variant.is_plain())) {
+      if (!kDimMajor && l.work.tma_stages && encode_kv_maps(l, p))
         err = detail::launch_pdl(detail::decode_kernel_tma<TQ, TKV, D>, grid, Cfg::kThreads,
                                  kTmaSmemBytes<D>, l.stream, p);
       else

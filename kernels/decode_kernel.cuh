@@ -68,10 +68,11 @@ constexpr float kMaxSlack = std::is_same<TQ, __half>::value ? 8.f : 0.f;
 // alone, never taken, made small plain calls 0.2-0.4 us slower). kDeep:
 // Config's deeper-pipelined shape (head_dim 128, 16-bit K/V, one query
 // token, plain, token-major: the only instantiation taking it). kSwap: the
-// swapped-operand step of decode_swapped.cuh (FP8 K/V, token-major, one query
-// token, plain; the host takes it for groups of at most 8 heads). kTma (with
-// kSwap): K/V tiles staged by TMA block copies on mbarriers instead of
-// per-thread cp.async (the plan's DecodeWorkList::tma_stages; sm_90).
+// swapped-operand step of decode_swapped.cuh (FP8 K/V, either layout, one
+// query token, plain; the host takes it for groups of at most 8 heads). kTma
+// (with kSwap, token-major): K/V tiles staged by TMA block copies on
+// mbarriers instead of per-thread cp.async (the plan's
+// DecodeWorkList::tma_stages; sm_90).
 // The body is decode_attention; decode_kernel and decode_kernel_tma (below)
 // are its entry points.
 template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kVariant, bool kDeep,
@@ -81,9 +82,9 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   static_assert(sizeof(TQ) == 2 && sizeof(TKV) == (kFp8 ? 1 : kKvElemBytes),
                 "the tensor-core path reads 16-bit q and 16-bit or FP8 K/V elements");
   static_assert(std::is_same<TQ, typename KvType<TKV>::MmaT>::value, "one mma type for q and K/V");
-  static_assert(!kSwap || (kFp8 && !kDimMajor && !kMulti && !kVariant),
-                "the swapped step serves plain one-token FP8 token-major calls");
-  static_assert(!kTma || kSwap, "TMA staging is the swapped kernel's");
+  static_assert(!kSwap || (kFp8 && !kMulti && !kVariant),
+                "the swapped step serves plain one-token FP8 calls");
+  static_assert(!kTma || (kSwap && !kDimMajor), "TMA staging is the token-major swapped kernel's");
   using Cfg = Config<D, sizeof(TKV), kDeep, kSwap>;
   using M = Mma<TQ>;
   constexpr int kThreads = Cfg::kThreads;
@@ -549,8 +550,8 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
           tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
         continue;  // before the window of every row of the warp
       if constexpr (kSwap) {
-        swapped_step<D, kTma>(sk_u, reinterpret_cast<unsigned char *>(sv), t0, tok0 + t0, seq_len,
-                              qa, lsa, lsb, kMaxSlack<TQ>, sw, o, lane);
+        swapped_step<D, kDimMajor, kTma>(sk_u, reinterpret_cast<unsigned char *>(sv), t0, tok0 + t0,
+                                         seq_len, qa, lsa, lsb, kMaxSlack<TQ>, sw, o, lane);
       } else {
         // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -780,13 +781,24 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
     const bool row0 = h0 < rows, row1 = h1 < rows;
     if constexpr (kSwap) {
       const int ha = 2 * tig, hb = ha + 1;
+      if constexpr (kDimMajor) {
+        // Dims 16 c + g and 16 c + g + 8: 4-byte stores, a warp's 32 at
+        // banks 8 tig + g (rows D + 4 floats apart).
 #pragma unroll
-      for (int c = 0; c < D / 16; ++c) {
-        const int d = c * 16 + 2 * g;
-        if (ha < rows)
-          *reinterpret_cast<float2 *>(wo + ha * Dp + d) = make_float2(o[c][0], o[c][2]);
-        if (hb < rows)
-          *reinterpret_cast<float2 *>(wo + hb * Dp + d) = make_float2(o[c][1], o[c][3]);
+        for (int c = 0; c < D / 16; ++c) {
+          const int d = c * 16 + g;
+          if (ha < rows) wo[ha * Dp + d] = o[c][0], wo[ha * Dp + d + 8] = o[c][2];
+          if (hb < rows) wo[hb * Dp + d] = o[c][1], wo[hb * Dp + d + 8] = o[c][3];
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < D / 16; ++c) {
+          const int d = c * 16 + 2 * g;
+          if (ha < rows)
+            *reinterpret_cast<float2 *>(wo + ha * Dp + d) = make_float2(o[c][0], o[c][2]);
+          if (hb < rows)
+            *reinterpret_cast<float2 *>(wo + hb * Dp + d) = make_float2(o[c][1], o[c][3]);
+        }
       }
       if (g == 0) {  // (every g holds the same maxima and, now, sums)
         if (ha < rows) red_m[warp * 16 + ha] = sw.ma, red_l[warp * 16 + ha] = sw.la;

@@ -1,6 +1,6 @@
 // The swapped-operand warp step of the FP8 decode kernel (decode_kernel's
-// kSwap instantiation): token-major FP8 K/V, one query token per row, groups
-// of at most 8 query heads, no attention variant.
+// kSwap instantiations): FP8 K/V in either layout, one query token per row,
+// groups of at most 8 query heads, no attention variant.
 //
 // The plain kernel computes S = Q K^T with the group's heads as the mma's 16
 // rows, so for groups of at most 8 half of every mma, of the softmax and of
@@ -25,6 +25,20 @@
 //   its row g to dim 16 c + 2 g and row g + 8 to dim 16 c + 2 g + 1.
 // * O^T accumulator of m-tile c: o[c][0] (dim 16 c + 2 g, head 2 tig),
 //   o[c][1] (same dim, head 2 tig + 1), o[c][2], o[c][3] (dim 16 c + 2 g + 1).
+//
+// Dim-major K/V (kDimMajor; a staged step is 16-byte rows of 16 tokens per
+// dim, f8_dm_offset) give the same fragments the m-tile path's B operands
+// are, rearranged:
+// * K (transposing ldmatrix, then pair_bytes): a thread gets dims 2 tig, +1
+//   of tokens 2 g and 2 g + 1, so the mma's row g is token 2 g and row g + 8
+//   token 2 g + 1, with the natural k order (q's dim-major fragments).
+// * P^T: movmatrix of the accumulator's blocks gives head g's tokens 4 tig,
+//   4 tig + 2 (block of tokens 2 g) and 4 tig + 1, 4 tig + 3 (2 g + 1): the
+//   k order of V's fragments below, with no other step.
+// * V (non-transposing ldmatrix, then pair_bytes): a thread gets tokens
+//   4 tig .. 4 tig + 3 of one dim, k = 2 tig, +1 (tokens 4 tig, +2) and
+//   2 tig + 8, +9 (4 tig + 1, +3); O^T m-tile c holds dims 16 c + g
+//   (o[c][0], o[c][1]) and 16 c + g + 8 (o[c][2], o[c][3]).
 #pragma once
 
 #include <cstdint>
@@ -61,13 +75,16 @@ struct SwapState {
 // qa[ks][0], qa[ks][2]: q row g's dims of k-step ks (permuted as above);
 // lsa, lsb: the base-2 logit scales of heads 2 tig and 2 tig + 1; positions
 // at or past seq_len are masked. sv: the V stage (generic pointer).
-template <int D, bool kZeroTail>
+// kDimMajor: dim-major stages, whose tail the caller zeroes per tile.
+template <int D, bool kDimMajor, bool kZeroTail>
 __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, int t0, int tok,
                                              int seq_len, const uint32_t (&qa)[D / 16][4],
                                              float lsa, float lsb, float slack, SwapState &st,
                                              float (&o)[D / 16][4], int lane) {
+  static_assert(!(kDimMajor && kZeroTail), "TMA stages token-major tiles only");
   using M = Mma<__half>;
   const int g = lane >> 2;
+  const int step = t0 / 16;  // dim-major: the step's 16-byte rows
   const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
   const int rr = lane & 7;   // ... and which of its rows
   // Matrix mi of each ldmatrix.x4: tokens t0 + 8 (mi & 1) .. +7, chunk 2 c2 +
@@ -97,12 +114,24 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, i
 #pragma unroll
   for (int c2 = 0; c2 < D / 32; ++c2) {
     uint32_t b[4];
-    ldsm_x4(sk_u + f8_tm_offset<D>(row, 2 * c2 + (mi >> 1)), b);
+    if constexpr (kDimMajor) {
+      // Matrix mi: dims 32 c2 + 8 mi .. +7 (rows) of the step's 16 tokens;
+      // b[2 h] / b[2 h + 1] hold k-step 2 c2 + h's dims 2 tig, +1 / +8, +9.
+      ldsm_x4_t(sk_u + f8_dm_offset<D>(step, c2 * 32 + mi * 8 + rr), b);
+    } else {
+      ldsm_x4(sk_u + f8_tm_offset<D>(row, 2 * c2 + (mi >> 1)), b);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const F16x2x2 x0 = e4m3x4(b[2 * h]), x1 = e4m3x4(b[2 * h + 1]);
-      const uint32_t a[4] = {x0.lo, x1.lo, x0.hi, x1.hi};
-      M::run(s, a, qa[2 * c2 + h][0], qa[2 * c2 + h][2]);
+      if constexpr (kDimMajor) {
+        const F16x2x2 x0 = e4m3x4(pair_bytes(b[2 * h])), x1 = e4m3x4(pair_bytes(b[2 * h + 1]));
+        const uint32_t a[4] = {x0.lo, x0.hi, x1.lo, x1.hi};
+        M::run(s, a, qa[2 * c2 + h][0], qa[2 * c2 + h][2]);
+      } else {
+        const F16x2x2 x0 = e4m3x4(b[2 * h]), x1 = e4m3x4(b[2 * h + 1]);
+        const uint32_t a[4] = {x0.lo, x1.lo, x0.hi, x1.hi};
+        M::run(s, a, qa[2 * c2 + h][0], qa[2 * c2 + h][2]);
+      }
     }
   }
   s[0] *= lsa;
@@ -110,8 +139,10 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, i
   s[2] *= lsa;
   s[3] *= lsb;
   if (tok + 16 > seq_len) {  // warp-uniform
-    if (tok + g >= seq_len) s[0] = s[1] = neg_inf();
-    if (tok + g + 8 >= seq_len) s[2] = s[3] = neg_inf();
+    // The tokens of the mma's rows g and g + 8.
+    const int r0 = kDimMajor ? 2 * g : g, r1 = kDimMajor ? 2 * g + 1 : g + 8;
+    if (tok + r0 >= seq_len) s[0] = s[1] = neg_inf();
+    if (tok + r1 >= seq_len) s[2] = s[3] = neg_inf();
   }
   float mxa = fmaxf(s[0], s[2]), mxb = fmaxf(s[1], s[3]);
 #pragma unroll
@@ -142,7 +173,8 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, i
   s[2] = exp2_approx(s[2] - ua);
   s[3] = exp2_approx(s[3] - ub);
   // P^T's B fragments: tokens 2 tig, +1 (pb0) and 8 + 2 tig, +1 (pb1) of
-  // head g. pack rounds s in place, so the sums are of what the mma sees.
+  // head g (dim-major: 4 tig, +2 and 4 tig + 1, +3). pack rounds s in
+  // place, so the sums are of what the mma sees.
   const uint32_t pb0 = movmatrix_trans(M::pack(s[0], s[1]));
   const uint32_t pb1 = movmatrix_trans(M::pack(s[2], s[3]));
   st.la += s[0] + s[2];
@@ -150,12 +182,23 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, i
 #pragma unroll
   for (int c2 = 0; c2 < D / 32; ++c2) {
     uint32_t b[4];
-    ldsm_x4_t(sv_u + f8_tm_offset<D>(row, 2 * c2 + (mi >> 1)), b);
+    if constexpr (kDimMajor) {
+      // Matrix mi: dims 32 c2 + 8 mi .. +7 (rows): m-tile 2 c2 + h's rows g
+      // and g + 8 are matrices 2 h and 2 h + 1.
+      ldsm_x4(sv_u + f8_dm_offset<D>(step, c2 * 32 + mi * 8 + rr), b);
+    } else {
+      ldsm_x4_t(sv_u + f8_tm_offset<D>(row, 2 * c2 + (mi >> 1)), b);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const F16x2x2 x0 = e4m3x4(pair_bytes(b[2 * h])), x1 = e4m3x4(pair_bytes(b[2 * h + 1]));
-      const uint32_t a[4] = {x0.lo, x0.hi, x1.lo, x1.hi};
-      M::run(o[2 * c2 + h], a, pb0, pb1);
+      if constexpr (kDimMajor) {
+        const uint32_t a[4] = {x0.lo, x1.lo, x0.hi, x1.hi};
+        M::run(o[2 * c2 + h], a, pb0, pb1);
+      } else {
+        const uint32_t a[4] = {x0.lo, x0.hi, x1.lo, x1.hi};
+        M::run(o[2 * c2 + h], a, pb0, pb1);
+      }
     }
   }
 }

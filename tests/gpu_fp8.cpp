@@ -3,8 +3,8 @@
  * Decode: fd_decode over an FP8 cache against a float64 reference over the
  * dequantised K/V (stored value x scale): q (3*N(0,1), f16 or bf16, out of
  * the same type), head_dim 64/128, both layouts, block sizes 8/16/32, GQA
- * groups 1/4/8 (and 5/16 with one query token: token-major groups of at
- * most 8 take the swapped-operand step, larger ones the m-tile path), one
+ * groups 1/4/8 (and 5/16 with one query token: groups of at most 8 take
+ * the swapped-operand step, larger ones the m-tile path), one
  * and three query tokens per row (q_indptr), unsplit,
  * automatic and fixed splits; outputs poisoned with NaN, FP8 NaN in spare
  * blocks, past every row's end and behind unused table slots; worst
@@ -523,25 +523,26 @@ void test_long_rows(void **state) {
  * empty, FP8 NaN past every row's end and in the spare blocks behind
  * unused table slots. Outputs against the float64 reference of the
  * dequantised cache (unsplit, automatic and 5 splits: check_case). Rows of
- * 1000 tokens (16 tiles) take the cp.async staging. */
+ * 1000 tokens (16 tiles) take the cp.async staging, and so do dim-major
+ * K/V (the swapped kernel's, by its stages' size). */
 void test_tma_staging(void **state) {
   (void)state;
   const struct {
     uint32_t dim, bs, hkv, group;
-    bool nhd;
+    bool nhd, dm;
     int32_t longest;
     bool tma;
-  } cases[] = {{128, 16, 2, 8, false, 256, true},
-               {128, 8, 2, 5, true, 250, true},
-               {64, 32, 4, 8, true, 200, true},
-               {64, 16, 4, 1, false, 256, true},
-               {128, 16, 2, 8, true, 1000, false}};
+  } cases[] = {{128, 16, 2, 8, false, false, 256, true},  {128, 8, 2, 5, true, false, 250, true},
+               {64, 32, 4, 8, true, false, 200, true},    {64, 16, 4, 1, false, false, 256, true},
+               {128, 16, 2, 8, true, false, 1000, false}, {128, 16, 2, 8, false, true, 256, false},
+               {64, 8, 4, 5, false, true, 200, false}};
   fd_test_rng rng = {5};
   Worst w;
   int cases_run = 0;
   for (const auto &k : cases) {
     Case c;
     c.dim = k.dim, c.bs = k.bs, c.hkv = k.hkv, c.group = k.group, c.nhd = k.nhd;
+    c.dim_major = k.dm;
     c.hint = k.longest; /* (the table holds a spare slot per row: 5 tiles unhinted) */
     c.lens = {k.longest,
               0,
@@ -561,13 +562,14 @@ void test_tma_staging(void **state) {
     size_t kernels = 0;
     const size_t smem = fd_graph_kernel_smem(graph, &kernels);
     CUDA_OK(cudaGraphDestroy(graph));
-    /* Config's stages of the swapped kernel (3 / 4 at 4 / 6 CTAs per SM). */
+    /* Config's stages of the swapped kernel (3 / 4 at 4 / 6 CTAs per SM;
+     * the m-tile kernel's would be 4 / 6). */
     const size_t stages = k.dim == 128 ? 3 : 4;
     const size_t want = stages * 2 * 64 * k.dim + (k.tma ? 8 * stages : 0);
     if (smem != want) {
       print_error("D=%u bs=%u group=%u %s longest %d: attention smem %zu, want %zu (%s)\n", k.dim,
-                  k.bs, k.group, k.nhd ? "NHD" : "packed", k.longest, smem, want,
-                  k.tma ? "TMA" : "cp.async");
+                  k.bs, k.group, k.dm ? "dim-major" : (k.nhd ? "NHD" : "packed"), k.longest, smem,
+                  want, k.tma ? "TMA" : "cp.async");
       fail();
     }
     assert_int_equal(kernels, 1);

@@ -134,6 +134,17 @@ void test_benchmark_grid(void **state) {
         assert_true(w.tiles_per_split >= 4);
       }
       assert_true(w.sm90_device);
+      if (fp8) {
+        /* Dim-major FP8 K/V: the same swapped kernel and slots, so the same
+         * splits, staged by cp.async (a TMA box is a token-major block). */
+        DecodeProblem dm = problem(*g.shape, g.batch, g.len, kv);
+        dm.kv.layout = FD_LAYOUT_DIM_MAJOR;
+        const DecodeWorkList d = plan(dm);
+        if (d.slot_splits() != want || d.deep_stages || d.tma_stages)
+          fail_msg("%s %ux%d fp8 dim-major: %d splits, deep %d, TMA %d; want %d, 0, 0",
+                   g.shape->name, g.batch, g.len, d.slot_splits(), d.deep_stages, d.tma_stages,
+                   want);
+      }
     }
   }
 }
@@ -155,8 +166,9 @@ void test_two_wave_unsplit(void **state) {
 }
 
 /* `base` changed one way at a time in what neither the deep shape nor TMA
- * staging serves: dim-major K/V, an attention variant (a soft-cap, a
- * sliding window), several query tokens per row. */
+ * staging serves: dim-major K/V (first; the swapped kernel serves it), an
+ * attention variant (a soft-cap, a sliding window), several query tokens
+ * per row. */
 std::vector<DecodeProblem> unserved_variants(const DecodeProblem &base) {
   std::vector<DecodeProblem> out(4, base);
   out[0].kv.layout = FD_LAYOUT_DIM_MAJOR;
@@ -192,6 +204,30 @@ void test_deep_serves(void **state) {
   fd::cuda::DecodeSlots none = h200(128);
   none.deep_ctas_per_sm = 0;
   assert_false(fd::cuda::plan_decode_splits(base, base.max_seq_len, false, none).deep_stages);
+}
+
+/* Which calls the swapped FP8 kernel serves (and the plan sizes for its
+ * slots): FP8 K/V of either layout, one query token per row, groups of at
+ * most 8 heads, no attention variant. */
+void test_swapped_serves(void **state) {
+  (void)state;
+  const DecodeProblem base = problem(kC, 1, 2048, FD_DTYPE_FP8_E4M3);
+  assert_true(fd::cuda::takes_swapped(base));
+  DecodeProblem p = base;
+  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
+  assert_true(fd::cuda::takes_swapped(p));
+  p.group_size = 1;
+  p.num_q_heads = 2;
+  assert_true(fd::cuda::takes_swapped(p));
+  const std::vector<DecodeProblem> unserved = unserved_variants(base);
+  for (size_t i = 1; i < unserved.size(); ++i) assert_false(fd::cuda::takes_swapped(unserved[i]));
+  p = base;
+  p.num_q_heads = 32;
+  p.group_size = 16;
+  assert_false(fd::cuda::takes_swapped(p));
+  p = base;
+  p.kv.dtype = FD_DTYPE_BF16;
+  assert_false(fd::cuda::takes_swapped(p));
 }
 
 /* Where TMA staging does not serve, from a list that takes it (C 1 x 2048
@@ -236,9 +272,8 @@ void test_tma_serves(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_benchmark_grid),
-      cmocka_unit_test(test_two_wave_unsplit),
-      cmocka_unit_test(test_deep_serves),
+      cmocka_unit_test(test_benchmark_grid), cmocka_unit_test(test_two_wave_unsplit),
+      cmocka_unit_test(test_swapped_serves), cmocka_unit_test(test_deep_serves),
       cmocka_unit_test(test_tma_serves),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -97,7 +97,8 @@ bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, cons
 }
 
 // Whether a list stages by TMA (DecodeWorkList::tma_stages): the swapped
-// FP8 kernel serves it (takes_swapped) on a compute capability 9.0 device,
+// FP8 kernel serves it (takes_swapped) over token-major K/V (a box is one
+// block's token rows) on a compute capability 9.0 device,
 // the grid fits one wave, and no item walks more than kDecodeTmaMaxTiles
 // tiles: there every CTA's first tile is on the critical path, and TMA
 // brings it sooner (no per-thread copy addressing). H200, measured at 3
@@ -106,8 +107,8 @@ bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, cons
 // tiles or more) 1-11% slower, and a many-wave grid of 4-tile items (A 256
 // x 1024) 3% slower.
 bool takes_tma_stages(const DecodeProblem &pb, const DecodeWorkList &work, const DecodeSlots &s) {
-  return takes_swapped(pb) && s.sm90_device && work.size() <= s.sms * s.ctas_per_sm &&
-         work.tiles_per_split <= kDecodeTmaMaxTiles &&
+  return takes_swapped(pb) && !pb.kv.dim_major() && s.sm90_device &&
+         work.size() <= s.sms * s.ctas_per_sm && work.tiles_per_split <= kDecodeTmaMaxTiles &&
          (work.lead_units == 0 || work.lead_tiles_per_split <= kDecodeTmaMaxTiles);
 }
 
@@ -192,8 +193,7 @@ bool takes_sm90(const DecodeProblem &pb, bool sm90_device) {
 }
 
 bool takes_swapped(const DecodeProblem &pb) {
-  return swapped_serves(pb.kv.dtype, pb.kv.dim_major(), pb.max_q_len, pb.group_size,
-                        pb.variant.is_plain());
+  return swapped_serves(pb.kv.dtype, pb.max_q_len, pb.group_size, pb.variant.is_plain());
 }
 
 size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &work) {

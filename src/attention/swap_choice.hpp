@@ -12,13 +12,11 @@
 namespace fd {
 namespace cuda {
 
-// FP8 E4M3 K/V, token-major, one query token per row, a GQA group of at
+// FP8 E4M3 K/V in either layout, one query token per row, a GQA group of at
 // most kDecodeSwapMaxGroup heads (the n = 8 columns of its mma), no
 // attention variant (`plain`).
-inline bool swapped_serves(int32_t kv_dtype, bool dim_major, int32_t max_q_len, int64_t group,
-                           bool plain) {
-  return kv_dtype == FD_DTYPE_FP8_E4M3 && !dim_major && max_q_len <= 1 &&
-         group <= kDecodeSwapMaxGroup && plain;
+inline bool swapped_serves(int32_t kv_dtype, int32_t max_q_len, int64_t group, bool plain) {
+  return kv_dtype == FD_DTYPE_FP8_E4M3 && max_q_len <= 1 && group <= kDecodeSwapMaxGroup && plain;
 }
 
 }  // namespace cuda
