@@ -48,10 +48,13 @@ struct KvType<__nv_fp8_e4m3> {
 // kSwap: the swapped-operand FP8 kernel (decode_swapped.cuh), whose fewer
 // registers (110 at head_dim 128 under its 4-CTA bound, 72 at 64, against
 // the m-tile FP8 kernel's 164 and 101) leave room for more CTAs per SM with
-// fewer stages each.
+// fewer stages each. kDeep with kSwap: the swapped kernel in the m-tile FP8
+// kernel's shape (more stages, fewer CTAs per SM), which the plan picks for
+// lists that fill exactly one wave of it (DecodeWorkList::deep_stages).
 template <int D, int kElemBytes = 2, bool kDeep = false, bool kSwap = false>
 struct Config {
-  static_assert(!kDeep || (D == 128 && kElemBytes == 2), "the deep shape is head_dim 128, 16-bit");
+  static_assert(!kDeep || (D == 128 && kElemBytes == 2) || kSwap,
+                "the deep shape is head_dim 128, 16-bit, or the swapped kernel's");
   static_assert(!kSwap || (kElemBytes == 1 && (D == 64 || D == 128)), "the swapped kernel is FP8");
   // Staged row width of a token-major tile (elements): D (tile_offset keeps
   // D = 96's swizzle inside its 12-chunk rows).
@@ -76,11 +79,13 @@ struct Config {
   // CTAs/SM a third stage does not fit (H200, bf16: C 1 x 32768 4.3%
   // faster, 256 CTAs of 64 tiles 1.3x).
   // Swapped FP8: 4 CTAs per SM of 3 stages (head_dim 128), 6 of 4 (64):
-  // the same 192 KB per SM as 3 x 4 and 4 x 6, in more, shorter CTAs.
+  // the same 192 KB per SM as 3 x 4 and 4 x 6, in more, shorter CTAs; its
+  // deep shape is the m-tile kernel's 3 x 4 and 4 x 6.
+  static constexpr bool kSwapWide = kSwap && !kDeep;
   static constexpr int kStages =
-      kDeep ? 3
-            : (kSwap ? (D == 128 ? 3 : 4)
-                     : (kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6)));
+      kDeep && !kSwap ? 3
+                      : (kSwapWide ? (D == 128 ? 3 : 4)
+                                   : (kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6)));
   // D = 256 runs 8 warps: each of the kWarps (m-tile, token slice) roles is
   // a pair of warps that compute the same scores and each accumulate half of
   // O's dims (64 O registers per thread instead of 128, so no spill and two
@@ -90,7 +95,7 @@ struct Config {
   static constexpr int kChunksPerThread = kTile * D * kElemBytes / 16 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
   static constexpr int kCtasPerSm =
-      kDeep ? 2 : (kSwap ? (D == 64 ? 6 : 4) : (D == 64 ? 4 : (D == 256 ? 1 : 3)));
+      kDeep && !kSwap ? 2 : (kSwapWide ? (D == 64 ? 6 : 4) : (D == 64 ? 4 : (D == 256 ? 1 : 3)));
 };
 
 // Row stride (floats) of the warp-merge buffer; see decode_kernel. FP8

@@ -68,19 +68,22 @@ constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<T
 
 // Whether an instantiation of decode_kernel has a swapped-operand twin
 // (decode_swapped.cuh, staged by cp.async): FP8 K/V, one query token per
-// row; token-major ones also a TMA-staged twin. A run takes the twin when
-// swapped_serves (attention/swap_choice.hpp, the rule the plan shares); the
-// TMA twin when its plan chose it (DecodeWorkList::tma_stages) and the
-// driver encodes the tensor maps (encode_kv_maps).
+// row; token-major ones also a TMA-staged twin; each in two shapes (Config's
+// kDeep with kSwap). A run takes the twin when swapped_serves
+// (attention/swap_choice.hpp, the rule the plan shares); the TMA twin when
+// its plan chose it (DecodeWorkList::tma_stages) and the driver encodes the
+// tensor maps (encode_kv_maps); the deep shape when its plan chose it
+// (DecodeWorkList::deep_stages).
 template <class TKV, int D, bool kDimMajor, bool kMulti>
 constexpr bool kHasSwap = !kMulti && detail::KvType<TKV>::kFp8;
-template <int D>
-using SwapConfig = detail::Config<D, 1, false, true>;
+template <int D, bool kDeep = false>
+using SwapConfig = detail::Config<D, 1, kDeep, true>;
 
 // Dynamic shared memory of the TMA-staged swapped kernel: the stages, then
 // one 8-byte mbarrier per stage.
-template <int D>
-constexpr size_t kTmaSmemBytes = SwapConfig<D>::kSmemBytes + 8 * SwapConfig<D>::kStages;
+template <int D, bool kDeep>
+constexpr size_t kTmaSmemBytes =
+    SwapConfig<D, kDeep>::kSmemBytes + 8 * SwapConfig<D, kDeep>::kStages;
 
 // Encodes the TMA tensor maps the swapped FP8 kernel stages K and V through
 // (p.tma_k, p.tma_v): each cache as a 4-d byte tensor whose dims 1-3 are the
@@ -136,6 +139,30 @@ inline bool encode_kv_maps(const DecodeLaunch &l, detail::Params &p) {
   return true;
 }
 
+// Sets the swapped kernels' (shape kDeep) dynamic shared memory limits.
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kDeep>
+cudaError_t prepare_swapped() {
+  cudaError_t err = cudaFuncSetAttribute(
+      detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, kDeep, true>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize, SwapConfig<D, kDeep>::kSmemBytes);
+  if (err != cudaSuccess || kDimMajor) return err;
+  return cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D, kDeep>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D, kDeep>);
+}
+
+// Launches the swapped kernel of shape kDeep: TMA-staged when the plan chose
+// it and the tensor maps encode, else by cp.async.
+template <class TQ, class TKV, int D, bool kDimMajor, bool kMulti, bool kDeep>
+cudaError_t launch_swapped(const DecodeLaunch &l, detail::Params &p, unsigned grid) {
+  constexpr int kThreads = detail::Config<D>::kThreads;
+  if (!kDimMajor && l.work.tma_stages && encode_kv_maps(l, p))
+    return detail::launch_pdl(detail::decode_kernel_tma<TQ, TKV, D, kDeep>, grid, kThreads,
+                              kTmaSmemBytes<D, kDeep>, l.stream, p);
+  return detail::launch_pdl(
+      detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, kDeep, true>, grid, kThreads,
+      SwapConfig<D, kDeep>::kSmemBytes, l.stream, p);
+}
+
 // Launches decode_kernel<TQ, TKV, D, layout> and the merge (defined per
 // element-type pair in decode_<dtype>.cu so they compile in parallel).
 template <class TQ, class TKV>
@@ -162,15 +189,9 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
     if (err != cudaSuccess) return err;
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
-    cudaError_t err = cudaFuncSetAttribute(
-        detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, SwapConfig<D>::kSmemBytes);
+    cudaError_t err = prepare_swapped<TQ, TKV, D, kDimMajor, kMulti, false>();
+    if (err == cudaSuccess) err = prepare_swapped<TQ, TKV, D, kDimMajor, kMulti, true>();
     if (err != cudaSuccess) return err;
-    if constexpr (!kDimMajor) {
-      err = cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D>);
-      if (err != cudaSuccess) return err;
-    }
   }
   const cudaError_t err = cudaFuncSetAttribute(
       detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false>,
@@ -281,13 +302,8 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
     if (swapped_serves(l.kv_dtype, l.work.max_q_len, l.work.group_size, l.variant.is_plain())) {
-      if (!kDimMajor && l.work.tma_stages && encode_kv_maps(l, p))
-        err = detail::launch_pdl(detail::decode_kernel_tma<TQ, TKV, D>, grid, Cfg::kThreads,
-                                 kTmaSmemBytes<D>, l.stream, p);
-      else
-        err = detail::launch_pdl(
-            detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, false, true>, grid,
-            Cfg::kThreads, SwapConfig<D>::kSmemBytes, l.stream, p);
+      err = l.work.deep_stages ? launch_swapped<TQ, TKV, D, kDimMajor, kMulti, true>(l, p, grid)
+                               : launch_swapped<TQ, TKV, D, kDimMajor, kMulti, false>(l, p, grid);
       launched = true;
     }
   }

@@ -67,7 +67,8 @@ constexpr float kMaxSlack = std::is_same<TQ, __half>::value ? 8.f : 0.f;
 // H200 when they were runtime branches only; even the sinks' epilogue branch
 // alone, never taken, made small plain calls 0.2-0.4 us slower). kDeep:
 // Config's deeper-pipelined shape (head_dim 128, 16-bit K/V, one query
-// token, plain, token-major: the only instantiation taking it). kSwap: the
+// token, plain, token-major; or, with kSwap, the swapped kernel in the
+// m-tile FP8 kernel's stages and CTAs per SM). kSwap: the
 // swapped-operand step of decode_swapped.cuh (FP8 K/V, either layout, one
 // query token, plain; the host takes it for groups of at most 8 heads). kTma
 // (with kSwap, token-major): K/V tiles staged by TMA block copies on
@@ -928,10 +929,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads,
 // The TMA-staged swapped kernel: its TMA copies name the tensor maps in its
 // parameter space, so the parameter is __grid_constant__ (taking it so in
 // decode_kernel changed every other kernel's code).
-template <class TQ, class TKV, int D>
-__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 1, false, true>::kCtasPerSm)
+// kDeep: in the swapped kernel's deep shape (Config).
+template <class TQ, class TKV, int D, bool kDeep>
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D, 1, kDeep, true>::kCtasPerSm)
     decode_kernel_tma(const __grid_constant__ Params p) {
-  decode_attention<TQ, TKV, D, false, false, false, false, true, true>(p);
+  decode_attention<TQ, TKV, D, false, false, false, kDeep, true, true>(p);
 }
 
 }  // namespace detail

@@ -50,7 +50,10 @@ int decode_deep_ctas_per_sm() {
   return detail::Config<128, 2, true>::kCtasPerSm;
 }
 
-int decode_swap_ctas_per_sm(int32_t head_dim) {
+int decode_swap_ctas_per_sm(int32_t head_dim, bool deep) {
+  if (deep)
+    return head_dim == 64 ? detail::Config<64, 1, true, true>::kCtasPerSm
+                          : detail::Config<128, 1, true, true>::kCtasPerSm;
   return head_dim == 64 ? detail::Config<64, 1, false, true>::kCtasPerSm
                         : detail::Config<128, 1, false, true>::kCtasPerSm;
 }

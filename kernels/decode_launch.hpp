@@ -68,8 +68,9 @@ int decode_ctas_per_sm(int32_t head_dim, bool sm90 = false);
 int decode_deep_ctas_per_sm();
 
 // CTAs per SM of the swapped-operand FP8 kernel at head_dim 64 or 128 (the
-// calls takes_swapped serves, attention/decode_splits.hpp).
-int decode_swap_ctas_per_sm(int32_t head_dim);
+// calls takes_swapped serves, attention/decode_splits.hpp), in its regular
+// or (`deep`) its deep shape.
+int decode_swap_ctas_per_sm(int32_t head_dim, bool deep = false);
 
 namespace sm90 {
 // CTAs of the Hopper kernel (decode_sm90.cu) per SM at head_dim 64 or 128.

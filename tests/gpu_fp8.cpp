@@ -11,9 +11,9 @@
  * row-relative error <= 5e-3; bit-identical reruns; bf16 q far outside f16's
  * range (the kernel's power-of-two row scaling); long split rows; a CUDA
  * graph replay; TMA staging of the swapped kernel for one-wave lists of
- * short rows (packed and NHD strides), the staging read from a captured
- * graph. It prints the worst error against the unquantised values
- * and, when the CPU backend serves the same FP8 call, against it.
+ * short rows (packed and NHD strides) and its deep shape for lists that
+ * fill one wave of it, the staging and shape read from a captured graph. It prints the worst error
+ * against the unquantised values and, when the CPU backend serves the same FP8 call, against it.
  * Append: fd_kv_append into FP8 stores exactly the host conversion
  * saturate(x / scale) (NaN, +-inf, saturation, subnormals, -0) in both
  * layouts; fd_rope_kv_append and the layer writes of a CUDA FP8 cache (one-
@@ -513,6 +513,20 @@ void test_long_rows(void **state) {
   report("long rows", cases, w);
 }
 
+/* The dynamic shared memory of the attention kernel an automatic-split
+ * fd_decode of `c` runs, from a captured graph (its kernel nodes: `kernels`);
+ * which kernel shape and staging ran. */
+size_t attention_smem(const Case &c, size_t *kernels) {
+  const Host h = make_host(c);
+  Dev d;
+  upload(h, d);
+  const fd_decode_params p = device_params(h, d, 1);
+  cudaGraph_t graph = fd_capture_decode(d.stream, p);
+  const size_t smem = fd_graph_kernel_smem(graph, kernels);
+  CUDA_OK(cudaGraphDestroy(graph));
+  return smem;
+}
+
 /* TMA staging of the swapped FP8 kernel (DecodeWorkList::tma_stages:
  * token-major, one query token, groups of at most 8, a one-wave list of
  * items of at most 4 tiles): rows of at most 256 tokens over a few (row, KV
@@ -554,14 +568,8 @@ void test_tma_staging(void **state) {
     check_case(c, &w);
     ++cases_run;
     /* Which staging ran: the captured attention node's shared memory. */
-    const Host h = make_host(c);
-    Dev d;
-    upload(h, d);
-    const fd_decode_params p = device_params(h, d, 1);
-    cudaGraph_t graph = fd_capture_decode(d.stream, p);
     size_t kernels = 0;
-    const size_t smem = fd_graph_kernel_smem(graph, &kernels);
-    CUDA_OK(cudaGraphDestroy(graph));
+    const size_t smem = attention_smem(c, &kernels);
     /* Config's stages of the swapped kernel (3 / 4 at 4 / 6 CTAs per SM;
      * the m-tile kernel's would be 4 / 6). */
     const size_t stages = k.dim == 128 ? 3 : 4;
@@ -575,6 +583,54 @@ void test_tma_staging(void **state) {
     assert_int_equal(kernels, 1);
   }
   report("TMA staging", cases_run, w);
+}
+
+/* The swapped kernel's deep shape (DecodeWorkList::deep_stages: the
+ * m-tile FP8 kernel's 4 / 6 stages at 3 / 4 CTAs per SM for head_dim 128 /
+ * 64) for a list that fills exactly one wave of it: rows of at most 256
+ * tokens (4 tiles, hinted), as many (row, KV head) units as the device has
+ * deep slots (SMs x 3 or 4); token-major ones also stage by TMA (one wave
+ * of items of at most 4 tiles). One unit fewer per SM than a full wave
+ * keeps the regular shape (3 / 4 stages, 4 / 6 CTAs per SM). Outputs
+ * against the float64 reference (check_case: unsplit, automatic and 5
+ * splits), rows ending inside a block and empty. */
+void test_swap_deep_shape(void **state) {
+  (void)state;
+  if (reduced()) skip();
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  fd_test_rng rng = {23};
+  Worst w;
+  int cases_run = 0;
+  for (uint32_t dim : {64u, 128u})
+    for (bool dm : {false, true})
+      for (bool full : {true, false}) {
+        const uint32_t hkv = dim == 64 ? 4 : 2, per_sm = dim == 64 ? 4 : 3;
+        /* full: deep-slots units; else (per_sm - 1) x SMs (one layer short). */
+        const uint32_t units = static_cast<uint32_t>(sms) * (full ? per_sm : per_sm - 1);
+        Case c;
+        c.dim = dim, c.hkv = hkv, c.group = 8, c.dim_major = dm, c.hint = 256;
+        c.lens.assign((units + hkv - 1) / hkv, 256);
+        c.lens[1] = 0;
+        c.lens[2] = static_cast<int32_t>(fd_test_range(&rng, 1, 255));
+        c.seed = fd_test_next(&rng);
+        if (c.lens.size() * hkv != units) continue; /* (SM counts odd for D = 128) */
+        if (full) {
+          check_case(c, &w);
+          ++cases_run;
+        }
+        size_t kernels = 0;
+        const size_t smem = attention_smem(c, &kernels);
+        const size_t stages = full ? (dim == 128 ? 4 : 6) : (dim == 128 ? 3 : 4);
+        const size_t want = stages * 2 * 64 * dim + (dm ? 0 : 8 * stages);
+        if (smem != want) {
+          print_error("D=%u %s %u units (%s wave): attention smem %zu, want %zu\n", dim,
+                      dm ? "dim-major" : "token-major", units, full ? "full" : "short", smem, want);
+          fail();
+        }
+        assert_int_equal(kernels, 1);
+      }
+  report("swapped deep shape", cases_run, w);
 }
 
 /* A CUDA graph of FP8 decode calls replays to the same bits. */
@@ -922,8 +978,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_sweep), cmocka_unit_test(test_bf16_q_range),
       cmocka_unit_test(test_long_rows),    cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_tma_staging),  cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_append_bytes), cmocka_unit_test(test_cache_writes),
+      cmocka_unit_test(test_tma_staging),  cmocka_unit_test(test_swap_deep_shape),
+      cmocka_unit_test(test_refusals),     cmocka_unit_test(test_append_bytes),
+      cmocka_unit_test(test_cache_writes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

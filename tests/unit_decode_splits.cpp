@@ -1,16 +1,17 @@
 /* The CUDA backend's split-KV planning (src/attention/decode_splits.cpp),
  * checked on the CPU with the CTA slots of an H200 (132 SMs; 3 resident
  * CTAs per SM at head_dim 128, 4 at 64, 2 in the deep shape; the swapped
- * FP8 kernel 4 and 6, staged by cp.async or TMA): the split counts, lead
- * units and deep shape it picks for the benchmark grid are those the H200
- * ran and timed (16-bit: call 6 of
- * docs/perf/h200-session10-ae15739-2026-12-02.json; FP8: call 6 of
- * docs/perf/h200-session11-f41306c-2026-12-02.json; decode_bench --quick:
+ * FP8 kernel 4 and 6, 3 and 4 in its deep shape, staged by cp.async or
+ * TMA): the split counts, lead units and deep shape it picks for the
+ * benchmark grid are those the H200 ran and timed (16-bit: call 6 of
+ * docs/perf/h200-session10-ae15739-2026-12-02.json; FP8: session 12,
+ * docs/perf/h200-session12-2d71407-2026-12-02.json; decode_bench --quick:
  * its "splits" column is slot_splits()), and the deep shape only where it
  * serves: 16-bit token-major plain calls of one query token, lists of at
  * most 2 items per SM of at least 4 tiles, or unsplit lists of up to two
- * deep waves; TMA staging only for FP8 one-wave lists of items of at most
- * 4 tiles. The CUDA suites check what the kernels do with these
+ * deep waves; FP8 swapped lists that fill exactly one wave of its deep
+ * shape; TMA staging only for FP8 one-wave lists of items of at most 4
+ * tiles. The CUDA suites check what the kernels do with these
  * lists (gpu_decode, gpu_fp8). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -69,11 +70,14 @@ DecodeProblem problem(const Shape &sh, uint32_t batch, int32_t len, int32_t kv_d
 }
 
 /* The slots src/cuda/decode_cuda.cpp gives a problem on an H200: the
- * swapped FP8 kernel's (4 CTAs per SM at head_dim 128, 6 at 64) for the calls
- * it serves. */
+ * swapped FP8 kernel's (4 CTAs per SM at head_dim 128, 6 at 64; its deep
+ * shape 3 and 4) for the calls it serves. */
 fd::cuda::DecodeSlots h200_for(const DecodeProblem &pb) {
   fd::cuda::DecodeSlots s = h200(pb.head_dim);
-  if (fd::cuda::takes_swapped(pb)) s.ctas_per_sm = pb.head_dim == 64 ? 6 : 4;
+  if (fd::cuda::takes_swapped(pb)) {
+    s.ctas_per_sm = pb.head_dim == 64 ? 6 : 4;
+    s.deep_ctas_per_sm = pb.head_dim == 64 ? 4 : 3; /* its deep shape */
+  }
   return s;
 }
 
@@ -88,29 +92,30 @@ struct GridCase {
   int32_t splits, fp8_splits;  // slot_splits() the H200 ran, 16-bit / FP8 K/V
   bool deep;                   // 16-bit: the deep shape
   bool tma;                    // FP8: TMA staging (one-wave lists of items of <= 4 tiles)
+  bool fp8_deep;               // FP8: the swapped kernel's deep shape (one full wave of it)
 };
 
 const GridCase kGrid[] = {
-    {&kA, 1, 32768, 47, 64, false, false},  {&kA, 1, 2048, 16, 32, false, true},
-    {&kA, 8, 8192, 6, 8, false, false},     {&kA, 32, 4096, 1, 2, true, false},
-    {&kA, 64, 4096, 1, 1, true, false},     {&kA, 128, 2048, 1, 1, false, false},
-    {&kA, 256, 1024, 4, 1, false, false},   {&kA, 64, 8192, 7, 9, false, false},
-    {&kB, 1, 32768, 12, 16, false, false},  {&kB, 1, 2048, 11, 16, false, true},
-    {&kB, 8, 8192, 4, 4, false, false},     {&kB, 32, 4096, 3, 1, false, false},
-    {&kB, 64, 4096, 5, 1, false, false},    {&kB, 128, 2048, 1, 1, false, false},
-    {&kB, 256, 1024, 1, 1, false, false},   {&kB, 64, 8192, 4, 4, false, false},
-    {&kC, 1, 32768, 128, 128, true, true},  {&kC, 1, 2048, 32, 32, false, true},
-    {&kC, 8, 8192, 22, 32, false, true},    {&kC, 32, 4096, 6, 8, false, false},
-    {&kC, 64, 4096, 3, 4, false, false},    {&kC, 128, 2048, 1, 2, true, false},
-    {&kC, 256, 1024, 1, 1, true, false},    {&kC, 64, 8192, 4, 4, false, false},
-    {&kD, 1, 32768, 128, 128, false, true}, {&kD, 1, 2048, 32, 32, false, true},
-    {&kD, 8, 8192, 16, 22, false, false},   {&kD, 32, 4096, 4, 6, false, false},
-    {&kD, 64, 4096, 2, 3, false, false},    {&kD, 128, 2048, 1, 3, false, false},
-    {&kD, 256, 1024, 1, 3, false, false},   {&kD, 64, 8192, 16, 4, false, false},
+    {&kA, 1, 32768, 47, 64, false, false, false}, {&kA, 1, 2048, 16, 32, false, true, false},
+    {&kA, 8, 8192, 6, 8, false, false, false},    {&kA, 32, 4096, 1, 2, true, false, false},
+    {&kA, 64, 4096, 1, 1, true, false, false},    {&kA, 128, 2048, 1, 1, false, false, false},
+    {&kA, 256, 1024, 4, 1, false, false, false},  {&kA, 64, 8192, 7, 9, false, false, false},
+    {&kB, 1, 32768, 12, 16, false, false, false}, {&kB, 1, 2048, 11, 16, false, true, false},
+    {&kB, 8, 8192, 4, 4, false, false, false},    {&kB, 32, 4096, 3, 1, false, false, false},
+    {&kB, 64, 4096, 5, 1, false, false, false},   {&kB, 128, 2048, 1, 1, false, false, false},
+    {&kB, 256, 1024, 1, 1, false, false, false},  {&kB, 64, 8192, 4, 4, false, false, false},
+    {&kC, 1, 32768, 128, 128, true, true, false}, {&kC, 1, 2048, 32, 32, false, true, false},
+    {&kC, 8, 8192, 22, 32, false, true, false},   {&kC, 32, 4096, 6, 8, false, false, false},
+    {&kC, 64, 4096, 3, 4, false, false, false},   {&kC, 128, 2048, 1, 2, true, false, false},
+    {&kC, 256, 1024, 1, 1, true, false, false},   {&kC, 64, 8192, 4, 4, false, false, false},
+    {&kD, 1, 32768, 128, 128, false, true, true}, {&kD, 1, 2048, 32, 32, false, true, false},
+    {&kD, 8, 8192, 16, 22, false, false, false},  {&kD, 32, 4096, 4, 6, false, false, false},
+    {&kD, 64, 4096, 2, 3, false, false, false},   {&kD, 128, 2048, 1, 1, false, false, true},
+    {&kD, 256, 1024, 1, 3, false, false, false},  {&kD, 64, 8192, 16, 4, false, false, false},
 };
 
 /* Every grid case, 16-bit and FP8 K/V: the split count the H200 ran, the
- * deep shape exactly where the case says (never for FP8 K/V), and TMA
+ * deep shape exactly where the case says (FP8: the swapped kernel's), and TMA
  * staging exactly where it says (FP8 only: the one-wave lists of short items
  * it ran faster on the H200, session 11). */
 void test_benchmark_grid(void **state) {
@@ -120,16 +125,22 @@ void test_benchmark_grid(void **state) {
       const bool fp8 = kv == FD_DTYPE_FP8_E4M3;
       const DecodeWorkList w = plan(problem(*g.shape, g.batch, g.len, kv));
       const int32_t want = fp8 ? g.fp8_splits : g.splits;
-      const bool deep = !fp8 && g.deep;
+      const bool deep = fp8 ? g.fp8_deep : g.deep;
       const bool tma = fp8 && g.tma;
       if (w.slot_splits() != want || w.deep_stages != deep || w.tma_stages != tma) {
         fail_msg("%s %ux%d %s: %d splits, deep %d, TMA %d; want %d splits, deep %d, TMA %d",
                  g.shape->name, g.batch, g.len, fp8 ? "fp8" : "bf16", w.slot_splits(),
                  w.deep_stages, w.tma_stages, want, deep, tma);
       }
-      /* Unsplit deep lists fit two deep waves; split ones one. */
+      /* 16-bit: unsplit deep lists fit two deep waves, split ones one;
+       * FP8 (the swapped kernel's deep shape, 3 / 4 CTAs per SM): exactly
+       * one full wave. */
       if (w.deep_stages) {
-        assert_true(w.size() <= (w.num_splits == 1 ? 2 : 1) * 132 * 2);
+        const int64_t per_sm = g.shape->dim == 64 ? 4 : 3;
+        if (fp8)
+          assert_true(w.size() > 132 * (per_sm - 1) && w.size() <= 132 * per_sm);
+        else
+          assert_true(w.size() <= (w.num_splits == 1 ? 2 : 1) * 132 * 2);
         assert_int_equal(w.lead_units, 0);
         assert_true(w.tiles_per_split >= 4);
       }
@@ -140,10 +151,10 @@ void test_benchmark_grid(void **state) {
         DecodeProblem dm = problem(*g.shape, g.batch, g.len, kv);
         dm.kv.layout = FD_LAYOUT_DIM_MAJOR;
         const DecodeWorkList d = plan(dm);
-        if (d.slot_splits() != want || d.deep_stages || d.tma_stages)
-          fail_msg("%s %ux%d fp8 dim-major: %d splits, deep %d, TMA %d; want %d, 0, 0",
+        if (d.slot_splits() != want || d.deep_stages != deep || d.tma_stages)
+          fail_msg("%s %ux%d fp8 dim-major: %d splits, deep %d, TMA %d; want %d, %d, 0",
                    g.shape->name, g.batch, g.len, d.slot_splits(), d.deep_stages, d.tma_stages,
-                   want);
+                   want, deep);
       }
     }
   }
@@ -230,6 +241,46 @@ void test_swapped_serves(void **state) {
   assert_false(fd::cuda::takes_swapped(p));
 }
 
+/* The swapped kernel's deep shape: lists that fill exactly one wave of it
+ * ((deep - 1) x 132 < items <= deep x 132; deep = 4 CTAs per SM at head_dim
+ * 64, 3 at 128) of items of at least 4 tiles; rows of at most 4096 tokens
+ * whose units fill it run unsplit. Not for a list one layer short or one
+ * item over, items of fewer than 4 tiles, or calls the swapped kernel does
+ * not serve (groups over 8, an attention variant). */
+void test_swap_deep_serves(void **state) {
+  (void)state;
+  /* D (4 KV heads): 100 x 4 = 400 units of 2048 tokens: unsplit, deep. */
+  DecodeProblem p = problem(kD, 100, 2048, FD_DTYPE_FP8_E4M3);
+  DecodeWorkList w = plan(p);
+  assert_true(w.deep_stages);
+  assert_int_equal(w.num_splits, 1);
+  assert_int_equal(w.size(), 400);
+  assert_true(plan(problem(kD, 132, 2048, FD_DTYPE_FP8_E4M3)).deep_stages);
+  assert_false(plan(problem(kD, 99, 2048, FD_DTYPE_FP8_E4M3)).deep_stages);  /* 396 */
+  assert_false(plan(problem(kD, 133, 2048, FD_DTYPE_FP8_E4M3)).deep_stages); /* 532 */
+  /* C (2 KV heads, head_dim 128): 133 x 2 = 266 units of 1024 tokens. */
+  assert_true(plan(problem(kC, 133, 1024, FD_DTYPE_FP8_E4M3)).deep_stages);
+  assert_true(plan(problem(kC, 198, 1024, FD_DTYPE_FP8_E4M3)).deep_stages);
+  assert_false(plan(problem(kC, 132, 1024, FD_DTYPE_FP8_E4M3)).deep_stages);
+  assert_false(plan(problem(kC, 199, 1024, FD_DTYPE_FP8_E4M3)).deep_stages);
+  /* Items of 3 tiles (192 tokens) do not take it. */
+  assert_false(plan(problem(kD, 100, 192, FD_DTYPE_FP8_E4M3)).deep_stages);
+  /* Neither do calls the swapped kernel does not serve. */
+  const DecodeProblem base = problem(kD, 100, 2048, FD_DTYPE_FP8_E4M3);
+  const std::vector<DecodeProblem> unserved = unserved_variants(base);
+  for (size_t i = 1; i < unserved.size(); ++i) assert_false(plan(unserved[i]).deep_stages);
+  p = base;
+  p.num_q_heads = 64;
+  p.group_size = 16;
+  assert_false(plan(p).deep_stages);
+  /* The dim-major layout takes it (cp.async, no TMA). */
+  p = base;
+  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
+  w = plan(p);
+  assert_true(w.deep_stages);
+  assert_false(w.tma_stages);
+}
+
 /* Where TMA staging does not serve, from a list that takes it (C 1 x 2048
  * over FP8): dim-major K/V, an attention variant, several query tokens per
  * row, groups over 8 heads, 16-bit K/V, a device other than compute
@@ -273,8 +324,8 @@ void test_tma_serves(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_benchmark_grid), cmocka_unit_test(test_two_wave_unsplit),
-      cmocka_unit_test(test_swapped_serves), cmocka_unit_test(test_deep_serves),
-      cmocka_unit_test(test_tma_serves),
+      cmocka_unit_test(test_swapped_serves), cmocka_unit_test(test_swap_deep_serves),
+      cmocka_unit_test(test_deep_serves),    cmocka_unit_test(test_tma_serves),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -89,7 +89,26 @@ int64_t deep_slots(const DecodeSlots &s) {
 // stages in flight while it reads the other: 2 regular CTAs hold 2 tiles
 // (64 KB) in flight per SM, 2 deep ones 4. H200, bf16, 256 CTAs of one
 // 4096-token (row, KV head) each: 162 us regular, 125 us deep.
+// The swapped FP8 kernel's deep shape (the m-tile FP8 kernel's stages and
+// CTAs per SM: 4 x 16 KB at 3 per SM for head_dim 128, 6 x 8 KB at 4 for
+// 64) instead of its regular one (3 x 4, 4 x 6) for a list of items that
+// fill exactly one wave of it: more than deep_ctas_per_sm - 1 items per SM,
+// at most deep_ctas_per_sm, each of at least kDeepMinTiles tiles. Each SM
+// then holds the same CTAs with more tiles in flight each. H200, head_dim
+// 64 (D 128 x 2048, 512 units unsplit: 41.7 us deep against 44.1 at 3
+// regular splits and 47.6 unsplit regular; D 1 x 32768, 512 TMA items of 4
+// tiles: 11.3 against 12.5). Lists of fewer items per SM (D 64 x 4096 as
+// 256 units: 57 us either shape, against 40.9 at 3 regular splits) and of
+// more (several waves of either shape) keep the regular shape.
+bool fills_swap_deep_wave(int64_t items, const DecodeSlots &s) {
+  return s.deep_ctas_per_sm > 0 && items > (s.deep_ctas_per_sm - 1) * s.sms &&
+         items <= deep_slots(s);
+}
+
 bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, const DecodeSlots &s) {
+  if (takes_swapped(pb))
+    return work.lead_units == 0 && fills_swap_deep_wave(work.size(), s) &&
+           work.tiles_per_split >= kDeepMinTiles;
   const bool waves_fit =
       work.size() <= deep_slots(s) || (work.num_splits == 1 && work.size() <= 2 * deep_slots(s));
   return deep_shape_serves(pb, s.sm90_device) && work.lead_units == 0 && waves_fit &&
@@ -257,9 +276,12 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   // A 32 x 4096 125.5 -> 125.1; 512 units: C 256 x 1024 69.2 -> 68.8 (bs16)
   // and 69.0 -> 67.7 (bs32) against a lead list, A 64 x 4096 within 0.3%;
   // B 8 x 8192, of 8192-token rows, was 3% slower so).
-  const bool deep_unsplit = deep_shape_serves(pb, dev.sm90_device) && max_len <= kMaxSplitTokens &&
-                            tiles_total >= kDeepMinTiles && ctas > dev.sms &&
-                            ctas <= 2 * deep_slots(dev);
+  // The swapped FP8 kernel's deep shape takes such rows unsplit when their
+  // units fill exactly one wave of it (fills_swap_deep_wave).
+  const bool fits_deep = takes_swapped(pb) ? fills_swap_deep_wave(ctas, dev)
+                                           : deep_shape_serves(pb, dev.sm90_device) &&
+                                                 ctas > dev.sms && ctas <= 2 * deep_slots(dev);
+  const bool deep_unsplit = fits_deep && max_len <= kMaxSplitTokens && tiles_total >= kDeepMinTiles;
   if (deep_unsplit) wanted = 1;
   DecodeWorkList work = make_list(pb, max_len, wanted);
   // Lead units for uniform-looking batches of one query token per row (rows

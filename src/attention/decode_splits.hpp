@@ -20,7 +20,8 @@ namespace cuda {
 struct DecodeSlots {
   int64_t sms = 1;               // multiprocessors of the device
   int32_t ctas_per_sm = 1;       // resident CTAs per SM of the kernel the problem takes
-  int32_t deep_ctas_per_sm = 0;  // of the deep shape (Config's kDeep; 0: none)
+  int32_t deep_ctas_per_sm = 0;  // of the deep shape (Config's kDeep; 0: none), the
+                                 // swapped kernel's for the calls it serves
   bool sm90_device = false;      // compute capability 9.0 (the Hopper kernel may serve)
 };
 

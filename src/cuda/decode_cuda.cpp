@@ -211,11 +211,12 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
   cuda::DecodeSlots slots;
   slots.sms = multiprocessor_count(problem.device_ordinal);
   slots.sm90_device = sm90;
-  slots.ctas_per_sm = cuda::takes_swapped(problem)
-                          ? cuda::decode_swap_ctas_per_sm(static_cast<int32_t>(problem.head_dim))
-                          : cuda::decode_ctas_per_sm(static_cast<int32_t>(problem.head_dim),
-                                                     cuda::takes_sm90(problem, sm90));
-  slots.deep_ctas_per_sm = cuda::decode_deep_ctas_per_sm();
+  const auto head_dim = static_cast<int32_t>(problem.head_dim);
+  const bool swapped = cuda::takes_swapped(problem);
+  slots.ctas_per_sm = swapped ? cuda::decode_swap_ctas_per_sm(head_dim)
+                              : cuda::decode_ctas_per_sm(head_dim, cuda::takes_sm90(problem, sm90));
+  slots.deep_ctas_per_sm =
+      swapped ? cuda::decode_swap_ctas_per_sm(head_dim, true) : cuda::decode_deep_ctas_per_sm();
   return cuda::plan_decode_splits(problem, max_len, limit_by_workspace, slots);
 }
 
