@@ -68,8 +68,8 @@ constexpr bool kHasDeep = D == 128 && !kDimMajor && !kMulti && !detail::KvType<T
 
 // Whether an instantiation of decode_kernel has a swapped-operand twin
 // (decode_swapped.cuh, staged by cp.async): FP8 K/V, one query token per
-// row; token-major ones also a TMA-staged twin; each in two shapes (Config's
-// kDeep with kSwap). A run takes the twin when swapped_serves
+// row; token-major ones also a TMA-staged twin, and each of those in a
+// second shape (Config's kDeep with kSwap). A run takes the twin when swapped_serves
 // (attention/swap_choice.hpp, the rule the plan shares); the TMA twin when
 // its plan chose it (DecodeWorkList::tma_stages) and the driver encodes the
 // tensor maps (encode_kv_maps); the deep shape when its plan chose it
@@ -190,7 +190,8 @@ cudaError_t prepare_decode_variant(bool sm90 = false) {
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
     cudaError_t err = prepare_swapped<TQ, TKV, D, kDimMajor, kMulti, false>();
-    if (err == cudaSuccess) err = prepare_swapped<TQ, TKV, D, kDimMajor, kMulti, true>();
+    if constexpr (!kDimMajor)
+      if (err == cudaSuccess) err = prepare_swapped<TQ, TKV, D, kDimMajor, kMulti, true>();
     if (err != cudaSuccess) return err;
   }
   const cudaError_t err = cudaFuncSetAttribute(
@@ -302,8 +303,11 @@ cudaError_t launch_decode_variant(const DecodeLaunch &l) {
   }
   if constexpr (kHasSwap<TKV, D, kDimMajor, kMulti>) {
     if (swapped_serves(l.kv_dtype, l.work.max_q_len, l.work.group_size, l.variant.is_plain())) {
-      err = l.work.deep_stages ? launch_swapped<TQ, TKV, D, kDimMajor, kMulti, true>(l, p, grid)
-                               : launch_swapped<TQ, TKV, D, kDimMajor, kMulti, false>(l, p, grid);
+      if constexpr (!kDimMajor)
+        err = l.work.deep_stages ? launch_swapped<TQ, TKV, D, kDimMajor, kMulti, true>(l, p, grid)
+                                 : launch_swapped<TQ, TKV, D, kDimMajor, kMulti, false>(l, p, grid);
+      else
+        err = launch_swapped<TQ, TKV, D, kDimMajor, kMulti, false>(l, p, grid);
       launched = true;
     }
   }

@@ -146,15 +146,24 @@ void test_benchmark_grid(void **state) {
       }
       assert_true(w.sm90_device);
       if (fp8) {
-        /* Dim-major FP8 K/V: the same swapped kernel and slots, so the same
-         * splits, staged by cp.async (a TMA box is a token-major block). */
+        /* Dim-major FP8 K/V: the same swapped kernel and slots, in its
+         * regular shape, staged by cp.async (a TMA box is a token-major
+         * block): the splits token-major K/V would take without the deep
+         * shape, which are the grid's where that shape is not taken (D 128
+         * x 2048: 3 instead of 1). */
         DecodeProblem dm = problem(*g.shape, g.batch, g.len, kv);
         dm.kv.layout = FD_LAYOUT_DIM_MAJOR;
         const DecodeWorkList d = plan(dm);
-        if (d.slot_splits() != want || d.deep_stages != deep || d.tma_stages)
-          fail_msg("%s %ux%d fp8 dim-major: %d splits, deep %d, TMA %d; want %d, %d, 0",
+        fd::cuda::DecodeSlots no_deep = h200_for(dm);
+        no_deep.deep_ctas_per_sm = 0;
+        const DecodeProblem tm = problem(*g.shape, g.batch, g.len, kv);
+        const int32_t want_dm =
+            fd::cuda::plan_decode_splits(tm, tm.max_seq_len, false, no_deep).slot_splits();
+        if (d.slot_splits() != want_dm || d.deep_stages || d.tma_stages)
+          fail_msg("%s %ux%d fp8 dim-major: %d splits, deep %d, TMA %d; want %d, 0, 0",
                    g.shape->name, g.batch, g.len, d.slot_splits(), d.deep_stages, d.tma_stages,
-                   want, deep);
+                   want_dm);
+        if (!deep) assert_int_equal(want_dm, want);
       }
     }
   }
@@ -245,8 +254,8 @@ void test_swapped_serves(void **state) {
  * ((deep - 1) x 132 < items <= deep x 132; deep = 4 CTAs per SM at head_dim
  * 64, 3 at 128) of items of at least 4 tiles; rows of at most 4096 tokens
  * whose units fill it run unsplit. Not for a list one layer short or one
- * item over, items of fewer than 4 tiles, or calls the swapped kernel does
- * not serve (groups over 8, an attention variant). */
+ * item over, items of fewer than 4 tiles, dim-major K/V, or calls the
+ * swapped kernel does not serve (groups over 8, an attention variant). */
 void test_swap_deep_serves(void **state) {
   (void)state;
   /* D (4 KV heads): 100 x 4 = 400 units of 2048 tokens: unsplit, deep. */
@@ -273,12 +282,8 @@ void test_swap_deep_serves(void **state) {
   p.num_q_heads = 64;
   p.group_size = 16;
   assert_false(plan(p).deep_stages);
-  /* The dim-major layout takes it (cp.async, no TMA). */
-  p = base;
-  p.kv.layout = FD_LAYOUT_DIM_MAJOR;
-  w = plan(p);
-  assert_true(w.deep_stages);
-  assert_false(w.tma_stages);
+  /* Nor dim-major K/V (unserved_variants' first). */
+  assert_false(plan(unserved[0]).deep_stages);
 }
 
 /* Where TMA staging does not serve, from a list that takes it (C 1 x 2048

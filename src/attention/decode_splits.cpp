@@ -91,7 +91,8 @@ int64_t deep_slots(const DecodeSlots &s) {
 // 4096-token (row, KV head) each: 162 us regular, 125 us deep.
 // The swapped FP8 kernel's deep shape (the m-tile FP8 kernel's stages and
 // CTAs per SM: 4 x 16 KB at 3 per SM for head_dim 128, 6 x 8 KB at 4 for
-// 64) instead of its regular one (3 x 4, 4 x 6) for a list of items that
+// 64) instead of its regular one (3 stages at 4 per SM, 4 at 6) for a list
+// of items that
 // fill exactly one wave of it: more than deep_ctas_per_sm - 1 items per SM,
 // at most deep_ctas_per_sm, each of at least kDeepMinTiles tiles. Each SM
 // then holds the same CTAs with more tiles in flight each. H200, head_dim
@@ -99,15 +100,20 @@ int64_t deep_slots(const DecodeSlots &s) {
 // regular splits and 47.6 unsplit regular; D 1 x 32768, 512 TMA items of 4
 // tiles: 11.3 against 12.5). Lists of fewer items per SM (D 64 x 4096 as
 // 256 units: 57 us either shape, against 40.9 at 3 regular splits) and of
-// more (several waves of either shape) keep the regular shape.
-bool fills_swap_deep_wave(int64_t items, const DecodeSlots &s) {
-  return s.deep_ctas_per_sm > 0 && items > (s.deep_ctas_per_sm - 1) * s.sms &&
+// more (several waves of either shape) keep the regular shape. Split
+// counts chosen to fill its wave instead of the automatic ones (A 1 x
+// 32768 at 40 / 48, A 8 x 8192 at 5 / 6, C 64 x 4096 at 3, D 64 x 4096 at
+// 2, ...) were 0.4-6% slower on every other grid case, so the split rule
+// does not aim for it. Token-major K/V only: dim-major lists in it ran 5-13% behind token-major
+// ones (A 8 x 8192, 320 / 384 items), against 2% in the regular shape.
+bool fills_swap_deep_wave(const DecodeProblem &pb, int64_t items, const DecodeSlots &s) {
+  return !pb.kv.dim_major() && s.deep_ctas_per_sm > 0 && items > (s.deep_ctas_per_sm - 1) * s.sms &&
          items <= deep_slots(s);
 }
 
 bool takes_deep_stages(const DecodeProblem &pb, const DecodeWorkList &work, const DecodeSlots &s) {
   if (takes_swapped(pb))
-    return work.lead_units == 0 && fills_swap_deep_wave(work.size(), s) &&
+    return work.lead_units == 0 && fills_swap_deep_wave(pb, work.size(), s) &&
            work.tiles_per_split >= kDeepMinTiles;
   const bool waves_fit =
       work.size() <= deep_slots(s) || (work.num_splits == 1 && work.size() <= 2 * deep_slots(s));
@@ -278,7 +284,7 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
   // B 8 x 8192, of 8192-token rows, was 3% slower so).
   // The swapped FP8 kernel's deep shape takes such rows unsplit when their
   // units fill exactly one wave of it (fills_swap_deep_wave).
-  const bool fits_deep = takes_swapped(pb) ? fills_swap_deep_wave(ctas, dev)
+  const bool fits_deep = takes_swapped(pb) ? fills_swap_deep_wave(pb, ctas, dev)
                                            : deep_shape_serves(pb, dev.sm90_device) &&
                                                  ctas > dev.sms && ctas <= 2 * deep_slots(dev);
   const bool deep_unsplit = fits_deep && max_len <= kMaxSplitTokens && tiles_total >= kDeepMinTiles;
