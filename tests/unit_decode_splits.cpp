@@ -5,7 +5,7 @@
  * TMA): the split counts, lead units and deep shape it picks for the
  * benchmark grid are those the H200 ran and timed (16-bit: call 6 of
  * docs/perf/h200-session10-ae15739-2026-12-02.json; FP8: session 12,
- * docs/perf/h200-session12-2d71407-2026-12-02.json; decode_bench --quick:
+ * docs/perf/h200-session12-57eb3ef-2026-12-02.json; decode_bench --quick:
  * its "splits" column is slot_splits()), and the deep shape only where it
  * serves: 16-bit token-major plain calls of one query token, lists of at
  * most 2 items per SM of at least 4 tiles, or unsplit lists of up to two
