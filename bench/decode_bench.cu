@@ -10,7 +10,7 @@
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
 // Usage: decode_bench [--out DIR] [--quick] [--explore] [--verify] [--prefill]
-//                     [--kv fp8] [--splits N] [--filter A,B,...]
+//                     [--kv fp8] [--plan-lengths] [--splits N] [--filter A,B,...]
 // --kv fp8 (issue 15): instead of the grid, every shape and batch of the grid
 // with FP8 E4M3 K/V (bf16 q, block 16, token-major; shape A also dim-major
 // and f16 q), each beside the same case with bf16 K/V run just before it:
@@ -24,6 +24,9 @@
 // --prefill adds the multi-token cases of issue 14 (chunked prefill: causal
 // chunks timed in TFLOP/s over the visible (query, key) pairs; a mixed batch
 // of decode rows and prefill chunks against the two parts run separately).
+// --plan-lengths: every case planned by fd_decode_plan_create with its rows'
+// lengths (as an engine step plans; case names end in "lens") and run by
+// fd_decode_run, instead of fd_decode planning from max_seq_len_hint.
 // (or `flashdec bench ...`: the CLI links this file's fd_decode_bench_main).
 // --filter keeps the cases whose name contains one of the comma-separated
 // substrings, '_' standing for a space (for short iteration runs; the
@@ -212,6 +215,9 @@ struct Spec {
   std::vector<int32_t> row_q_lens = {};
   const char *tag = "";
   bool kv_fp8 = false;  // --kv fp8: FP8 E4M3 K/V (q and out of `dtype`)
+  // --plan-lengths: planned by fd_decode_plan_create with the rows' lengths
+  // (as an engine step plans) and run by fd_decode_run, instead of fd_decode.
+  bool plan_lengths = false;
   // --variants: the attention variant (S2.3) and the case it is compared with.
   float softcap = 0.f;
   int32_t window = 0;
@@ -399,7 +405,18 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     base.max_q_len_hint = QL;
   }
   size_t ws_bytes = 0;
-  CHECK_FD(fd_decode_workspace_size(&base, &ws_bytes));
+  fd_decode_plan *plan = nullptr;
+  if (spec.plan_lengths) {
+    // Planned without a workspace: the plan splits as it sees fit and says
+    // what every run needs.
+    CHECK_FD(fd_decode_plan_create(&base, res.lens.data(), &plan));
+    CHECK_FD(fd_decode_plan_workspace_size(plan, &ws_bytes));
+  } else {
+    CHECK_FD(fd_decode_workspace_size(&base, &ws_bytes));
+  }
+  auto decode = [&](const fd_decode_params &p) {
+    return plan != nullptr ? fd_decode_run(plan, &p) : fd_decode(&p);
+  };
   void *ws = nullptr;
   if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
   base.workspace = ws;
@@ -442,7 +459,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaMemsetAsync(out, 0xff, qn * 2, stream));
     fd_decode_params p = params_for_set(0);
-    CHECK_FD(fd_decode(&p));
+    CHECK_FD(decode(p));
     CHECK_CUDA(cudaStreamSynchronize(stream));
     std::vector<float> r(qn);
     std::vector<uint16_t> o(qn);
@@ -485,7 +502,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
       for (int i = 0; i < 60; ++i) {
         fd_decode_params p = params_for_set(i % sets);
         CHECK_CUDA(cudaStreamSynchronize(stream));
-        const float ms = timer.time_ms([&] { CHECK_FD(fd_decode(&p)); });
+        const float ms = timer.time_ms([&] { CHECK_FD(decode(p)); });
         if (i >= 10) t.push_back(ms * 1e3);
       }
       res.stream_median_us = median(t);
@@ -500,7 +517,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
       CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < launches; ++i) {
         fd_decode_params p = params_for_set(i % sets);
-        CHECK_FD(fd_decode(&p));
+        CHECK_FD(decode(p));
       }
       CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
       CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -529,6 +546,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   CHECK_CUDA(cudaFree(tables));
   CHECK_CUDA(cudaFree(lens));
   if (ws) CHECK_CUDA(cudaFree(ws));
+  fd_decode_plan_destroy(plan);
   if (indptr) CHECK_CUDA(cudaFree(indptr));
   if (sinks) CHECK_CUDA(cudaFree(sinks));
   return res;
@@ -550,7 +568,8 @@ std::string case_name(const Result &r) {
            ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(), s.kv_fp8 ? " kv-fp8" : "", s.bs,
            layout_str(s.layout).c_str(),
            s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
-           s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "", variant.c_str());
+           s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "",
+           (variant + (s.plan_lengths ? " lens" : "")).c_str());
   return buf;
 }
 
@@ -867,7 +886,7 @@ std::string summarize_variants(const std::vector<Result> &rs) {
 void usage(FILE *to, const char *program) {
   fprintf(to,
           "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--prefill] [--kv fp8]\n"
-          "       [--variants] [--splits N] [--filter A,B,...]\n",
+          "       [--variants] [--plan-lengths] [--splits N] [--filter A,B,...]\n",
           program);
 }
 
@@ -876,6 +895,7 @@ void usage(FILE *to, const char *program) {
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
   bool quick = false, explore = false, verify = false, prefill = false, fp8 = false;
+  bool plan_lengths = false;
   bool variants = false;
   int32_t fixed_splits = 0;
   std::vector<std::string> filters;
@@ -900,6 +920,8 @@ int fd_decode_bench_main(int argc, char **argv) {
           "  --variants   instead of the grid, the attention variants beside their plain\n"
           "               twins (soft-cap, sinks on large cases; a 4096 window over 32768\n"
           "               rows vs plain 4096 rows) and head_dim 256 / 96 against copy\n"
+          "  --plan-lengths  plan each case with its rows' lengths (fd_decode_plan_create,\n"
+          "               then fd_decode_run) instead of fd_decode's hint planning\n"
           "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
@@ -922,6 +944,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       variants = true;
     else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
       fp8 = true, ++i;
+    else if (!strcmp(argv[i], "--plan-lengths"))
+      plan_lengths = true;
     else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
       fixed_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
@@ -1006,6 +1030,7 @@ int fd_decode_bench_main(int argc, char **argv) {
         for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{8, 8192}})
           specs.push_back({kShapes[sh], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
   }
+  for (Spec &s : specs) s.plan_lengths = plan_lengths;
   if (!filters.empty()) {
     std::vector<Spec> kept;
     for (const Spec &s : specs) {

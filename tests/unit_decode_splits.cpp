@@ -286,6 +286,32 @@ void test_swap_deep_serves(void **state) {
   assert_false(plan(unserved[0]).deep_stages);
 }
 
+/* Batches the plan knows to be ragged (host lengths: mean at most 2/3 of
+ * the longest row, at least 16 rows, rows over 4096 tokens) are cut into at
+ * least 1.25 waves of CTAs: C ragged over FP8 (128 units, 528 swapped
+ * slots) 4 -> 6 splits, as the H200 ran fastest (session 12); the same
+ * batch planned from the hint, or known to be uniform, keeps 4; lists with
+ * that many waves already (D, A ragged; C over 16-bit K/V) and batches of
+ * fewer rows keep theirs. */
+void test_known_ragged(void **state) {
+  (void)state;
+  auto splits = [](const Shape &sh, uint32_t batch, int32_t kv, int64_t total) {
+    const DecodeProblem pb = problem(sh, batch, 8192, kv);
+    return fd::cuda::plan_decode_splits(pb, 8192, false, h200_for(pb), total).slot_splits();
+  };
+  const int64_t ragged = 64 * 4160; /* the mean of U[128, 8192] */
+  assert_int_equal(splits(kC, 64, FD_DTYPE_FP8_E4M3, ragged), 6);
+  assert_int_equal(splits(kC, 64, FD_DTYPE_FP8_E4M3, 0), 4);
+  assert_int_equal(splits(kC, 64, FD_DTYPE_FP8_E4M3, 64 * 8192), 4);
+  assert_int_equal(splits(kC, 64, FD_DTYPE_FP8_E4M3, 64 * 5462), 4); /* mean just over 2/3 */
+  assert_int_equal(splits(kC, 64, FD_DTYPE_FP8_E4M3, 64 * 5461), 6);
+  assert_int_equal(splits(kC, 64, FD_DTYPE_BF16, ragged), 4);
+  assert_int_equal(splits(kD, 64, FD_DTYPE_FP8_E4M3, ragged), 4);
+  assert_int_equal(splits(kA, 64, FD_DTYPE_FP8_E4M3, ragged), 9);
+  assert_int_equal(splits(kC, 8, FD_DTYPE_FP8_E4M3, 8 * 4160), 32);
+  assert_int_equal(splits(kC, 8, FD_DTYPE_FP8_E4M3, 0), 32);
+}
+
 /* Where TMA staging does not serve, from a list that takes it (C 1 x 2048
  * over FP8): dim-major K/V, an attention variant, several query tokens per
  * row, groups over 8 heads, 16-bit K/V, a device other than compute
@@ -330,7 +356,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_benchmark_grid), cmocka_unit_test(test_two_wave_unsplit),
       cmocka_unit_test(test_swapped_serves), cmocka_unit_test(test_swap_deep_serves),
-      cmocka_unit_test(test_deep_serves),    cmocka_unit_test(test_tma_serves),
+      cmocka_unit_test(test_known_ragged),   cmocka_unit_test(test_deep_serves),
+      cmocka_unit_test(test_tma_serves),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

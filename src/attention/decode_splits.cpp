@@ -44,6 +44,18 @@ constexpr int kRaggedSplitTokens = 2048;
 constexpr int kRaggedCtasPerSlot = 8;
 constexpr int kRaggedMinTokens = 512;
 constexpr uint32_t kRaggedMinRows = 16;
+// A batch of at least kRaggedMinRows rows that the plan knows to be ragged
+// (host lengths: their mean at most kRaggedMeanShare of the longest) is cut
+// into at least kRaggedMinWaveQuarters / 4 waves of CTAs, so that CTAs of
+// the grid's later part start where short rows finished instead of every
+// SM keeping the units it was given at launch. H200, FP8, C ragged (64 rows
+// of U[128, 8192]; 128 units on the swapped kernel's 528 slots), us by
+// splits: 4 (0.97 waves) 51.4, 6 (1.45) 44.1, 8 (1.94) 50.7; D ragged 4
+// (1.29 waves) 50.8. From the hint alone the same rule made uniform 64 x
+// 8192 and 16 x 8192 batches 10-21% slower (session 12, call 7), so it
+// needs the lengths.
+constexpr int kRaggedMinWaveQuarters = 5;
+constexpr double kRaggedMeanShare = 2.0 / 3.0;
 // Modelled start/drain cost of one CTA and the cost of the merge launch, in
 // units of one tile's streaming time (measured on an H200, docs/kernel-design.md).
 constexpr double kCtaCostTiles = 1.5;
@@ -232,7 +244,7 @@ namespace {
 // (exact lengths when planned with them, else the caller's hint),
 // num_splits, the workspace size and the SM count.
 DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by_workspace,
-                             const DecodeSlots &dev) {
+                             const DecodeSlots &dev, int64_t total_len) {
   if (max_len < 1) max_len = 1;
   const int tiles_total = (max_len + kTile - 1) / kTile;
   if (pb.num_splits == 1) return make_list(pb, max_len, 1);
@@ -273,6 +285,13 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
       const int64_t cap = max_len / kRaggedMinTokens;
       ragged = std::max(ragged, std::min(by_slots, cap));
     }
+    const bool known_ragged = total_len > 0 && pb.batch >= kRaggedMinRows &&
+                              static_cast<double>(total_len) <=
+                                  kRaggedMeanShare * max_len * static_cast<double>(pb.batch);
+    if (known_ragged) {
+      const int64_t by_waves = (kRaggedMinWaveQuarters * slots + 4 * ctas - 1) / (4 * ctas);
+      ragged = std::max(ragged, std::min(by_waves, limit));
+    }
     if (wanted < ragged) wanted = ragged;
   }
   // Rows of at most kMaxSplitTokens whose units number between one and four
@@ -309,8 +328,8 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
 }  // namespace
 
 DecodeWorkList plan_decode_splits(const DecodeProblem &pb, int32_t max_len, bool limit_by_workspace,
-                                  const DecodeSlots &slots) {
-  DecodeWorkList work = choose_splits(pb, max_len, limit_by_workspace, slots);
+                                  const DecodeSlots &slots, int64_t total_len) {
+  DecodeWorkList work = choose_splits(pb, max_len, limit_by_workspace, slots, total_len);
   work.sm90_device = slots.sm90_device;
   work.deep_stages = takes_deep_stages(pb, work, slots);
   work.tma_stages = takes_tma_stages(pb, work, slots);

@@ -46,9 +46,11 @@ size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &wor
 // The work list for rows of at most `max_len` keys (the span the plan
 // counts): pb.num_splits when given (1: none), else the modelled best, with
 // sm90_device, deep_stages and tma_stages set. limit_by_workspace: fewer splits when
-// pb's workspace cannot hold the partials.
+// pb's workspace cannot hold the partials. total_len: the sum of the rows'
+// spans when the plan knows them (host lengths), else 0; with it a batch of
+// unequal rows is told from a uniform one.
 DecodeWorkList plan_decode_splits(const DecodeProblem &pb, int32_t max_len, bool limit_by_workspace,
-                                  const DecodeSlots &slots);
+                                  const DecodeSlots &slots, int64_t total_len = 0);
 
 }  // namespace cuda
 }  // namespace fd

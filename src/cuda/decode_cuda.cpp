@@ -203,10 +203,14 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     return planned_span(policy, len, problem.max_q_len, q_tile, cuda::kDecodeTileTokens);
   };
   int max_len = span(problem.max_seq_len);
+  int64_t total_len = 0;  // of the spans, when the lengths are known
   if (host_seq_lens != nullptr) {
     max_len = 0;
-    for (uint32_t r = 0; r < problem.batch; ++r)
-      max_len = std::max(max_len, span(host_seq_lens[r]));
+    for (uint32_t r = 0; r < problem.batch; ++r) {
+      const int32_t s = span(host_seq_lens[r]);
+      max_len = std::max(max_len, s);
+      total_len += s;
+    }
   }
   cuda::DecodeSlots slots;
   slots.sms = multiprocessor_count(problem.device_ordinal);
@@ -217,7 +221,7 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
                               : cuda::decode_ctas_per_sm(head_dim, cuda::takes_sm90(problem, sm90));
   slots.deep_ctas_per_sm =
       swapped ? cuda::decode_swap_ctas_per_sm(head_dim, true) : cuda::decode_deep_ctas_per_sm();
-  return cuda::plan_decode_splits(problem, max_len, limit_by_workspace, slots);
+  return cuda::plan_decode_splits(problem, max_len, limit_by_workspace, slots, total_len);
 }
 
 size_t cuda_decode_workspace_bytes(const DecodeProblem &problem, const DecodeWorkList &work) {
