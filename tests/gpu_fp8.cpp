@@ -596,7 +596,7 @@ void test_tma_staging(void **state) {
  * splits), rows ending inside a block and empty. */
 void test_swap_deep_shape(void **state) {
   (void)state;
-  if (reduced()) skip();
+  const bool small = reduced(); /* (sanitizers: head_dim 64, token-major, a full wave) */
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   fd_test_rng rng = {23};
@@ -605,6 +605,7 @@ void test_swap_deep_shape(void **state) {
   for (uint32_t dim : {64u, 128u})
     for (bool dm : {false, true})
       for (bool full : {true, false}) {
+        if (small && (dim != 64 || dm || !full)) continue;
         const uint32_t hkv = dim == 64 ? 4 : 2, per_sm = dim == 64 ? 4 : 3;
         /* full: deep-slots units; else (per_sm - 1) x SMs (one layer short). */
         const uint32_t units = static_cast<uint32_t>(sms) * (full ? per_sm : per_sm - 1);
