@@ -145,7 +145,8 @@ cudaError_t prepare_swapped() {
   cudaError_t err = cudaFuncSetAttribute(
       detail::decode_kernel<TQ, TKV, D, kDimMajor, kMulti, false, kDeep, true>,
       cudaFuncAttributeMaxDynamicSharedMemorySize, SwapConfig<D, kDeep>::kSmemBytes);
-  if (err != cudaSuccess || kDimMajor) return err;
+  if constexpr (kDimMajor) return err;  // (no TMA twin)
+  if (err != cudaSuccess) return err;
   return cudaFuncSetAttribute(detail::decode_kernel_tma<TQ, TKV, D, kDeep>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes<D, kDeep>);
 }
