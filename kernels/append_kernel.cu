@@ -37,6 +37,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "append_launch.hpp"
 #include "core/fp8_quantise.hpp"
@@ -193,18 +194,15 @@ __device__ __forceinline__ Unit unit_at(const AppendLaunch &a, const Units &s, i
   return u;
 }
 
-// Where a thread stages its unit's runs in shared memory: run x of token t
-// at x[2 t * threads], run y (a split-half rotation unit's second run) at
-// x[(2 t + 1) * threads], x the thread's own column.
-struct Stage {
-  uint4 *x;
-  int threads;
-};
+// A thread's source of its unit's runs, one of two kinds with the same
+// members: load(u, r0, ntok, y_off) issues the loads of tokens r0 .. r0 +
+// ntok - 1 (y_off: elements from a rotation unit's first run to its second,
+// R/2 split-half; 0 interleaved, whose pairs lie inside the first run),
+// wait() waits for them, and run(t, j) returns token t's run x (j = 0) or y
+// (j = 1, a split-half rotation unit's second run).
 
-// Stages unit u of tokens r0 .. r0 + ntok - 1. Full, aligned runs by
-// cp.async (16 bytes, L1 bypassed); others through registers. y_off:
-// elements from a rotation unit's first run to its second (R/2 split-half;
-// 0 interleaved, whose pairs lie inside the first run).
+// 16-byte copies into shared memory where the run is full and aligned
+// (cp.async, L1 bypassed), through registers otherwise.
 __device__ __forceinline__ void stage_run(uint4 *dst, const uint16_t *p, int n) {
   if (n == kVec && aligned16(p)) {
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
@@ -214,26 +212,50 @@ __device__ __forceinline__ void stage_run(uint4 *dst, const uint16_t *p, int n) 
     *dst = make_uint4(x.w[0], x.w[1], x.w[2], x.w[3]);
   }
 }
-__device__ __forceinline__ void stage_unit(const Unit &u, int r0, int ntok, int y_off,
-                                           const Stage &st) {
+
+// Staged in shared memory: run j of token t at x[(2 t + j) * threads], x the
+// thread's own column. No registers hold data in flight.
+struct Stage {
+  static constexpr int kCtasPerSm = 3;  // registers for (40 a thread)
+  static constexpr int kMaxTokens = kMaxTokensPerCta;
+  uint4 *x;
+  int threads;
+  __device__ __forceinline__ void load(const Unit &u, int r0, int ntok, int y_off) {
 #pragma unroll
-  for (int t = 0; t < kMaxTokensPerCta; ++t) {
-    if (t < ntok) {
-      const uint16_t *p = u.src + int64_t{r0 + t} * u.src_token;
-      stage_run(st.x + 2 * t * st.threads, p, u.n);
-      if (u.pair >= 0 && y_off > 0) stage_run(st.x + (2 * t + 1) * st.threads, p + y_off, u.n);
+    for (int t = 0; t < kMaxTokensPerCta; ++t) {
+      if (t < ntok) {
+        const uint16_t *p = u.src + int64_t{r0 + t} * u.src_token;
+        stage_run(x + 2 * t * threads, p, u.n);
+        if (u.pair >= 0 && y_off > 0) stage_run(x + (2 * t + 1) * threads, p + y_off, u.n);
+      }
     }
   }
-}
-__device__ __forceinline__ void stage_wait() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-__device__ __forceinline__ Run staged(const uint4 *p) {
-  const uint4 v = *p;
-  Run x;
-  x.w[0] = v.x, x.w[1] = v.y, x.w[2] = v.z, x.w[3] = v.w;
-  return x;
-}
+  __device__ __forceinline__ void wait() const {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+  }
+  __device__ __forceinline__ Run run(int t, int j) const {
+    const uint4 v = x[(2 * t + j) * threads];
+    Run r;
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+    return r;
+  }
+};
+
+// Held in registers: CTAs of one token, whose loads then skip the staging's
+// round trip through shared memory.
+struct Held {
+  static constexpr int kCtasPerSm = 2;  // registers for (64 a thread)
+  static constexpr int kMaxTokens = 1;
+  Run x, y;
+  __device__ __forceinline__ void load(const Unit &u, int r0, int ntok, int y_off) {
+    if (ntok < 1) return;
+    const uint16_t *p = u.src + int64_t{r0} * u.src_token;
+    x = load_run(p, u.n);
+    if (u.pair >= 0 && y_off > 0) y = load_run(p + y_off, u.n);
+  }
+  __device__ __forceinline__ void wait() const {}
+  __device__ __forceinline__ Run run(int, int j) const { return j == 0 ? x : y; }
+};
 
 // Element offset of (head 0, dim 0) of token r in k_dst / v_dst. Read at
 // each store (an L1 hit) rather than kept in registers.
@@ -362,10 +384,10 @@ __device__ __forceinline__ void store_bytes(unsigned char *p, int64_t stride, in
 // - 1. cos_s / sin_s: the tokens' tables, rows of table_row(half) floats.
 // y_off as load_unit's (0: interleaved pairs). kF8: K and V units quantise
 // into an FP8 E4M3 cache.
-template <class T, bool kF8>
+template <class T, bool kF8, class Source>
 __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half, int y_off,
                                            const AppendLaunch &a, const float *cos_s,
-                                           const float *sin_s, const Stage &st,
+                                           const float *sin_s, const Source &src,
                                            const int64_t *slots, const Fp8Quant &kq,
                                            const Fp8Quant &vq) {
   const int row = table_row(half);
@@ -379,11 +401,11 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
   qz.down_v = u.value ? vq.down_v : kq.down_v;
   qz.up_v = u.value ? vq.up_v : kq.up_v;
 #pragma unroll 1
-  for (int t = 0; t < kMaxTokensPerCta; ++t) {
+  for (int t = 0; t < Source::kMaxTokens; ++t) {
     if (t < ntok) {
-      Run xt = staged(st.x + 2 * t * st.threads);
+      Run xt = src.run(t, 0);
       Run yt{};
-      if (u.pair >= 0 && y_off > 0) yt = staged(st.x + (2 * t + 1) * st.threads);
+      if (u.pair >= 0 && y_off > 0) yt = src.run(t, 1);
       const int64_t off = u.dst_token >= 0   ? int64_t{r0 + t} * u.dst_token
                           : slots != nullptr ? slots[t]
                                              : slot(a, r0 + t);
@@ -458,12 +480,12 @@ __device__ __forceinline__ void cos_sin_entry(int position, float inv_freq, floa
   sincosf(angle, s, c);
 }
 
-// One CTA per tokens_per_cta tokens. Registers for three CTAs of up to 512
-// threads per SM: with the loads staged in shared memory rather than held in
-// registers, 40 suffice (H200, session 13: fused RoPE + append at 8192
-// tokens 10% faster in bf16, 20% into FP8, than two CTAs of 64).
-template <class T, bool kF8>
-__global__ void __launch_bounds__(kMaxThreads, 3)
+// One CTA per tokens_per_cta tokens. Staged loads: registers for three CTAs
+// of up to 512 threads per SM (40 a thread; on the H200 fused RoPE + append
+// at 8192 tokens ran 5% faster in bf16, 12% into FP8, than with two CTAs of
+// 64). Held loads (one token): two CTAs of 64 registers.
+template <class T, bool kF8, class Source>
+__global__ void __launch_bounds__(kMaxThreads, Source::kCtasPerSm)
     append_kernel(const AppendLaunch a, const Fp8Quant kq, const Fp8Quant vq,
                   const double log2_base, const int tokens_per_cta) {
   extern __shared__ uint4 smem[];
@@ -476,17 +498,19 @@ __global__ void __launch_bounds__(kMaxThreads, 3)
   const int64_t sd = paged ? a.stride_dim : 1;
   constexpr int esz = kF8 ? 1 : 2;
   // Shared memory: the tokens' cache slots (int64, padded to 16 bytes), the
-  // cos/sin tables, then the staged runs [tpc][2][threads].
+  // cos/sin tables, then (Stage) the staged runs [tpc][2][threads].
   const int nthreads = blockDim.x;
   int64_t *slots = reinterpret_cast<int64_t *>(smem);
   float *table = reinterpret_cast<float *>(smem + (tokens_per_cta + 1) / 2);
   const int table_floats = s.R > 0 ? row * (1 + 2 * tokens_per_cta) : 0;  // multiple of 4
-  const Stage st{reinterpret_cast<uint4 *>(table + table_floats) + threadIdx.x, nthreads};
+  Source src{};
+  if constexpr (std::is_same_v<Source, Stage>)
+    src = Stage{reinterpret_cast<uint4 *>(table + table_floats) + threadIdx.x, nthreads};
   int w = threadIdx.x;
   Unit u{};
   if (w < s.total) {
     u = unit_at(a, s, w, sh, sd, esz);
-    stage_unit(u, r0, ntok, y_off, st);
+    src.load(u, r0, ntok, y_off);
   }
   // The tokens' cache slots, by the CTA's last threads (those of the V units,
   // which build no table: waiting on the block ids delays nothing else).
@@ -508,13 +532,13 @@ __global__ void __launch_bounds__(kMaxThreads, 3)
   }
   if (s.R > 0 || shared_slots) __syncthreads();  // the tables, the slots
   while (w < s.total) {
-    stage_wait();
-    store_unit<T, kF8>(u, r0, ntok, half, y_off, a, cos_s, sin_s, st,
+    src.wait();
+    store_unit<T, kF8>(u, r0, ntok, half, y_off, a, cos_s, sin_s, src,
                        shared_slots ? slots : nullptr, kq, vq);
     w += blockDim.x;
     if (w < s.total) {
       u = unit_at(a, s, w, sh, sd, esz);
-      stage_unit(u, r0, ntok, y_off, st);
+      src.load(u, r0, ntok, y_off);
     }
   }
 }
@@ -523,33 +547,43 @@ __global__ void __launch_bounds__(kMaxThreads, 3)
 
 namespace {
 
-template <class T, bool kF8>
+template <class T, bool kF8, class Source>
 cudaError_t launch_kernel(const AppendLaunch &a, int threads, int tpc, double log2_base) {
   const Units s = units_of(a);
   const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
-  const size_t smem =
+  size_t smem =
       16 * static_cast<size_t>((tpc + 1) / 2) +
-      (s.R > 0 ? sizeof(float) * static_cast<size_t>(table_row(s.half)) * (1 + 2 * tpc) : 0) +
-      sizeof(uint4) * 2 * static_cast<size_t>(tpc) * static_cast<size_t>(threads);
+      (s.R > 0 ? sizeof(float) * static_cast<size_t>(table_row(s.half)) * (1 + 2 * tpc) : 0);
+  if (std::is_same_v<Source, Stage>)
+    smem += sizeof(uint4) * 2 * static_cast<size_t>(tpc) * static_cast<size_t>(threads);
   if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        append_kernel<T, kF8>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t err =
+        cudaFuncSetAttribute(append_kernel<T, kF8, Source>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
-  append_kernel<T, kF8><<<grid, threads, smem, a.stream>>>(
+  append_kernel<T, kF8, Source><<<grid, threads, smem, a.stream>>>(
       a, fp8_quant_plan(a.k_scale), fp8_quant_plan(a.v_scale), log2_base, tpc);
   return cudaGetLastError();
+}
+
+template <class T, bool kF8>
+cudaError_t launch_sourced(const AppendLaunch &a, int threads, int tpc, double log2_base) {
+  if (tpc == 1) return launch_kernel<T, kF8, Held>(a, threads, tpc, log2_base);
+  return launch_kernel<T, kF8, Stage>(a, threads, tpc, log2_base);
 }
 
 template <class T>
 cudaError_t launch_typed(const AppendLaunch &a, int threads, double log2_base) {
   // Several tokens per CTA once there are enough tokens to fill the chip
-  // anyway: fewer, longer CTAs with more loads in flight per thread.
+  // anyway: fewer, longer CTAs with more loads in flight per thread. CTAs
+  // of one token hold their loads in registers, the others stage them.
   int tpc = a.num_tokens >= 4096 ? 4 : a.num_tokens >= 2048 ? 2 : 1;
   if (a.tokens_per_group == 1 || a.tokens_per_group == 2 || a.tokens_per_group == 4)
     tpc = a.tokens_per_group;
-  if (a.cache_dtype == FD_DTYPE_FP8_E4M3) return launch_kernel<T, true>(a, threads, tpc, log2_base);
-  return launch_kernel<T, false>(a, threads, tpc, log2_base);
+  if (a.cache_dtype == FD_DTYPE_FP8_E4M3)
+    return launch_sourced<T, true>(a, threads, tpc, log2_base);
+  return launch_sourced<T, false>(a, threads, tpc, log2_base);
 }
 
 }  // namespace
