@@ -216,7 +216,7 @@ __device__ __forceinline__ void stage_run(uint4 *dst, const uint16_t *p, int n) 
 // Staged in shared memory: run j of token t at x[(2 t + j) * threads], x the
 // thread's own column. No registers hold data in flight.
 struct Stage {
-  static constexpr int kCtasPerSm = 3;  // registers for (40 a thread)
+  static constexpr int kCtasPerSm = 3;  // launch bounds: 40 registers a thread
   static constexpr int kMaxTokens = kMaxTokensPerCta;
   uint4 *x;
   int threads;
@@ -244,7 +244,7 @@ struct Stage {
 // Held in registers: CTAs of one token, whose loads then skip the staging's
 // round trip through shared memory.
 struct Held {
-  static constexpr int kCtasPerSm = 2;  // registers for (64 a thread)
+  static constexpr int kCtasPerSm = 2;  // launch bounds: 64 registers a thread
   static constexpr int kMaxTokens = 1;
   Run x, y;
   __device__ __forceinline__ void load(const Unit &u, int r0, int ntok, int y_off) {
@@ -382,7 +382,7 @@ __device__ __forceinline__ void store_bytes(unsigned char *p, int64_t stride, in
 
 // Rotates (if a rotation unit) and stores unit u of tokens r0 .. r0 + ntok
 // - 1. cos_s / sin_s: the tokens' tables, rows of table_row(half) floats.
-// y_off as load_unit's (0: interleaved pairs). kF8: K and V units quantise
+// y_off as in the sources' load (0: interleaved pairs). kF8: K and V units quantise
 // into an FP8 E4M3 cache.
 template <class T, bool kF8, class Source>
 __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half, int y_off,
@@ -514,8 +514,8 @@ __global__ void __launch_bounds__(kMaxThreads, Source::kCtasPerSm)
   }
   // The tokens' cache slots, by the CTA's last threads (those of the V units,
   // which build no table: waiting on the block ids delays nothing else).
-  // Only for CTAs of kMaxTokensPerCta tokens (on the H200, 4-9% faster at
-  // 8,192 tokens, 1-8% slower with 1 or 2 tokens per CTA; there each store
+  // Only for CTAs of kMaxTokensPerCta tokens (on the H200, 2-7% faster at
+  // 8,192 tokens, 3-8% slower with 1 or 2 tokens per CTA; there each store
   // reads its slot itself).
   const bool shared_slots = tokens_per_cta == kMaxTokensPerCta;
   const int j = static_cast<int>(threadIdx.x) - (nthreads - ntok);
