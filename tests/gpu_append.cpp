@@ -214,6 +214,25 @@ void test_kernels_match_cpu(void **state) {
           check(c, &inexact);
           ++cases;
         }
+  /* More units than threads: 64 query heads give 704 units for 512 threads,
+   * so threads take a second unit, loaded (staged, from 2048 tokens) after
+   * their first is stored. */
+  for (uint32_t tokens : {37u, 2100u, 4099u}) {
+    if (visited++ % stride != 0) continue;
+    Case c = {FD_DTYPE_BF16,
+              128,
+              128,
+              tokens,
+              64,
+              8,
+              32,
+              kToken,
+              (cases % 2) == 1,
+              fd_test_next(&rng),
+              FD_ROPE_SPLIT_HALF};
+    check(c, &inexact);
+    ++cases;
+  }
   print_message(
       "gpu_append: %d cases (split-half and interleaved) x {plain, fused} match the CPU (%zu "
       "rotated values one rounding apart)\n",
