@@ -10,8 +10,10 @@
 //   merge:     0 entry (after its seq_lens load), 1 after griddepcontrol.wait,
 //              2 end (before the output stores)
 // The launch is filled the way src/cuda/decode_cuda.cpp fills it and goes
-// straight to launch_decode_variant<bf16, 128, token-major> in this
-// translation unit, so no flashdec library is linked (its copies of the
+// straight to launch_decode_variant<bf16, 128, token-major> (FP8 cases:
+// <f16 kernel type, FP8 E4M3, 128, token-major> with bf16 q, as the library
+// serves bf16 q over an FP8 cache; the swapped kernel in its regular shape)
+// in this translation unit, so no flashdec library is linked (its copies of the
 // kernels carry no probes).
 //
 // Per case: seeded random K/V in a pool whose physical blocks are a seeded
@@ -140,18 +142,36 @@ __global__ void fill_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale) {
   }
 }
 
+// Seeded E4M3 codes of magnitude at most 1 (0x38), either sign: never NaN.
+__global__ void fill_fp8(uint8_t *dst, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + i);
+    dst[i] = static_cast<uint8_t>((h >> 8) % 0x39u) | static_cast<uint8_t>((h & 1u) << 7);
+  }
+}
+
 struct Case {
   const char *name;
   int hq, hkv, batch, ctx;
   int splits, tiles_per_split;
   bool eager_pair;  // also trace two eager launches
+  bool fp8;         // FP8 E4M3 K/V (bf16 q and out), else bf16 K/V
 };
 
+// The FP8 cases are the one-wave lists of issue 15's misses (the plan's
+// split counts at 57eb3ef) and A 64 x 4096, whose one wave of 64-tile CTAs
+// reads at the copy ceiling.
 const Case kCases[] = {
-    {"A 1x2048 two-kernel", 32, 8, 1, 2048, 32, 1, true},
-    {"C 1x32768 two-kernel", 16, 2, 1, 32768, 128, 4, false},
-    {"A 64x4096 unsplit", 32, 8, 64, 4096, 1, 64, false},
-    {"C 128x2048 unsplit", 16, 2, 128, 2048, 1, 32, false},
+    {"A 1x2048 two-kernel", 32, 8, 1, 2048, 32, 1, true, false},
+    {"C 1x32768 two-kernel", 16, 2, 1, 32768, 128, 4, false, false},
+    {"A 64x4096 unsplit", 32, 8, 64, 4096, 1, 64, false, false},
+    {"C 128x2048 unsplit", 16, 2, 128, 2048, 1, 32, false, false},
+    {"FP8 C 64x4096", 16, 2, 64, 4096, 4, 16, false, true},
+    {"FP8 C 32x4096", 16, 2, 32, 4096, 8, 8, false, true},
+    {"FP8 A 8x8192", 32, 8, 8, 8192, 8, 16, false, true},
+    {"FP8 A 1x32768", 32, 8, 1, 32768, 64, 8, false, true},
+    {"FP8 A 64x4096 unsplit", 32, 8, 64, 4096, 1, 64, false, true},
 };
 
 // Summary of one point (or stage) over CTAs, in microseconds.
@@ -399,7 +419,9 @@ Result run_case(const Case &cs, cudaStream_t stream) {
   const int mbps = (cs.ctx + bs - 1) / bs;
   const int64_t blocks_per_set = static_cast<int64_t>(B) * mbps;
   const int64_t block_elems = static_cast<int64_t>(H) * bs * D;
-  const double set_bytes = 2.0 * static_cast<double>(blocks_per_set * block_elems) * 2.0;
+  const size_t kv_elem = cs.fp8 ? 1 : 2;  // bytes per K/V element
+  const double set_bytes =
+      2.0 * static_cast<double>(blocks_per_set * block_elems) * static_cast<double>(kv_elem);
   int sets = static_cast<int>(std::ceil(420e6 / set_bytes));
   sets = std::max(1, std::min(sets, 512));
   res.sets = sets;
@@ -410,14 +432,19 @@ Result run_case(const Case &cs, cudaStream_t stream) {
 
   uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
   int32_t *tables = nullptr, *lens = nullptr;
-  CHECK_CUDA(cudaMalloc(&k, pool * 2));
-  CHECK_CUDA(cudaMalloc(&v, pool * 2));
+  CHECK_CUDA(cudaMalloc(&k, pool * kv_elem));
+  CHECK_CUDA(cudaMalloc(&v, pool * kv_elem));
   CHECK_CUDA(cudaMalloc(&q, qn * 2 * sets));
   CHECK_CUDA(cudaMalloc(&out, qn * 2 * sets));
   CHECK_CUDA(cudaMalloc(&tables, static_cast<size_t>(blocks_per_set) * 4 * sets));
   CHECK_CUDA(cudaMalloc(&lens, static_cast<size_t>(B) * 4));
-  fill_bf16<<<2048, 256, 0, stream>>>(k, pool, 11, 1.f);
-  fill_bf16<<<2048, 256, 0, stream>>>(v, pool, 12, 1.f);
+  if (cs.fp8) {
+    fill_fp8<<<2048, 256, 0, stream>>>(reinterpret_cast<uint8_t *>(k), pool, 11);
+    fill_fp8<<<2048, 256, 0, stream>>>(reinterpret_cast<uint8_t *>(v), pool, 12);
+  } else {
+    fill_bf16<<<2048, 256, 0, stream>>>(k, pool, 11, 1.f);
+    fill_bf16<<<2048, 256, 0, stream>>>(v, pool, 12, 1.f);
+  }
   fill_bf16<<<256, 256, 0, stream>>>(q, qn * sets, 13, 3.f);
   CHECK_CUDA(cudaGetLastError());
   std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
@@ -449,7 +476,7 @@ Result run_case(const Case &cs, cudaStream_t stream) {
   auto launch_for_set = [&](int s) {
     fdc::DecodeLaunch l;
     l.q_dtype = FD_DTYPE_BF16;
-    l.kv_dtype = FD_DTYPE_BF16;
+    l.kv_dtype = cs.fp8 ? FD_DTYPE_FP8_E4M3 : FD_DTYPE_BF16;
     l.dim_major = false;
     l.head_dim = D;
     l.q = q + qn * s;
@@ -474,10 +501,16 @@ Result run_case(const Case &cs, cudaStream_t stream) {
     l.stream = stream;
     return l;
   };
-  CHECK_CUDA((fdc::prepare_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>()));
+  if (cs.fp8)
+    CHECK_CUDA((fdc::prepare_decode_variant<__half, __nv_fp8_e4m3, kD, false>()));
+  else
+    CHECK_CUDA((fdc::prepare_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>()));
   auto launch = [&](int s) {
     const fdc::DecodeLaunch l = launch_for_set(s);
-    CHECK_CUDA((fdc::launch_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>(l)));
+    if (cs.fp8)
+      CHECK_CUDA((fdc::launch_decode_variant<__half, __nv_fp8_e4m3, kD, false>(l)));
+    else
+      CHECK_CUDA((fdc::launch_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>(l)));
   };
 
   res.attn_ctas = static_cast<int>(work.size());
@@ -753,7 +786,8 @@ std::string stat_row(const char *name, const Stat &s, double after_w0 = NAN) {
 std::string markdown(const std::vector<Result> &rs, const char *device, const TimerInfo &ti) {
   std::string s = strprintf(
       "# Decode timing probe (%s)\n\n"
-      "`bench/trace_probe`: decode kernels built with FD_DECODE_TRACE, bf16, head_dim 128, "
+      "`bench/trace_probe`: decode kernels built with FD_DECODE_TRACE, bf16 (FP8 cases: FP8 "
+      "E4M3 K/V, bf16 q and out), head_dim 128, "
       "block 16, token-major, uniform lengths. Per case: CUDA graph of `launches` launches "
       "cycling `sets` K/V buffer sets (> 400 MB); `graph us` = median per-launch time of %d "
       "replays without tracing, `traced us` with tracing on. Stamps (%%globaltimer, thread 0 "
