@@ -501,17 +501,16 @@ Result run_case(const Case &cs, cudaStream_t stream) {
     l.stream = stream;
     return l;
   };
-  if (cs.fp8)
-    CHECK_CUDA((fdc::prepare_decode_variant<__half, __nv_fp8_e4m3, kD, false>()));
-  else
-    CHECK_CUDA((fdc::prepare_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>()));
-  auto launch = [&](int s) {
-    const fdc::DecodeLaunch l = launch_for_set(s);
-    if (cs.fp8)
-      CHECK_CUDA((fdc::launch_decode_variant<__half, __nv_fp8_e4m3, kD, false>(l)));
-    else
-      CHECK_CUDA((fdc::launch_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>(l)));
-  };
+  // The instantiation of the case's element types (FP8: the f16 kernel type
+  // with bf16 q, as src/cuda serves bf16 q over an FP8 cache).
+  cudaError_t (*const prepare)(bool) =
+      cs.fp8 ? fdc::prepare_decode_variant<__half, __nv_fp8_e4m3, kD, false>
+             : fdc::prepare_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>;
+  cudaError_t (*const launch_decode)(const fdc::DecodeLaunch &) =
+      cs.fp8 ? fdc::launch_decode_variant<__half, __nv_fp8_e4m3, kD, false>
+             : fdc::launch_decode_variant<__nv_bfloat16, __nv_bfloat16, kD, false>;
+  CHECK_CUDA(prepare(false));
+  auto launch = [&](int s) { CHECK_CUDA(launch_decode(launch_for_set(s))); };
 
   res.attn_ctas = static_cast<int>(work.size());
   res.merge_ctas = merge_grid(B, HQ, cs.splits);
