@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "attention/decode_limits.hpp"
 #include "attention/sm90_choice.hpp"
@@ -166,6 +167,84 @@ double wave_cost(int64_t units, int64_t tiles, int64_t splits, int64_t slots, do
   return static_cast<double>(waves) * (static_cast<double>(per) + kCtaCostTiles * fixed);
 }
 
+// Known-ragged batches over 16-bit K/V (host lengths) choose their split
+// count, at most the rules' one, by simulating the list (ragged_list_ticks)
+// for at most kRaggedSimSplits counts and kRaggedSimItems items in all
+// (about 0.1 ms of host time for 64 rows x 8 KV heads), with a CTA's start
+// and end costing kRaggedStartTicks half tiles (kCtaCostTiles). H200,
+// decode_bench's ragged rows (docs/perf/h200-session15-8e1b429-2026-12-03.md):
+// D 15 -> 7 splits, 82.4 -> 77.7 us; A 7 -> 4 and B 4 -> 2 within 0.2%.
+// The model overrates finer lists (each piece also writes a partial the
+// merge reads): uncapped it gave C 10 splits, modelled 11% faster than the
+// rules' 4 and measured 1.8% slower, hence the cap. FP8 K/V keep the rules:
+// the model gave FP8 D ragged 10 splits (51.96 us where the rule's 4 ran
+// 51.57), and session 12's rule was measured best or within 2% for them.
+constexpr int64_t kRaggedSimSplits = 16;
+constexpr int64_t kRaggedSimItems = 1 << 16;
+constexpr int64_t kRaggedStartTicks = 3;
+
+// Modelled time, in half tiles, of the regular list `work` over rows of
+// `spans` keys (the plan's host lengths): the hardware hands items to
+// `slots` resident CTA slots in index order as slots free; an item of n
+// tiles holds its slot for n tiles plus `start` half tiles, an empty one
+// for half a tile; a split list adds the merge (kMergeCostTiles x `fixed`). Unlike wave_cost it
+// sees which rows are short, so it tells a count whose last items are short
+// remainders that fill in behind the others (one wave and a little) from
+// one that leaves a second wave of whole splits. H200, ragged C / D (64 rows
+// of U[128, 8192]) at 16-bit and FP8: docs/perf/h200-session15-8e1b429-2026-12-03.md.
+int64_t ragged_list_ticks(const DecodeWorkList &work, const int32_t *spans, int64_t slots,
+                          int64_t start, double fixed, std::vector<int32_t> &release) {
+  release.assign(static_cast<size_t>(64), 0);
+  int64_t t = 0, avail = std::max<int64_t>(slots, 1), end = 0;
+  for (int32_t r = 0; r < work.batch; ++r) {
+    const int64_t row_tiles = (static_cast<int64_t>(spans[r]) + kTile - 1) / kTile;
+    for (int32_t h = 0; h < work.num_kv_heads; ++h)
+      for (int32_t s = 0; s < work.num_splits; ++s) {
+        const int64_t left = row_tiles - static_cast<int64_t>(s) * work.tiles_per_split;
+        const int64_t n =
+            s + 1 == work.num_splits ? left : std::min<int64_t>(left, work.tiles_per_split);
+        const int64_t d = n > 0 ? 2 * n + start : 1;
+        while (avail == 0) {
+          ++t;
+          avail += release[static_cast<size_t>(t)];
+          release[static_cast<size_t>(t)] = 0;
+        }
+        --avail;
+        const int64_t free_at = t + d;
+        if (free_at >= static_cast<int64_t>(release.size()))
+          release.resize(static_cast<size_t>(2 * free_at + 1), 0);
+        ++release[static_cast<size_t>(free_at)];
+        end = std::max(end, free_at);
+      }
+  }
+  const int64_t merge = work.num_splits > 1 ? static_cast<int64_t>(2 * kMergeCostTiles * fixed) : 0;
+  return end + merge;
+}
+
+// The split count of least modelled time (ragged_list_ticks) for a batch of
+// `spans` keys per row, from 1 to `limit` splits (at most kRaggedSimSplits,
+// kRaggedSimItems items simulated in all); a count must beat the best fewer
+// one by 2%.
+int64_t simulated_ragged_splits(const DecodeProblem &pb, int max_len, const int32_t *spans,
+                                int64_t slots, int64_t limit) {
+  const double fixed = cost_scale(pb);
+  const int64_t start = kRaggedStartTicks;
+  const int64_t units = static_cast<int64_t>(pb.batch) * pb.num_kv_heads;
+  std::vector<int32_t> release;
+  int64_t best_splits = 1, simulated = 0;
+  double best = 0;
+  for (int64_t s = 1; s <= std::min(limit, kRaggedSimSplits); ++s) {
+    simulated += units * s;
+    if (s > 1 && simulated > kRaggedSimItems) break;
+    const DecodeWorkList w = make_list(pb, max_len, s);
+    if (s > 1 && w.num_splits < s) continue;  // (the same list as a smaller count)
+    const double cost =
+        static_cast<double>(ragged_list_ticks(w, spans, slots, start, fixed, release));
+    if (s == 1 || cost < best * 0.98) best = cost, best_splits = s;
+  }
+  return best_splits;
+}
+
 // Lead units (decode_work.hpp): when the units overfill the resident slots
 // and the last wave of a regular list would run part-empty (few CTAs per SM
 // stream far below the SM's share of bandwidth: H200 C 256 x 1024 took the
@@ -244,7 +323,7 @@ namespace {
 // (exact lengths when planned with them, else the caller's hint),
 // num_splits, the workspace size and the SM count.
 DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by_workspace,
-                             const DecodeSlots &dev, int64_t total_len) {
+                             const DecodeSlots &dev, int64_t total_len, const int32_t *spans) {
   if (max_len < 1) max_len = 1;
   const int tiles_total = (max_len + kTile - 1) / kTile;
   if (pb.num_splits == 1) return make_list(pb, max_len, 1);
@@ -293,6 +372,11 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
       ragged = std::max(ragged, std::min(by_waves, limit));
     }
     if (wanted < ragged) wanted = ragged;
+    // With the rows' spans, 16-bit lists may take fewer splits than the
+    // rules give, as the simulation of the exact list says.
+    const bool kv16 = pb.kv.dtype == FD_DTYPE_F16 || pb.kv.dtype == FD_DTYPE_BF16;
+    if (known_ragged && spans != nullptr && q_tiles == 1 && kv16)
+      wanted = simulated_ragged_splits(pb, max_len, spans, slots, std::min(wanted, limit));
   }
   // Rows of at most kMaxSplitTokens whose units number between one and four
   // per SM run unsplit in the deep shape (one or two waves, no lead units):
@@ -328,8 +412,9 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
 }  // namespace
 
 DecodeWorkList plan_decode_splits(const DecodeProblem &pb, int32_t max_len, bool limit_by_workspace,
-                                  const DecodeSlots &slots, int64_t total_len) {
-  DecodeWorkList work = choose_splits(pb, max_len, limit_by_workspace, slots, total_len);
+                                  const DecodeSlots &slots, int64_t total_len,
+                                  const int32_t *spans) {
+  DecodeWorkList work = choose_splits(pb, max_len, limit_by_workspace, slots, total_len, spans);
   work.sm90_device = slots.sm90_device;
   work.deep_stages = takes_deep_stages(pb, work, slots);
   work.tma_stages = takes_tma_stages(pb, work, slots);

@@ -48,9 +48,12 @@ size_t decode_workspace_bytes(const DecodeProblem &pb, const DecodeWorkList &wor
 // sm90_device, deep_stages and tma_stages set. limit_by_workspace: fewer splits when
 // pb's workspace cannot hold the partials. total_len: the sum of the rows'
 // spans when the plan knows them (host lengths), else 0; with it a batch of
-// unequal rows is told from a uniform one.
+// unequal rows is told from a uniform one. spans: those spans (pb.batch of
+// them, host memory, or null): a batch they show to be ragged takes the
+// split count of least modelled time for exactly those rows.
 DecodeWorkList plan_decode_splits(const DecodeProblem &pb, int32_t max_len, bool limit_by_workspace,
-                                  const DecodeSlots &slots, int64_t total_len = 0);
+                                  const DecodeSlots &slots, int64_t total_len = 0,
+                                  const int32_t *spans = nullptr);
 
 }  // namespace cuda
 }  // namespace fd

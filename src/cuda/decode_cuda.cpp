@@ -203,11 +203,14 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
     return planned_span(policy, len, problem.max_q_len, q_tile, cuda::kDecodeTileTokens);
   };
   int max_len = span(problem.max_seq_len);
-  int64_t total_len = 0;  // of the spans, when the lengths are known
+  int64_t total_len = 0;       // of the spans, when the lengths are known
+  std::vector<int32_t> spans;  // the spans, when the lengths are known
   if (host_seq_lens != nullptr) {
     max_len = 0;
+    spans.resize(problem.batch);
     for (uint32_t r = 0; r < problem.batch; ++r) {
       const int32_t s = span(host_seq_lens[r]);
+      spans[r] = s;
       max_len = std::max(max_len, s);
       total_len += s;
     }
@@ -221,7 +224,8 @@ DecodeWorkList cuda_plan_decode(const DecodeProblem &problem, const int32_t *hos
                               : cuda::decode_ctas_per_sm(head_dim, cuda::takes_sm90(problem, sm90));
   slots.deep_ctas_per_sm =
       swapped ? cuda::decode_swap_ctas_per_sm(head_dim, true) : cuda::decode_deep_ctas_per_sm();
-  return cuda::plan_decode_splits(problem, max_len, limit_by_workspace, slots, total_len);
+  return cuda::plan_decode_splits(problem, max_len, limit_by_workspace, slots, total_len,
+                                  spans.empty() ? nullptr : spans.data());
 }
 
 size_t cuda_decode_workspace_bytes(const DecodeProblem &problem, const DecodeWorkList &work) {
