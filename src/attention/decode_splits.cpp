@@ -170,8 +170,8 @@ double wave_cost(int64_t units, int64_t tiles, int64_t splits, int64_t slots, do
 // Known-ragged batches over 16-bit K/V (host lengths) choose their split
 // count, at most the rules' one, by simulating the list (ragged_list_ticks)
 // for at most kRaggedSimSplits counts and kRaggedSimItems items in all
-// (about 0.1 ms of host time for 64 rows x 8 KV heads), with a CTA's start
-// and end costing kRaggedStartTicks half tiles (kCtaCostTiles). H200,
+// (23-71 us of host time for 64-512 rows of 4-8 KV heads), with a CTA's
+// start and end costing kRaggedStartTicks half tiles (kCtaCostTiles). H200,
 // decode_bench's ragged rows (docs/perf/h200-session15-8e1b429-2026-12-03.md):
 // D 15 -> 7 splits, 82.4 -> 77.7 us; A 7 -> 4 and B 4 -> 2 within 0.2%.
 // The model overrates finer lists (each piece also writes a partial the
@@ -187,11 +187,11 @@ constexpr int64_t kRaggedStartTicks = 3;
 // `spans` keys (the plan's host lengths): the hardware hands items to
 // `slots` resident CTA slots in index order as slots free; an item of n
 // tiles holds its slot for n tiles plus `start` half tiles, an empty one
-// for half a tile; a split list adds the merge (kMergeCostTiles x `fixed`). Unlike wave_cost it
-// sees which rows are short, so it tells a count whose last items are short
-// remainders that fill in behind the others (one wave and a little) from
-// one that leaves a second wave of whole splits. H200, ragged C / D (64 rows
-// of U[128, 8192]) at 16-bit and FP8: docs/perf/h200-session15-8e1b429-2026-12-03.md.
+// for half a tile; a split list adds the merge (kMergeCostTiles x
+// `fixed`). Unlike wave_cost it sees which rows are short, so it tells a
+// count whose last items are short remainders that fill in behind the
+// others (one wave and a little) from one that leaves a second wave of
+// whole splits.
 int64_t ragged_list_ticks(const DecodeWorkList &work, const int32_t *spans, int64_t slots,
                           int64_t start, double fixed, std::vector<int32_t> &release) {
   release.assign(static_cast<size_t>(64), 0);
