@@ -354,13 +354,9 @@ void test_tma_serves(void **state) {
  * sees them with host lengths. */
 std::vector<int32_t> bench_ragged_lens() {
   std::vector<int32_t> lens;
-  uint64_t s = 0;
-  for (int r = 0; r < 64; ++r) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    lens.push_back(128 + static_cast<int32_t>((z ^ (z >> 31)) % (8192 - 128 + 1)));
-  }
+  fd_test_rng rng = {0}; /* the same splitmix64 sequence as decode_bench's */
+  for (int r = 0; r < 64; ++r)
+    lens.push_back(128 + static_cast<int32_t>(fd_test_next(&rng) % (8192 - 128 + 1)));
   return lens;
 }
 
@@ -369,8 +365,9 @@ std::vector<int32_t> bench_ragged_lens() {
  * never more splits than the rules give. For decode_bench's ragged rows:
  * A 4, B 2, C 4, D 7 where the rules give 7, 4, 4 and 15 (session 15 on
  * the H200, docs/perf/h200-session15-8e1b429-2026-12-03.md: D 5.7% faster,
- * A and B within 0.2%). FP8 K/V keep the rules' counts. Without the lengths, or for a batch that is
- * not ragged, the rules of test_known_ragged and the grid apply unchanged; the choice is
+ * A and B within 0.2%). FP8 K/V keep the rules' counts. Without the
+ * lengths, or for a batch that is not ragged, the rules of
+ * test_known_ragged and the grid apply unchanged; the choice is
  * deterministic. */
 void test_simulated_ragged(void **state) {
   (void)state;

@@ -72,6 +72,11 @@ constexpr double kLeadGain = 0.95;
 // not hidden there, and a third resident CTA per SM overlaps it.
 constexpr int32_t kDeepMinTiles = 4;
 
+// 16-bit (f16 or bf16) K/V.
+bool kv_16bit(const DecodeProblem &pb) {
+  return pb.kv.dtype == FD_DTYPE_F16 || pb.kv.dtype == FD_DTYPE_BF16;
+}
+
 // FP8 K/V: a tile streams in half the time, so the same fixed costs are
 // twice as many tiles.
 double cost_scale(const DecodeProblem &pb) {
@@ -83,8 +88,7 @@ double cost_scale(const DecodeProblem &pb) {
 // token per row, no attention variant (a run with one takes the regular
 // shape whatever its plan says).
 bool deep_shape_serves(const DecodeProblem &pb, bool sm90_device) {
-  const bool kv16 = pb.kv.dtype == FD_DTYPE_F16 || pb.kv.dtype == FD_DTYPE_BF16;
-  return pb.head_dim == 128 && kv16 && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
+  return pb.head_dim == 128 && kv_16bit(pb) && !pb.kv.dim_major() && pb.max_q_len <= 1 &&
          pb.variant.is_plain() && !takes_sm90(pb, sm90_device);
 }
 
@@ -181,19 +185,17 @@ double wave_cost(int64_t units, int64_t tiles, int64_t splits, int64_t slots, do
 // 51.57), and session 12's rule was measured best or within 2% for them.
 constexpr int64_t kRaggedSimSplits = 16;
 constexpr int64_t kRaggedSimItems = 1 << 16;
-constexpr int64_t kRaggedStartTicks = 3;
+constexpr int64_t kRaggedStartTicks = static_cast<int64_t>(2 * kCtaCostTiles);
 
-// Modelled time, in half tiles, of the regular list `work` over rows of
-// `spans` keys (the plan's host lengths): the hardware hands items to
-// `slots` resident CTA slots in index order as slots free; an item of n
-// tiles holds its slot for n tiles plus `start` half tiles, an empty one
-// for half a tile; a split list adds the merge (kMergeCostTiles x
-// `fixed`). Unlike wave_cost it sees which rows are short, so it tells a
-// count whose last items are short remainders that fill in behind the
-// others (one wave and a little) from one that leaves a second wave of
-// whole splits.
+// Modelled time, in half tiles, of the regular list `work` (16-bit K/V)
+// over rows of `spans` keys (the plan's host lengths): the hardware hands
+// items to `slots` resident CTA slots in index order as slots free; an item
+// of n tiles holds its slot for n tiles plus kRaggedStartTicks, an empty
+// one for half a tile; a split list adds the merge (kMergeCostTiles). Unlike wave_cost it sees
+// which rows are short, so it tells a count whose last items are short remainders that fill in
+// behind the others (one wave and a little) from one that leaves a second wave of whole splits.
 int64_t ragged_list_ticks(const DecodeWorkList &work, const int32_t *spans, int64_t slots,
-                          int64_t start, double fixed, std::vector<int32_t> &release) {
+                          std::vector<int32_t> &release) {
   release.assign(static_cast<size_t>(64), 0);
   int64_t t = 0, avail = std::max<int64_t>(slots, 1), end = 0;
   for (int32_t r = 0; r < work.batch; ++r) {
@@ -203,7 +205,7 @@ int64_t ragged_list_ticks(const DecodeWorkList &work, const int32_t *spans, int6
         const int64_t left = row_tiles - static_cast<int64_t>(s) * work.tiles_per_split;
         const int64_t n =
             s + 1 == work.num_splits ? left : std::min<int64_t>(left, work.tiles_per_split);
-        const int64_t d = n > 0 ? 2 * n + start : 1;
+        const int64_t d = n > 0 ? 2 * n + kRaggedStartTicks : 1;
         while (avail == 0) {
           ++t;
           avail += release[static_cast<size_t>(t)];
@@ -217,7 +219,7 @@ int64_t ragged_list_ticks(const DecodeWorkList &work, const int32_t *spans, int6
         end = std::max(end, free_at);
       }
   }
-  const int64_t merge = work.num_splits > 1 ? static_cast<int64_t>(2 * kMergeCostTiles * fixed) : 0;
+  const int64_t merge = work.num_splits > 1 ? static_cast<int64_t>(2 * kMergeCostTiles) : 0;
   return end + merge;
 }
 
@@ -227,8 +229,6 @@ int64_t ragged_list_ticks(const DecodeWorkList &work, const int32_t *spans, int6
 // one by 2%.
 int64_t simulated_ragged_splits(const DecodeProblem &pb, int max_len, const int32_t *spans,
                                 int64_t slots, int64_t limit) {
-  const double fixed = cost_scale(pb);
-  const int64_t start = kRaggedStartTicks;
   const int64_t units = static_cast<int64_t>(pb.batch) * pb.num_kv_heads;
   std::vector<int32_t> release;
   int64_t best_splits = 1, simulated = 0;
@@ -238,8 +238,7 @@ int64_t simulated_ragged_splits(const DecodeProblem &pb, int max_len, const int3
     if (s > 1 && simulated > kRaggedSimItems) break;
     const DecodeWorkList w = make_list(pb, max_len, s);
     if (s > 1 && w.num_splits < s) continue;  // (the same list as a smaller count)
-    const double cost =
-        static_cast<double>(ragged_list_ticks(w, spans, slots, start, fixed, release));
+    const double cost = static_cast<double>(ragged_list_ticks(w, spans, slots, release));
     if (s == 1 || cost < best * 0.98) best = cost, best_splits = s;
   }
   return best_splits;
@@ -374,8 +373,7 @@ DecodeWorkList choose_splits(const DecodeProblem &pb, int max_len, bool limit_by
     if (wanted < ragged) wanted = ragged;
     // With the rows' spans, 16-bit lists may take fewer splits than the
     // rules give, as the simulation of the exact list says.
-    const bool kv16 = pb.kv.dtype == FD_DTYPE_F16 || pb.kv.dtype == FD_DTYPE_BF16;
-    if (known_ragged && spans != nullptr && q_tiles == 1 && kv16)
+    if (known_ragged && spans != nullptr && q_tiles == 1 && kv_16bit(pb))
       wanted = simulated_ragged_splits(pb, max_len, spans, slots, std::min(wanted, limit));
   }
   // Rows of at most kMaxSplitTokens whose units number between one and four
