@@ -99,6 +99,12 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   // FP8 dim-major tiles of 8-token blocks take 8-byte pieces: twice as many.
   constexpr int kNmax = kFp8 && kDimMajor ? 2 * kNch : kNch;
   constexpr int kS = Cfg::kStages;
+  // Block-table entries load two tiles ahead of their copies instead of
+  // one in the 16-bit deep shape (its registers allow it; at 3 CTAs per SM
+  // the regular kernel spilled): with 1-2 CTAs per SM and data arriving
+  // early, the entries' round trip was on every tile's path (H200, bf16:
+  // C 256 x 1024 69.1 -> 67.9 us, C 1 x 32768 at 64 splits -2%).
+  constexpr bool kIdsAhead2 = kDeep && !kSwap;
   // Token-major copies: chunks per token row in memory, rows one pass of the
   // CTA's threads covers, and whether every copy of a thread is whole
   // passes from its first (all but head_dim 96); kTmStagedRow: elements of
@@ -333,6 +339,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
 
   // Start the pipeline before anything else so memory is busy early.
   int ids[kNmax];
+  int ids_next[kIdsAhead2 ? kNmax : 1];  // kIdsAhead2: the tile after ids'
   int next_id = 0;  // TMA: the stager's entry of the next tile to issue
   if constexpr (kTma) {
     if (warp == 0) {
@@ -355,6 +362,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
     }
 #pragma unroll
     for (int i = 0; i < kNmax; ++i) ids[i] = pre[kS - 1][i];
+    if constexpr (kIdsAhead2) fetch_ids(kS, ids_next);
   }
 
   // This warp's m-tile (16 q heads of the group) and token slices.
@@ -516,7 +524,13 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
       __syncthreads();
       if (j + kS - 1 < n_tiles) {
         issue(j + kS - 1, ids, 0);
-        if (j + kS < n_tiles) fetch_ids(j + kS, ids);  // consumed next iteration
+        if constexpr (kIdsAhead2) {
+#pragma unroll
+          for (int i = 0; i < kNmax; ++i) ids[i] = ids_next[i];
+          if (j + kS + 1 < n_tiles) fetch_ids(j + kS + 1, ids_next);  // consumed in two
+        } else if (j + kS < n_tiles) {
+          fetch_ids(j + kS, ids);  // consumed next iteration
+        }
       }
       cp_async_commit();
     }
