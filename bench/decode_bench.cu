@@ -10,7 +10,8 @@
 // decode_bench.json, decode_bench.md and decode_bench.svg to --out.
 //
 // Usage: decode_bench [--out DIR] [--quick] [--explore] [--verify] [--prefill]
-//                     [--kv fp8] [--plan-lengths] [--splits N] [--filter A,B,...]
+//                     [--kv fp8] [--plan-lengths] [--contiguous-blocks] [--splits N]
+//                     [--filter A,B,...]
 // --kv fp8 (issue 15): instead of the grid, every shape and batch of the grid
 // with FP8 E4M3 K/V (bf16 q, block 16, token-major; shape A also dim-major
 // and f16 q), each beside the same case with bf16 K/V run just before it:
@@ -218,6 +219,9 @@ struct Spec {
   // --plan-lengths: planned by fd_decode_plan_create with the rows' lengths
   // (as an engine step plans) and run by fd_decode_run, instead of fd_decode.
   bool plan_lengths = false;
+  // --contiguous-blocks: each row's blocks consecutive in the pool instead of
+  // a random permutation (what paging costs against dense K/V).
+  bool contiguous = false;
   // --variants: the attention variant (S2.3) and the case it is compared with.
   float softcap = 0.f;
   int32_t window = 0;
@@ -347,7 +351,8 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
   std::iota(perm.begin(), perm.end(), 0);
   uint64_t pseed = 1234;
-  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[splitmix(pseed) % i]);
+  if (!spec.contiguous)
+    for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[splitmix(pseed) % i]);
   std::vector<int32_t> host_tables(static_cast<size_t>(B) * mbps * sets, -1);
   size_t next = 0;
   for (int s = 0; s < sets; ++s)
@@ -569,7 +574,7 @@ std::string case_name(const Result &r) {
            layout_str(s.layout).c_str(),
            s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
            s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "",
-           (variant + (s.plan_lengths ? " lens" : "")).c_str());
+           (variant + (s.plan_lengths ? " lens" : "") + (s.contiguous ? " contig" : "")).c_str());
   return buf;
 }
 
@@ -886,7 +891,8 @@ std::string summarize_variants(const std::vector<Result> &rs) {
 void usage(FILE *to, const char *program) {
   fprintf(to,
           "usage: %s [--out DIR] [--quick] [--explore] [--verify] [--prefill] [--kv fp8]\n"
-          "       [--variants] [--plan-lengths] [--splits N] [--filter A,B,...]\n",
+          "       [--variants] [--plan-lengths] [--contiguous-blocks] [--splits N]\n"
+          "       [--filter A,B,...]\n",
           program);
 }
 
@@ -895,7 +901,7 @@ void usage(FILE *to, const char *program) {
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
   bool quick = false, explore = false, verify = false, prefill = false, fp8 = false;
-  bool plan_lengths = false;
+  bool plan_lengths = false, contiguous = false;
   bool variants = false;
   int32_t fixed_splits = 0;
   std::vector<std::string> filters;
@@ -922,6 +928,8 @@ int fd_decode_bench_main(int argc, char **argv) {
           "               rows vs plain 4096 rows) and head_dim 256 / 96 against copy\n"
           "  --plan-lengths  plan each case with its rows' lengths (fd_decode_plan_create,\n"
           "               then fd_decode_run) instead of fd_decode's hint planning\n"
+          "  --contiguous-blocks  each row's blocks consecutive in the pool instead of a\n"
+          "               random permutation (paging's cost against dense K/V)\n"
           "  --splits N   run the grid with num_splits N instead of automatic\n"
           "  --filter L   keep cases whose name contains one of the comma-separated\n"
           "               substrings ('_' stands for a space), e.g. --filter A_64x\n"
@@ -946,6 +954,8 @@ int fd_decode_bench_main(int argc, char **argv) {
       fp8 = true, ++i;
     else if (!strcmp(argv[i], "--plan-lengths"))
       plan_lengths = true;
+    else if (!strcmp(argv[i], "--contiguous-blocks"))
+      contiguous = true;
     else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
       fixed_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
@@ -1030,7 +1040,7 @@ int fd_decode_bench_main(int argc, char **argv) {
         for (const BatchCtx &bc : {BatchCtx{64, 0}, BatchCtx{8, 8192}})
           specs.push_back({kShapes[sh], bc, FD_DTYPE_BF16, 16, FD_LAYOUT_TOKEN_MAJOR, splits});
   }
-  for (Spec &s : specs) s.plan_lengths = plan_lengths;
+  for (Spec &s : specs) s.plan_lengths = plan_lengths, s.contiguous = contiguous;
   if (!filters.empty()) {
     std::vector<Spec> kept;
     for (const Spec &s : specs) {
