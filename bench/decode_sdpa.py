@@ -21,9 +21,12 @@ K, V N(0,1); worst per-(row, head) relative error, bf16 <= 5e-3).
 
   PYTHONPATH=bindings/python FLASHDEC_LIBRARY=build/libflashdec.so \\
       python3 bench/decode_sdpa.py [--filter C_8x,D_] [--no-peer] [--json F] \\
-      [--prev PREV.json]
+      [--prev PREV.json] [--plan-lengths]
 
---no-peer skips cuDNN (e.g. a run of an earlier commit's library);
+--plan-lengths runs FlashDec through a DecodePlan made once per case from
+the rows' exact lengths (fd_decode_plan_create with host lengths, as an
+engine plans each step) instead of fd_decode with the longest row as hint;
+only ragged batches plan differently. --no-peer skips cuDNN (e.g. a run of an earlier commit's library);
 --prev adds that run's FlashDec column to the table. Prints a Markdown table
 (stdout) and writes the JSON (--json). Exit 0 done, 1 a wrong result, 77 no
 torch / no GPU / no library.
@@ -97,7 +100,7 @@ def copy_gbps(torch):
     return 2 * (1 << 30) / (best * 1e-6) / 1e9
 
 
-def run_case(torch, F, flashdec, peer, shape, batch, ctx, gen):
+def run_case(torch, F, flashdec, peer, shape, batch, ctx, gen, plan_lengths=False):
     hq, hkv, d = SHAPES[shape]
     group = hq // hkv
     dev = torch.device("cuda")
@@ -136,12 +139,22 @@ def run_case(torch, F, flashdec, peer, shape, batch, ctx, gen):
     ws_size = flashdec.decode_workspace_size(q0, kc0, vc0, t0, seq_lens, max_seq_len_hint=lmax)
     ws = torch.empty(max(ws_size, 16), dtype=torch.uint8, device=dev)
 
+    plan = None
+    if plan_lengths:
+        # As an engine plans a step: once, from the rows' exact lengths.
+        plan = flashdec.DecodePlan(q0, kc0, vc0, t0, seq_lens, ps[0][4], host_seq_lens=lens)
+        ws = torch.empty(max(plan.workspace_size, 16), dtype=torch.uint8, device=dev)
+
     def ours(i):
         q, kc, vc, tb, out = ps[i]
-        flashdec.decode(q, kc, vc, tb, seq_lens, out, workspace=ws, max_seq_len_hint=lmax)
+        if plan is not None:
+            plan.run(q, kc, vc, tb, seq_lens, out, workspace=ws)
+        else:
+            flashdec.decode(q, kc, vc, tb, seq_lens, out, workspace=ws, max_seq_len_hint=lmax)
 
     entry = {"case": case_name(shape, batch, ctx), "shape": shape, "batch": batch,
-             "context": ctx, "kv_MB": kv_bytes / 1e6, "buffer_sets": sets}
+             "context": ctx, "kv_MB": kv_bytes / 1e6, "buffer_sets": sets,
+             "planned_with_lengths": plan_lengths}
     # Correctness: set 0, float32 reference on up to 4 rows, every head.
     for i in range(sets):
         ps[i][4].fill_(float("nan"))
@@ -196,6 +209,8 @@ def run_case(torch, F, flashdec, peer, shape, batch, ctx, gen):
         if "cudnn_us" not in entry or us < entry["cudnn_us"]:
             entry.update(cudnn_us=us, cudnn_series_us=series, cudnn_form=fname,
                          cudnn_GBps=eff_bytes / (us * 1e-6) / 1e9, cudnn_rel_error=errs[fname])
+    if plan is not None:
+        plan.close()
     del ps, ds, ws
     torch.cuda.empty_cache()
     return entry
@@ -235,6 +250,8 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="skip cuDNN")
     ap.add_argument("--json", help="write the JSON here")
     ap.add_argument("--prev", help="JSON of an earlier run (another library) for the table")
+    ap.add_argument("--plan-lengths", action="store_true",
+                    help="run ours through a DecodePlan made from the rows' lengths (as an engine plans a step)")
     args = ap.parse_args()
     try:
         import torch
@@ -258,7 +275,7 @@ def main():
             name = case_name(shape, batch, ctx)
             if filters and not any(f in name for f in filters):
                 continue
-            e = run_case(torch, F, flashdec, peer, shape, batch, ctx, gen)
+            e = run_case(torch, F, flashdec, peer, shape, batch, ctx, gen, args.plan_lengths)
             ok = ok and e["correct"]
             result["cases"].append(e)
             print("%-16s ours %8.2f us  cuDNN %s  err %.1e%s" % (
