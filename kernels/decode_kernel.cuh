@@ -339,8 +339,9 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
 
   // Start the pipeline before anything else so memory is busy early.
   int ids[kNmax];
-  int ids_next[kIdsAhead2 ? kNmax : 1];  // kIdsAhead2: the tile after ids'
-  int next_id = 0;                       // TMA: the stager's entry of the next tile to issue
+  // kIdsAhead2: the entries of the tile after ids'.
+  int ids_next[kIdsAhead2 ? kNmax : 1];
+  int next_id = 0;  // TMA: the stager's entry of the next tile to issue
   if constexpr (kTma) {
     if (warp == 0) {
       if (lane == 0) {
