@@ -26,10 +26,10 @@ K, V N(0,1); worst per-(row, head) relative error, bf16 <= 5e-3).
 --plan-lengths runs FlashDec through a DecodePlan made once per case from
 the rows' exact lengths (fd_decode_plan_create with host lengths, as an
 engine plans each step) instead of fd_decode with the longest row as hint;
-only ragged batches plan differently. --no-peer skips cuDNN (e.g. a run of an earlier commit's library);
---prev adds that run's FlashDec column to the table. Prints a Markdown table
-(stdout) and writes the JSON (--json). Exit 0 done, 1 a wrong result, 77 no
-torch / no GPU / no library.
+only ragged batches plan differently. --no-peer skips cuDNN (e.g. a run of
+an earlier commit's library); --prev adds that run's FlashDec column to the
+table. Prints a Markdown table (stdout) and writes the JSON (--json). Exit 0
+done, 1 a wrong result, 77 no torch / no GPU / no library.
 """
 import argparse
 import json
@@ -136,14 +136,14 @@ def run_case(torch, F, flashdec, peer, shape, batch, ctx, gen, plan_lengths=Fals
             del k, v
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
     q0, kc0, vc0, t0, _ = ps[0]
-    ws_size = flashdec.decode_workspace_size(q0, kc0, vc0, t0, seq_lens, max_seq_len_hint=lmax)
-    ws = torch.empty(max(ws_size, 16), dtype=torch.uint8, device=dev)
-
     plan = None
     if plan_lengths:
         # As an engine plans a step: once, from the rows' exact lengths.
         plan = flashdec.DecodePlan(q0, kc0, vc0, t0, seq_lens, ps[0][4], host_seq_lens=lens)
-        ws = torch.empty(max(plan.workspace_size, 16), dtype=torch.uint8, device=dev)
+        ws_size = plan.workspace_size
+    else:
+        ws_size = flashdec.decode_workspace_size(q0, kc0, vc0, t0, seq_lens, max_seq_len_hint=lmax)
+    ws = torch.empty(max(ws_size, 16), dtype=torch.uint8, device=dev)
 
     def ours(i):
         q, kc, vc, tb, out = ps[i]
