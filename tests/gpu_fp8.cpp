@@ -10,7 +10,9 @@
  * blocks, past every row's end and behind unused table slots; worst
  * row-relative error <= 5e-3; bit-identical reruns; bf16 q far outside f16's
  * range (the kernel's power-of-two row scaling); long split rows; a CUDA
- * graph replay; TMA staging of the swapped kernel for one-wave lists of
+ * graph replay; soft-cap, sliding window and sinks (the reference applies
+ * them; sinks of -inf and a window past every row against the plain call);
+ * TMA staging of the swapped kernel for one-wave lists of
  * short rows (packed and NHD strides) and its deep shape for lists that
  * fill one wave of it, the staging and shape read from a captured graph. It prints the worst error
  * against the unquantised values and, when the CPU backend serves the same FP8 call, against it.
@@ -63,7 +65,14 @@ struct Case {
   float q_amp = 3.f;    /* q = q_amp * N(0,1) */
   float sm_scale = 0.f; /* 0: 1/sqrt(D) */
   uint64_t seed = 1;
+  /* Attention variants (docs/semantics.md S2.3): soft-cap, sliding window
+   * and sinks (kNoSinks, kSinksNegInf: every sink -inf, kSinksRandom). */
+  float softcap = 0.f;
+  int32_t window = 0;
+  int sinks = 0;
 };
+
+constexpr int kNoSinks = 0, kSinksNegInf = 1, kSinksRandom = 2;
 
 struct Host {
   Case c;
@@ -76,6 +85,7 @@ struct Host {
   std::vector<float> ko, vo; /* the unquantised (bf16) values */
   std::vector<uint16_t> q;   /* q_dtype bits */
   std::vector<int32_t> tables, lens, indptr;
+  std::vector<float> sinks; /* [hq] natural sink logits (c.sinks != kNoSinks) */
 };
 
 Host make_host(const Case &c) {
@@ -157,6 +167,9 @@ Host make_host(const Case &c) {
   for (size_t i = 0; i < h.q.size(); ++i)
     fd_test_store(h.q.data(), i, c.q_dtype, c.q_amp * fd_test_normal(&rng));
   h.sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(static_cast<float>(c.dim));
+  if (c.sinks != kNoSinks)
+    for (uint32_t hd = 0; hd < h.hq; ++hd)
+      h.sinks.push_back(c.sinks == kSinksNegInf ? -INFINITY : 2.f * fd_test_normal(&rng));
   return h;
 }
 
@@ -175,13 +188,15 @@ std::vector<double> reference(const Host &h, bool dequant) {
     const int32_t n = h.c.q_len;
     for (int32_t j = 0; j < n; ++j) {
       const int32_t visible = std::max(0, h.lens[r] - n + 1 + j);
+      /* A window of w: the last w positions up to the query's own. */
+      const int32_t first = h.c.window > 0 ? std::max(0, visible - h.c.window) : 0;
       const int32_t tok = h.indptr[r] + j;
       for (uint32_t hd = 0; hd < h.hq; ++hd) {
         const uint32_t kvh = hd / h.c.group;
         const size_t qo = (static_cast<size_t>(tok) * h.hq + hd) * D;
         std::vector<double> s(static_cast<size_t>(visible));
         double mx = -INFINITY;
-        for (int32_t t = 0; t < visible; ++t) {
+        for (int32_t t = first; t < visible; ++t) {
           double dot = 0;
           for (uint32_t d = 0; d < D; ++d) {
             const size_t at = kv_at(r, t, kvh, d);
@@ -189,14 +204,20 @@ std::vector<double> reference(const Host &h, bool dequant) {
                 dequant ? static_cast<double>(fd::fp8_e4m3_to_f32(h.k[at])) * h.k_scale : h.ko[at];
             dot += static_cast<double>(fd_test_load(h.q.data(), qo + d, h.c.q_dtype)) * kval;
           }
-          s[static_cast<size_t>(t)] = dot * h.sm_scale;
-          mx = std::max(mx, s[static_cast<size_t>(t)]);
+          double sc = dot * h.sm_scale;
+          if (h.c.softcap > 0.f) sc = h.c.softcap * std::tanh(sc / h.c.softcap);
+          s[static_cast<size_t>(t)] = sc;
+          mx = std::max(mx, sc);
         }
+        const double sink = h.sinks.empty() ? -INFINITY : h.sinks[hd];
+        mx = std::max(mx, sink);
         double sum = 0;
-        for (double &x : s) sum += (x = std::exp(x - mx));
-        for (uint32_t d = 0; d < D && visible > 0; ++d) {
+        for (int32_t t = first; t < visible; ++t)
+          sum += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - mx));
+        if (sink > -INFINITY) sum += std::exp(sink - mx);
+        for (uint32_t d = 0; d < D && visible > first; ++d) {
           double acc = 0;
-          for (int32_t t = 0; t < visible; ++t) {
+          for (int32_t t = first; t < visible; ++t) {
             const size_t at = kv_at(r, t, kvh, d);
             const double vval =
                 dequant ? static_cast<double>(fd::fp8_e4m3_to_f32(h.v[at])) * h.v_scale : h.vo[at];
@@ -213,6 +234,7 @@ std::vector<double> reference(const Host &h, bool dequant) {
 struct Dev {
   void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *ws = nullptr;
   int32_t *tables = nullptr, *lens = nullptr, *indptr = nullptr;
+  float *sinks = nullptr;
   size_t ws_size = 0;
   cudaStream_t stream = nullptr;
   Dev() = default;
@@ -220,7 +242,7 @@ struct Dev {
   Dev &operator=(const Dev &) = delete;
   ~Dev() {
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(ws);
-    cudaFree(tables), cudaFree(lens), cudaFree(indptr);
+    cudaFree(tables), cudaFree(lens), cudaFree(indptr), cudaFree(sinks);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -241,11 +263,16 @@ void upload(const Host &h, Dev &d) {
   CUDA_OK(fd_gpu_upload(d.stream, d.tables, h.tables.data(), h.tables.size() * 4));
   CUDA_OK(fd_gpu_upload(d.stream, d.lens, h.lens.data(), h.lens.size() * 4));
   CUDA_OK(fd_gpu_upload(d.stream, d.indptr, h.indptr.data(), h.indptr.size() * 4));
+  if (!h.sinks.empty()) {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&d.sinks), h.sinks.size() * 4));
+    CUDA_OK(fd_gpu_upload(d.stream, d.sinks, h.sinks.data(), h.sinks.size() * 4));
+  }
 }
 
 /* Parameters over host (CPU) or device (CUDA) buffers. */
 fd_decode_params params_for(const Host &h, const void *q, const void *k, const void *v, void *out,
-                            const int32_t *tables, const int32_t *lens, const int32_t *indptr) {
+                            const int32_t *tables, const int32_t *lens, const int32_t *indptr,
+                            const float *sinks) {
   fd_decode_params p;
   fd_decode_params_init(&p);
   p.q_dtype = p.out_dtype = h.c.q_dtype;
@@ -262,6 +289,9 @@ fd_decode_params params_for(const Host &h, const void *q, const void *k, const v
   p.v_scale = h.v_scale;
   p.sm_scale = h.sm_scale;
   p.max_seq_len_hint = h.c.hint;
+  p.logit_softcap = h.c.softcap;
+  p.sliding_window = h.c.window;
+  p.sinks = sinks;
   if (h.c.nhd)
     p.stride_block = h.sb, p.stride_head = h.sh, p.stride_token = h.st, p.stride_dim = h.sd;
   p.q = q;
@@ -278,7 +308,7 @@ fd_decode_params params_for(const Host &h, const void *q, const void *k, const v
 }
 
 fd_decode_params device_params(const Host &h, Dev &d, int32_t splits) {
-  fd_decode_params p = params_for(h, d.q, d.k, d.v, d.out, d.tables, d.lens, d.indptr);
+  fd_decode_params p = params_for(h, d.q, d.k, d.v, d.out, d.tables, d.lens, d.indptr, d.sinks);
   p.device.type = FD_DEVICE_CUDA;
   p.device.ordinal = 0;
   p.stream = reinterpret_cast<fd_stream>(d.stream);
@@ -382,8 +412,9 @@ void check_case(const Case &c, Worst *w) {
       assert_memory_equal(got.data(), again.data(), got.size() * 2);
       /* The CPU backend on the same FP8 data, when it serves it. */
       std::vector<uint16_t> cpu(h.q.size(), 0);
-      fd_decode_params pc = params_for(h, h.q.data(), h.k.data(), h.v.data(), cpu.data(),
-                                       h.tables.data(), h.lens.data(), h.indptr.data());
+      fd_decode_params pc =
+          params_for(h, h.q.data(), h.k.data(), h.v.data(), cpu.data(), h.tables.data(),
+                     h.lens.data(), h.indptr.data(), h.sinks.empty() ? nullptr : h.sinks.data());
       if (fd_decode(&pc) == FD_OK) {
         std::vector<double> cpu_ref(cpu.size());
         for (size_t i = 0; i < cpu.size(); ++i) cpu_ref[i] = fd_test_load(cpu.data(), i, c.q_dtype);
@@ -632,6 +663,76 @@ void test_swap_deep_shape(void **state) {
         assert_int_equal(kernels, 1);
       }
   report("swapped deep shape", cases_run, w);
+}
+
+/* Attention variants over FP8 K/V (docs/semantics.md S2.3): soft-cap,
+ * sliding window and sinks, alone and together, against the float64
+ * reference over the dequantised cache with the variant applied
+ * (check_case: unsplit, automatic and 5 splits, a bit-identical rerun, the
+ * CPU backend): both layouts, head_dim 64 / 128, groups of 4 and 8 (whose
+ * plain calls take the swapped step) and 16, one and three query tokens.
+ * Sinks of -inf and a window longer than every row give the plain
+ * result: the same bits where the call runs the plain call's kernel and
+ * list, else within the tolerance (the count of such cases is printed). */
+void test_variants(void **state) {
+  (void)state;
+  const bool small = reduced();
+  fd_test_rng rng = {31};
+  Worst w;
+  int cases = 0, same_bits = 0, close = 0;
+  const struct {
+    float softcap;
+    int32_t window;
+    int sinks;
+  } variants[] = {{30.f, 0, kNoSinks},    {0.f, 100, kNoSinks},    {0.f, 0, kSinksRandom},
+                  {0.f, 0, kSinksNegInf}, {0.f, 100000, kNoSinks}, {20.f, 64, kSinksRandom}};
+  for (const auto &var : variants)
+    for (uint32_t D : {64u, 128u})
+      for (bool dm : {false, true})
+        for (uint32_t g : {4u, 8u, 16u})
+          for (int32_t q_len : {1, 3}) {
+            if (small && (D == 64 || dm || g != 8 || q_len == 3)) continue;
+            if (g == 16 && q_len == 3) continue;
+            Case c;
+            c.q_dtype = (D + g) % 3 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
+            c.dim = D, c.dim_major = dm, c.group = g, c.q_len = q_len;
+            c.bs = dm ? 16 : (g == 4 ? 8 : 32);
+            c.softcap = var.softcap, c.window = var.window, c.sinks = var.sinks;
+            c.lens = ragged_lens(c.bs, 300, &rng);
+            c.seed = fd_test_next(&rng);
+            check_case(c, &w);
+            ++cases;
+            const bool neutral = var.sinks == kSinksNegInf || var.window >= 300;
+            if (!neutral || w.failures > 0) continue;
+            /* The same call without the variant. */
+            Case plain = c;
+            plain.window = 0, plain.sinks = kNoSinks;
+            const Host hv = make_host(c), hp = make_host(plain);
+            Dev dv, dp;
+            upload(hv, dv);
+            upload(hp, dp);
+            const std::vector<uint16_t> a = run_gpu(hv, dv, device_params(hv, dv, 0));
+            const std::vector<uint16_t> b = run_gpu(hp, dp, device_params(hp, dp, 0));
+            if (a == b) {
+              ++same_bits;
+            } else {
+              std::vector<double> bd(b.size());
+              for (size_t i = 0; i < b.size(); ++i) bd[i] = fd_test_load(b.data(), i, c.q_dtype);
+              const double err = compare(hv, a, bd);
+              print_message(
+                  "gpu_fp8: variants: D=%u %s group %u q_len %d %s: not the plain bits, "
+                  "row-relative %.3g from them\n",
+                  D, dm ? "dim-major" : "token-major", g, q_len,
+                  var.sinks == kSinksNegInf ? "-inf sinks" : "window past every row", err);
+              if (!(err <= kTolerance)) fail();
+              ++close;
+            }
+          }
+  report("variants", cases, w);
+  print_message(
+      "gpu_fp8: variants: neutral variants gave the plain bits in %d cases, within %.0e "
+      "in %d\n",
+      same_bits, kTolerance, close);
 }
 
 /* A CUDA graph of FP8 decode calls replays to the same bits. */
@@ -997,11 +1098,11 @@ void test_cache_writes(void **state) {
 int main(void) {
   if (!fd_gpu_test_device_present()) return FD_GPU_TEST_SKIPPED;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_decode_sweep), cmocka_unit_test(test_bf16_q_range),
-      cmocka_unit_test(test_long_rows),    cmocka_unit_test(test_graph_capture),
-      cmocka_unit_test(test_tma_staging),  cmocka_unit_test(test_swap_deep_shape),
-      cmocka_unit_test(test_refusals),     cmocka_unit_test(test_append_bytes),
-      cmocka_unit_test(test_cache_writes),
+      cmocka_unit_test(test_decode_sweep),    cmocka_unit_test(test_bf16_q_range),
+      cmocka_unit_test(test_long_rows),       cmocka_unit_test(test_variants),
+      cmocka_unit_test(test_graph_capture),   cmocka_unit_test(test_tma_staging),
+      cmocka_unit_test(test_swap_deep_shape), cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_append_bytes),    cmocka_unit_test(test_cache_writes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
