@@ -51,7 +51,13 @@ struct KvType<__nv_fp8_e4m3> {
 // fewer stages each. kDeep with kSwap: the swapped kernel in the m-tile FP8
 // kernel's shape (more stages, fewer CTAs per SM), which the plan picks for
 // lists that fill exactly one wave of it (DecodeWorkList::deep_stages).
-template <int D, int kElemBytes = 2, bool kDeep = false, bool kSwap = false>
+// kPair (the head_dim 64 FP8 swapped kernel over token-major K/V, cp.async
+// staging; decode_kernel decides): stages of two 64-token tiles, half as
+// many stages of the same bytes, so a CTA waits, synchronises and issues
+// copies once per 16 KB of K/V instead of 8 (H200: the D shape's FP8 calls
+// 4-10% faster; docs/kernel-design.md, FP8). Shared memory and CTAs per SM
+// are the one-tile shape's.
+template <int D, int kElemBytes = 2, bool kDeep = false, bool kSwap = false, bool kPair = false>
 struct Config {
   static_assert(!kDeep || (D == 128 && kElemBytes == 2) || kSwap,
                 "the deep shape is head_dim 128, 16-bit, or the swapped kernel's");
@@ -59,7 +65,8 @@ struct Config {
   // Staged row width of a token-major tile (elements): D (tile_offset keeps
   // D = 96's swizzle inside its 12-chunk rows).
   static constexpr int kRowElems = D;
-  static constexpr int kTileElems = kTile * kRowElems;  // of K (or V) per stage
+  static constexpr int kStageTokens = kPair ? 2 * kTile : kTile;
+  static constexpr int kTileElems = kStageTokens * kRowElems;  // of K (or V) per stage
   // Fewer stages, more CTAs per SM: a CTA's start (seq_len, table, first
   // tile) and end (merges, writes) then overlap other CTAs' streaming. H200,
   // bf16: D = 128 with 2 stages x 3 CTAs/SM instead of 3 x 2: A ragged 0.94 ->
@@ -82,17 +89,19 @@ struct Config {
   // the same 192 KB per SM as 3 x 4 and 4 x 6, in more, shorter CTAs; its
   // deep shape is the m-tile kernel's 3 x 4 and 4 x 6.
   static constexpr bool kSwapWide = kSwap && !kDeep;
-  static constexpr int kStages =
+  static constexpr int kStages1 =
       kDeep && !kSwap ? 3
                       : (kSwapWide ? (D == 128 ? 3 : 4)
                                    : (kElemBytes == 2 ? (D == 128 ? 2 : 3) : (D == 128 ? 4 : 6)));
+  static constexpr int kStages = kPair ? kStages1 / 2 : kStages1;
   // D = 256 runs 8 warps: each of the kWarps (m-tile, token slice) roles is
   // a pair of warps that compute the same scores and each accumulate half of
   // O's dims (64 O registers per thread instead of 128, so no spill and two
   // warps per SM sub-partition instead of one). Other dims: one warp a role.
   static constexpr int kDimSplit = D == 256 ? 2 : 1;
   static constexpr int kThreads = kWarps * 32 * kDimSplit;
-  static constexpr int kChunksPerThread = kTile * D * kElemBytes / 16 / kThreads;  // 16-byte copies
+  static constexpr int kChunksPerThread =
+      kStageTokens * D * kElemBytes / 16 / kThreads;  // 16-byte copies
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * kElemBytes;
   static constexpr int kCtasPerSm =
       kDeep && !kSwap ? 2 : (kSwapWide ? (D == 64 ? 6 : 4) : (D == 64 ? 4 : (D == 256 ? 1 : 3)));

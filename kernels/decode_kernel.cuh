@@ -19,7 +19,8 @@
 // output); see the kFp8 branches and docs/kernel-design.md. Token-major
 // one-token plain FP8 calls with groups of at most 8 heads take the
 // swapped-operand step of decode_swapped.cuh (tokens as the mma rows), and
-// one-wave lists of short items stage it by TMA (decode_kernel_tma).
+// one-wave lists of short items stage it by TMA (decode_kernel_tma); at
+// head_dim 64 its cp.async stages hold two tiles each (kPair).
 //
 // Layouts: token-major tiles are staged as [token][dim] (rows XOR-swizzled in
 // 16-byte chunks), dim-major tiles keep each block's [dim][block_size] slab
@@ -86,7 +87,17 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   static_assert(!kSwap || (kFp8 && !kMulti && !kVariant),
                 "the swapped step serves plain one-token FP8 calls");
   static_assert(!kTma || (kSwap && !kDimMajor), "TMA staging is the token-major swapped kernel's");
-  using Cfg = Config<D, sizeof(TKV), kDeep, kSwap>;
+  // kPair: the head_dim 64 FP8 swapped kernel staged by cp.async over
+  // token-major K/V fills each pipeline stage with two 64-token tiles (8 KB
+  // each), so the wait, barrier, table entries and copy issue of a stage
+  // serve 16 KB (Config's kPair). An item of an odd tile count stops
+  // halfway through its last stage (item_end below).
+  constexpr bool kPair = kSwap && kFp8 && D == 64 && !kDimMajor && !kTma;
+  using Cfg = Config<D, sizeof(TKV), kDeep, kSwap, kPair>;
+  static_assert(Cfg::kSmemBytes == Config<D, sizeof(TKV), kDeep, kSwap>::kSmemBytes,
+                "the host sizes shared memory by the one-tile shape");
+  constexpr int kTileT = Cfg::kStageTokens;  // tokens per pipeline stage
+  constexpr int kStepsT = kTileT / kStepTokens;
   using M = Mma<TQ>;
   constexpr int kThreads = Cfg::kThreads;
   // Warps per role and the O dims each accumulates (D = 256: pairs, half
@@ -167,7 +178,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   // round trip after it; `issue` uses an entry only for tokens below
   // seq_len (the table row's unused slots are never trusted).
   auto fetch_ids = [&](int j, int ids[kNmax]) {
-    const int tok0 = (tile_begin + j) * kTile;
+    const int tok0 = tile_begin * kTile + j * kTileT;
 #pragma unroll
     for (int i = 0; i < kNmax; ++i) {
       const int b = (tok0 + coords(i).token) >> bs_log2;
@@ -238,6 +249,13 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   // An empty partition writes nothing: the merge reads only partitions that
   // hold tokens. Unsplit rows always write (zeros for an empty row).
   if (n_tiles <= 0 && p.work.item_has_partial(static_cast<int32_t>(blockIdx.x))) return;
+  // Pipeline stages of the item, and (kPair) the end of its tokens: the
+  // last stage of an odd tile count would reach into the next item's first
+  // tile, so its copies stop at item_end (zero-filled past it) and its warps
+  // step no further.
+  const int n_st = kPair ? (n_tiles + 1) >> 1 : n_tiles;
+  const int item_end = (tile_begin + n_tiles) * kTile;
+  const int kv_lim = kPair ? min(kv_end, item_end) : kv_end;
 
   // Copies of tile j into its stage. Tokens past the row's end and ids
   // outside the cache are zero-filled, so a corrupt table cannot make the
@@ -266,7 +284,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   const char *kbytes = static_cast<const char *>(p.k) + first;
   const char *vbytes = static_cast<const char *>(p.v) + first;
   auto issue = [&](int j, const int ids[kNmax], int from) {
-    const int tok0 = (tile_begin + j) * kTile;
+    const int tok0 = tile_begin * kTile + j * kTileT;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
     if constexpr (!kDimMajor) {
@@ -275,7 +293,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
         const CopyCoords cc = kTmUniformRows ? c0 : coords(i);
         const int t = tok0 + (kTmUniformRows ? c0.token + i * kTmRowsPerPass : cc.token);
         const uint32_t id = static_cast<uint32_t>(ids[i]);  // -1: past every block
-        const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && id < num_blocks;
+        const bool valid = t < kv_lim && (!kVariant || (t | bs_mask) >= from) && id < num_blocks;
         uint64_t off = static_cast<uint64_t>(valid ? id : 0u) * p.block_bytes;
         if constexpr (kTmUniformRows)
           off += static_cast<uint32_t>((i * kTmRowsPerPass) & bs_mask) * p.token_bytes;
@@ -295,7 +313,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
         // (t | bs_mask): the last token of t's block; a block with no token
         // at or past `from` lies wholly before the window (maybe freed).
         const uint32_t id = static_cast<uint32_t>(ids[i]);
-        const bool valid = t < kv_end && (!kVariant || (t | bs_mask) >= from) && id < num_blocks;
+        const bool valid = t < kv_lim && (!kVariant || (t | bs_mask) >= from) && id < num_blocks;
         const uint64_t off = static_cast<uint64_t>(valid ? id : 0u) * p.block_bytes +
                              static_cast<uint32_t>(cc.row) * p.dim_bytes +
                              static_cast<uint32_t>((t & bs_mask) * sizeof(TKV));
@@ -358,7 +376,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   } else {
 #pragma unroll
     for (int s = 0; s < kS - 1; ++s) {
-      if (s < n_tiles) issue(s, pre[s], s == 0 ? kv_begin : 0);
+      if (s < n_st) issue(s, pre[s], s == 0 ? kv_begin : 0);
       cp_async_commit();
     }
 #pragma unroll
@@ -510,7 +528,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
   const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
   const int rr = lane & 7;   // ... and which of its rows
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = 0; j < n_st; ++j) {
     if constexpr (kTma) {
       // Every warp is past tile j - 1, so its stage may be refilled (and,
       // at j = 0, the barriers' initialisation is visible to all).
@@ -523,13 +541,13 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
     } else {
       cp_async_wait<kS - 2>();
       __syncthreads();
-      if (j + kS - 1 < n_tiles) {
+      if (j + kS - 1 < n_st) {
         issue(j + kS - 1, ids, 0);
         if constexpr (kIdsAhead2) {
 #pragma unroll
           for (int i = 0; i < kNmax; ++i) ids[i] = ids_next[i];
-          if (j + kS + 1 < n_tiles) fetch_ids(j + kS + 1, ids_next);  // consumed in two
-        } else if (j + kS < n_tiles) {
+          if (j + kS + 1 < n_st) fetch_ids(j + kS + 1, ids_next);  // consumed in two
+        } else if (j + kS < n_st) {
           fetch_ids(j + kS, ids);  // consumed next iteration
         }
       }
@@ -537,7 +555,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
     }
     if (j == 0) FD_TRACE(fd_trace_attn, 8, 3, 0);
 
-    const int tok0 = (tile_begin + j) * kTile;
+    const int tok0 = tile_begin * kTile + j * kTileT;
     TKV *sk = smem + (j % kS) * 2 * Cfg::kTileElems;
     TKV *sv = sk + Cfg::kTileElems;
     if (kDimMajor && tok0 + kTile > kv_end) {
@@ -559,9 +577,10 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
     const uint32_t sk_u = smem_u32(sk);
     const uint32_t sv_u = smem_u32(sv);
 
-    for (int step = slice0; step < kStepsPerTile; step += slice_step) {
+    for (int step = slice0; step < kStepsT; step += slice_step) {
       const int t0 = step * kStepTokens;
       if (tok0 + t0 >= warp_end) break;  // warp-uniform
+      if (kPair && tok0 + t0 >= item_end) break;
       if (kVariant && p.variant.window > 0 &&
           tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
         continue;  // before the window of every row of the warp
