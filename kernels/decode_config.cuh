@@ -55,7 +55,7 @@ struct KvType<__nv_fp8_e4m3> {
 // staging; decode_kernel decides): stages of two 64-token tiles, half as
 // many stages of the same bytes, so a CTA waits, synchronises and issues
 // copies once per 16 KB of K/V instead of 8 (H200: the D shape's FP8 calls
-// 4-10% faster; docs/kernel-design.md, FP8). Shared memory and CTAs per SM
+// 4-11% faster; docs/kernel-design.md, FP8). Shared memory and CTAs per SM
 // are the one-tile shape's.
 template <int D, int kElemBytes = 2, bool kDeep = false, bool kSwap = false, bool kPair = false>
 struct Config {

@@ -684,6 +684,7 @@ void test_variants(void **state) {
   fd_test_rng rng = {31};
   Worst w;
   int cases = 0, same_bits = 0, close = 0;
+  constexpr int32_t kLongest = 300; /* rows of up to this many tokens */
   const struct {
     float softcap;
     int32_t window;
@@ -702,11 +703,11 @@ void test_variants(void **state) {
             c.dim = D, c.dim_major = dm, c.group = g, c.q_len = q_len;
             c.bs = dm ? 16 : (g == 4 ? 8 : 32);
             c.softcap = var.softcap, c.window = var.window, c.sinks = var.sinks;
-            c.lens = ragged_lens(c.bs, 300, &rng);
+            c.lens = ragged_lens(c.bs, kLongest, &rng);
             c.seed = fd_test_next(&rng);
             check_case(c, &w);
             ++cases;
-            const bool neutral = var.sinks == kSinksNegInf || var.window >= 300;
+            const bool neutral = var.sinks == kSinksNegInf || var.window >= kLongest;
             if (!neutral || w.failures > 0) continue;
             /* The same call without the variant. */
             Case plain = c;
