@@ -28,9 +28,9 @@ constexpr int kStepsPerTile = kTile / kStepTokens;
 // own staging and fragment code (the kFp8 branches of decode_kernel).
 constexpr int kKvElemBytes = 2;
 
-// K/V element types: FP8 E4M3 is stored K/V only and is dequantised to f16
-// in registers (decode_kernel's kFp8 path); the 16-bit types feed the mma as
-// they are.
+// K/V element types: FP8 (E4M3, E5M2) is stored K/V only and is dequantised
+// to f16 in registers (decode_kernel's kFp8 path, f8x4 of decode_device.cuh);
+// the 16-bit types feed the mma as they are.
 template <class TKV>
 struct KvType {
   static constexpr bool kFp8 = false;
@@ -38,6 +38,11 @@ struct KvType {
 };
 template <>
 struct KvType<__nv_fp8_e4m3> {
+  static constexpr bool kFp8 = true;
+  using MmaT = __half;
+};
+template <>
+struct KvType<__nv_fp8_e5m2> {
   static constexpr bool kFp8 = true;
   using MmaT = __half;
 };

@@ -1,5 +1,5 @@
 // Device primitives of the paged decode kernels: the mma.sync wrappers,
-// cp.async copies, ldmatrix loads, FP8 E4M3 -> f16 conversions, programmatic
+// cp.async copies, ldmatrix loads, FP8 (E4M3, E5M2) -> f16 conversions, programmatic
 // dependent launch and the FD_DECODE_TRACE timing probe.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fd {
 namespace cuda {
@@ -124,9 +125,11 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, bool va
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-// FP8 E4M3 -> f16, exact (every E4M3 value, NaN included, is an f16 value):
-// the low and the high two bytes of x as f16 pairs (the lower byte in the
-// lower half), one cvt each.
+// FP8 -> f16, exact (every E4M3 and E5M2 value, NaN and E5M2's infinities
+// included, is an f16 value): the low and the high two bytes of x as f16
+// pairs (the lower byte in the lower half). E4M3: one cvt each. E5M2 is the
+// upper byte of the f16 of the same value (the same sign, exponent field
+// and bias, 2 of f16's 10 mantissa bits), so one byte permute each.
 struct F16x2x2 {
   uint32_t lo, hi;
 };
@@ -145,12 +148,32 @@ __device__ __forceinline__ uint32_t pair_bytes(uint32_t x) {
   return __byte_perm(x, 0u, 0x3120);
 }
 
+// FP8 bytes [a, b, c, d] of K/V type TKV (E4M3 or E5M2) as f16 pairs: lo =
+// (a, b), hi = (c, d) (f8x4), or paired along the mma's k index first, lo =
+// (a, c), hi = (b, d) (f8x4_paired, that is f8x4(pair_bytes(x))). For E5M2
+// each half is one permute placing the two bytes above zero bytes.
+template <class TKV>
+__device__ __forceinline__ F16x2x2 f8x4(uint32_t x) {
+  if constexpr (std::is_same<TKV, __nv_fp8_e5m2>::value)
+    return {__byte_perm(x, 0u, 0x1404), __byte_perm(x, 0u, 0x3424)};
+  else
+    return e4m3x4(x);
+}
+template <class TKV>
+__device__ __forceinline__ F16x2x2 f8x4_paired(uint32_t x) {
+  if constexpr (std::is_same<TKV, __nv_fp8_e5m2>::value)
+    return {__byte_perm(x, 0u, 0x2404), __byte_perm(x, 0u, 0x3414)};
+  else
+    return e4m3x4(pair_bytes(x));
+}
+
 // Two f16 mma's from two ldmatrix registers of FP8 2 x 2 blocks (w0: the
 // b0 halves, w1: the b1 halves): the blocks' first column into c0, their
 // second into c1.
+template <class TKV>
 __device__ __forceinline__ void mma_f8_pairs(float c0[4], float c1[4], const uint32_t a[4],
                                              uint32_t w0, uint32_t w1) {
-  const F16x2x2 x0 = e4m3x4(pair_bytes(w0)), x1 = e4m3x4(pair_bytes(w1));
+  const F16x2x2 x0 = f8x4_paired<TKV>(w0), x1 = f8x4_paired<TKV>(w1);
   Mma<__half>::run(c0, a, x0.lo, x1.lo);
   Mma<__half>::run(c1, a, x0.hi, x1.hi);
 }

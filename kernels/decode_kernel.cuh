@@ -585,8 +585,9 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
           tok0 + t0 + kStepTokens <= warp_mask_from - p.variant.window)
         continue;  // before the window of every row of the warp
       if constexpr (kSwap) {
-        swapped_step<D, kDimMajor, kTma>(sk_u, reinterpret_cast<unsigned char *>(sv), t0, tok0 + t0,
-                                         seq_len, qa, lsa, lsb, kMaxSlack<TQ>, sw, o, lane);
+        swapped_step<TKV, D, kDimMajor, kTma>(sk_u, reinterpret_cast<unsigned char *>(sv), t0,
+                                              tok0 + t0, seq_len, qa, lsa, lsb, kMaxSlack<TQ>, sw,
+                                              o, lane);
       } else {
         // S = Q K^T for 16 tokens: two n-tiles of 8 tokens.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -602,7 +603,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
               ldsm_x4(sk_u + f8_tm_offset<D>(t0 + nt * 8 + rr, c4 * 4 + mi), b);
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
-                const F16x2x2 x = e4m3x4(b[i]);
+                const F16x2x2 x = f8x4<TKV>(b[i]);
                 M::run(s[nt], qa[c4 * 4 + i], x.lo, x.hi);
               }
             }
@@ -614,8 +615,8 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
           for (int kp = 0; kp < D / 32; ++kp) {
             uint32_t b[4];
             ldsm_x4_t(sk_u + f8_dm_offset<D>(step, kp * 32 + mi * 8 + rr), b);
-            mma_f8_pairs(s[0], s[1], qa[2 * kp], b[0], b[1]);
-            mma_f8_pairs(s[0], s[1], qa[2 * kp + 1], b[2], b[3]);
+            mma_f8_pairs<TKV>(s[0], s[1], qa[2 * kp], b[0], b[1]);
+            mma_f8_pairs<TKV>(s[0], s[1], qa[2 * kp + 1], b[2], b[3]);
           }
         } else {
           // Dim-major: the offsets of dims r + 16 ks are the ks = 0 offset
@@ -736,8 +737,8 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
           for (int c2 = 0; c2 < D / 32; ++c2) {
             uint32_t b[4];
             ldsm_x4_t(sv_u + f8_tm_offset<D>(t0 + (mi & 1) * 8 + rr, c2 * 2 + (mi >> 1)), b);
-            mma_f8_pairs(o[4 * c2], o[4 * c2 + 1], pa, b[0], b[1]);
-            mma_f8_pairs(o[4 * c2 + 2], o[4 * c2 + 3], pa, b[2], b[3]);
+            mma_f8_pairs<TKV>(o[4 * c2], o[4 * c2 + 1], pa, b[0], b[1]);
+            mma_f8_pairs<TKV>(o[4 * c2 + 2], o[4 * c2 + 3], pa, b[2], b[3]);
           }
         } else if constexpr (kFp8) {
           // Matrix mi: dims 32 n4 + 8 mi .. +7 (rows) of the step's tokens;
@@ -750,7 +751,7 @@ __device__ __forceinline__ void decode_attention(const Params &p) {
             ldsm_x4(sv_u + f8_dm_offset<D>(step, n4 * 32 + mi * 8 + rr), b);
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
-              const F16x2x2 x = e4m3x4(pair_bytes(b[m]));
+              const F16x2x2 x = f8x4_paired<TKV>(b[m]);
               M::run(o[n4 * 4 + m], pa, x.lo, x.hi);
             }
           }

@@ -1,6 +1,6 @@
 // Dispatch of the paged decode kernels on the (q, K/V) element-type pair.
 // Only the pairs the host serves are instantiated (decode_<dtype>.cu: bf16 /
-// bf16, f16 / f16, and f16 or bf16 q over FP8 E4M3 K/V); the host refuses
+// bf16, f16 / f16, and f16 or bf16 q over FP8 E4M3 or E5M2 K/V); the host refuses
 // every other pair before it gets here.
 #include "decode_dispatch.cuh"
 
@@ -15,6 +15,8 @@ cudaError_t launch_decode(const DecodeLaunch &launch) {
   const bool q16 = launch.q_dtype == FD_DTYPE_F16 || launch.q_dtype == FD_DTYPE_BF16;
   if (launch.kv_dtype == FD_DTYPE_FP8_E4M3 && q16)
     return launch_decode_typed<__half, __nv_fp8_e4m3>(launch);
+  if (launch.kv_dtype == FD_DTYPE_FP8_E5M2 && q16)
+    return launch_decode_typed<__half, __nv_fp8_e5m2>(launch);
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return launch_decode_typed<__half, __half>(launch);
   if (launch.q_dtype == FD_DTYPE_BF16 && launch.kv_dtype == FD_DTYPE_BF16)
@@ -26,6 +28,9 @@ cudaError_t prepare_decode(const DecodeLaunch &launch) {
   const bool q16 = launch.q_dtype == FD_DTYPE_F16 || launch.q_dtype == FD_DTYPE_BF16;
   if (launch.kv_dtype == FD_DTYPE_FP8_E4M3 && q16)
     return prepare_decode_typed<__half, __nv_fp8_e4m3>(
+        launch.head_dim, launch.dim_major, launch.work.max_q_len > 1, launch.work.sm90_device);
+  if (launch.kv_dtype == FD_DTYPE_FP8_E5M2 && q16)
+    return prepare_decode_typed<__half, __nv_fp8_e5m2>(
         launch.head_dim, launch.dim_major, launch.work.max_q_len > 1, launch.work.sm90_device);
   if (launch.q_dtype == FD_DTYPE_F16 && launch.kv_dtype == FD_DTYPE_F16)
     return prepare_decode_typed<__half, __half>(launch.head_dim, launch.dim_major,

@@ -76,7 +76,7 @@ struct SwapState {
 // lsa, lsb: the base-2 logit scales of heads 2 tig and 2 tig + 1; positions
 // at or past seq_len are masked. sv: the V stage (generic pointer).
 // kDimMajor: dim-major stages, whose tail the caller zeroes per tile.
-template <int D, bool kDimMajor, bool kZeroTail>
+template <class TKV, int D, bool kDimMajor, bool kZeroTail>
 __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, int t0, int tok,
                                              int seq_len, const uint32_t (&qa)[D / 16][4],
                                              float lsa, float lsb, float slack, SwapState &st,
@@ -124,11 +124,11 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, i
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if constexpr (kDimMajor) {
-        const F16x2x2 x0 = e4m3x4(pair_bytes(b[2 * h])), x1 = e4m3x4(pair_bytes(b[2 * h + 1]));
+        const F16x2x2 x0 = f8x4_paired<TKV>(b[2 * h]), x1 = f8x4_paired<TKV>(b[2 * h + 1]);
         const uint32_t a[4] = {x0.lo, x0.hi, x1.lo, x1.hi};
         M::run(s, a, qa[2 * c2 + h][0], qa[2 * c2 + h][2]);
       } else {
-        const F16x2x2 x0 = e4m3x4(b[2 * h]), x1 = e4m3x4(b[2 * h + 1]);
+        const F16x2x2 x0 = f8x4<TKV>(b[2 * h]), x1 = f8x4<TKV>(b[2 * h + 1]);
         const uint32_t a[4] = {x0.lo, x1.lo, x0.hi, x1.hi};
         M::run(s, a, qa[2 * c2 + h][0], qa[2 * c2 + h][2]);
       }
@@ -191,7 +191,7 @@ __device__ __forceinline__ void swapped_step(uint32_t sk_u, unsigned char *sv, i
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const F16x2x2 x0 = e4m3x4(pair_bytes(b[2 * h])), x1 = e4m3x4(pair_bytes(b[2 * h + 1]));
+      const F16x2x2 x0 = f8x4_paired<TKV>(b[2 * h]), x1 = f8x4_paired<TKV>(b[2 * h + 1]);
       if constexpr (kDimMajor) {
         const uint32_t a[4] = {x0.lo, x1.lo, x0.hi, x1.hi};
         M::run(o[2 * c2 + h], a, pb0, pb1);

@@ -1,6 +1,8 @@
-/* FP8 E4M3 K/V on CUDA (issue 15, docs/semantics.md S1.1).
+/* FP8 K/V on CUDA (issue 15, docs/semantics.md S1.1).
  *
- * Decode: fd_decode over an FP8 cache against a float64 reference over the
+ * Decode: fd_decode over an FP8 cache (E4M3, and E5M2 on the sweep's bf16 q
+ * cases, part of the variants and the TMA staging cases) against a float64
+ * reference over the
  * dequantised K/V (stored value x scale): q (3*N(0,1), f16 or bf16, out of
  * the same type), head_dim 64/128, both layouts, block sizes 8/16/32, GQA
  * groups 1/4/8 (and 5/16 with one query token: groups of at most 8 take
@@ -52,10 +54,11 @@ bool reduced() {
   return e != nullptr && e[0] == '1';
 }
 
-constexpr uint8_t kNanCode = 0x7f;
+constexpr uint8_t kNanCode = 0x7f; /* NaN in E4M3 and in E5M2 */
 
 struct Case {
   int32_t q_dtype = FD_DTYPE_BF16;
+  int32_t kv_dtype = FD_DTYPE_FP8_E4M3; /* or FD_DTYPE_FP8_E5M2 */
   bool dim_major = false;
   bool nhd = false; /* token-major [block][token][KV head][dim] (explicit strides) */
   int32_t hint = 0; /* max_seq_len_hint (0: none, the table's length plans) */
@@ -119,14 +122,16 @@ Host make_host(const Case &c) {
     vmax = std::max(vmax, std::fabs(h.vo[i]));
   }
   /* Per-tensor scales as a calibration would pick them (the largest value
-   * near the top of E4M3's range). */
-  h.k_scale = kmax / 400.f;
-  h.v_scale = vmax / 320.f;
+   * near the top of the type's range: 448 for E4M3, 57344 for E5M2). */
+  const bool e5m2 = c.kv_dtype == FD_DTYPE_FP8_E5M2;
+  h.k_scale = kmax / (e5m2 ? 50000.f : 400.f);
+  h.v_scale = vmax / (e5m2 ? 40000.f : 320.f);
   h.k.resize(h.cache_elems);
   h.v.resize(h.cache_elems);
+  auto encode = e5m2 ? fd::f32_to_fp8_e5m2 : fd::f32_to_fp8_e4m3;
   for (size_t i = 0; i < h.cache_elems; ++i) {
-    h.k[i] = fd::f32_to_fp8_e4m3(h.ko[i] / h.k_scale);
-    h.v[i] = fd::f32_to_fp8_e4m3(h.vo[i] / h.v_scale);
+    h.k[i] = encode(h.ko[i] / h.k_scale);
+    h.v[i] = encode(h.vo[i] / h.v_scale);
   }
   std::vector<int32_t> perm(h.num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
@@ -179,6 +184,7 @@ Host make_host(const Case &c) {
 std::vector<double> reference(const Host &h, bool dequant) {
   const uint32_t D = h.c.dim;
   std::vector<double> out(h.q.size(), 0.0);
+  const float *fp8 = fd::fp8_table(h.c.kv_dtype); /* the value of each code */
   auto kv_at = [&](uint32_t r, int32_t t, uint32_t kvh, uint32_t d) {
     const int64_t blk = h.tables[r * h.mbps + static_cast<uint32_t>(t) / h.c.bs];
     return static_cast<size_t>(blk * h.sb + kvh * h.sh + (t % static_cast<int32_t>(h.c.bs)) * h.st +
@@ -200,8 +206,7 @@ std::vector<double> reference(const Host &h, bool dequant) {
           double dot = 0;
           for (uint32_t d = 0; d < D; ++d) {
             const size_t at = kv_at(r, t, kvh, d);
-            const double kval =
-                dequant ? static_cast<double>(fd::fp8_e4m3_to_f32(h.k[at])) * h.k_scale : h.ko[at];
+            const double kval = dequant ? static_cast<double>(fp8[h.k[at]]) * h.k_scale : h.ko[at];
             dot += static_cast<double>(fd_test_load(h.q.data(), qo + d, h.c.q_dtype)) * kval;
           }
           double sc = dot * h.sm_scale;
@@ -219,8 +224,7 @@ std::vector<double> reference(const Host &h, bool dequant) {
           double acc = 0;
           for (int32_t t = first; t < visible; ++t) {
             const size_t at = kv_at(r, t, kvh, d);
-            const double vval =
-                dequant ? static_cast<double>(fd::fp8_e4m3_to_f32(h.v[at])) * h.v_scale : h.vo[at];
+            const double vval = dequant ? static_cast<double>(fp8[h.v[at]]) * h.v_scale : h.vo[at];
             acc += s[static_cast<size_t>(t)] * vval;
           }
           out[qo + d] = acc / sum;
@@ -276,7 +280,7 @@ fd_decode_params params_for(const Host &h, const void *q, const void *k, const v
   fd_decode_params p;
   fd_decode_params_init(&p);
   p.q_dtype = p.out_dtype = h.c.q_dtype;
-  p.kv_dtype = FD_DTYPE_FP8_E4M3;
+  p.kv_dtype = h.c.kv_dtype;
   p.layout = h.c.dim_major ? FD_LAYOUT_DIM_MAJOR : FD_LAYOUT_TOKEN_MAJOR;
   p.batch = h.batch;
   p.num_q_heads = h.hq;
@@ -399,10 +403,11 @@ void check_case(const Case &c, Worst *w) {
     w->dequant = std::max(w->dequant, err);
     if (!(err <= kTolerance)) {
       print_error(
-          "%s q, D=%u bs=%u %s group=%u kv=%u batch=%u q_len=%d q_amp=%g splits=%d: rel "
+          "%s q, %s K/V, D=%u bs=%u %s group=%u kv=%u batch=%u q_len=%d q_amp=%g splits=%d: rel "
           "error %.3g > %.3g\n",
-          dtype_str(c.q_dtype), c.dim, c.bs, c.dim_major ? "dim-major" : "token-major", c.group,
-          c.hkv, h.batch, c.q_len, static_cast<double>(c.q_amp), splits, err, kTolerance);
+          dtype_str(c.q_dtype), c.kv_dtype == FD_DTYPE_FP8_E5M2 ? "E5M2" : "E4M3", c.dim, c.bs,
+          c.dim_major ? "dim-major" : "token-major", c.group, c.hkv, h.batch, c.q_len,
+          static_cast<double>(c.q_amp), splits, err, kTolerance);
       ++w->failures;
       continue;
     }
@@ -461,7 +466,9 @@ void test_decode_sweep(void **state) {
   fd_test_rng rng = {7};
   Worst w;
   int cases = 0;
-  for (int32_t qd : {FD_DTYPE_BF16, FD_DTYPE_F16})
+  int e5m2_cases = 0;
+  for (int32_t qd : std::initializer_list<int32_t>{FD_DTYPE_BF16, FD_DTYPE_F16,
+                                                   -1}) /* -1: bf16 q over E5M2 K/V */
     for (uint32_t D : {64u, 128u})
       for (bool dm : {false, true})
         for (uint32_t bs : {8u, 16u, 32u})
@@ -472,7 +479,8 @@ void test_decode_sweep(void **state) {
               // columns, and the m-tile path above its 8 heads).
               if ((g == 5 || g == 16) && (q_len == 3 || bs == 8)) continue;
               Case c;
-              c.q_dtype = qd;
+              c.q_dtype = qd < 0 ? FD_DTYPE_BF16 : qd;
+              if (qd < 0) c.kv_dtype = FD_DTYPE_FP8_E5M2, ++e5m2_cases;
               c.dim = D;
               c.bs = bs;
               c.dim_major = dm;
@@ -485,6 +493,7 @@ void test_decode_sweep(void **state) {
               ++cases;
             }
   report("sweep", cases, w);
+  if (e5m2_cases > 0) print_message("gpu_fp8: sweep: %d of the cases over E5M2 K/V\n", e5m2_cases);
 }
 
 /* bf16 q beyond f16's range (|q| ~ 1e6) and far below its normal range
@@ -573,7 +582,8 @@ size_t attention_smem(const Case &c, size_t *kernels) {
  * unused table slots. Outputs against the float64 reference of the
  * dequantised cache (unsplit, automatic and 5 splits: check_case). Rows of
  * 1000 tokens (16 tiles) take the cp.async staging, and so do dim-major
- * K/V (the swapped kernel's, by its stages' size). */
+ * K/V (the swapped kernel's, by its stages' size). Each case over E4M3 and
+ * over E5M2 K/V. */
 void test_tma_staging(void **state) {
   (void)state;
   const struct {
@@ -588,35 +598,37 @@ void test_tma_staging(void **state) {
   fd_test_rng rng = {5};
   Worst w;
   int cases_run = 0;
-  for (const auto &k : cases) {
-    Case c;
-    c.dim = k.dim, c.bs = k.bs, c.hkv = k.hkv, c.group = k.group, c.nhd = k.nhd;
-    c.dim_major = k.dm;
-    c.hint = k.longest; /* (the table holds a spare slot per row: 5 tiles unhinted) */
-    c.lens = {k.longest,
-              0,
-              1,
-              static_cast<int32_t>(k.bs),
-              static_cast<int32_t>(2 * k.bs + 3),
-              static_cast<int32_t>(fd_test_range(&rng, 2, k.longest))};
-    c.seed = fd_test_next(&rng);
-    check_case(c, &w);
-    ++cases_run;
-    /* Which staging ran: the captured attention node's shared memory. */
-    size_t kernels = 0;
-    const size_t smem = attention_smem(c, &kernels);
-    /* Config's stages of the swapped kernel (3 / 4 at 4 / 6 CTAs per SM;
-     * the m-tile kernel's would be 4 / 6). */
-    const size_t stages = k.dim == 128 ? 3 : 4;
-    const size_t want = stages * 2 * 64 * k.dim + (k.tma ? 8 * stages : 0);
-    if (smem != want) {
-      print_error("D=%u bs=%u group=%u %s longest %d: attention smem %zu, want %zu (%s)\n", k.dim,
-                  k.bs, k.group, k.dm ? "dim-major" : (k.nhd ? "NHD" : "packed"), k.longest, smem,
-                  want, k.tma ? "TMA" : "cp.async");
-      fail();
+  for (int32_t kv : {FD_DTYPE_FP8_E4M3, FD_DTYPE_FP8_E5M2})
+    for (const auto &k : cases) {
+      Case c;
+      c.kv_dtype = kv;
+      c.dim = k.dim, c.bs = k.bs, c.hkv = k.hkv, c.group = k.group, c.nhd = k.nhd;
+      c.dim_major = k.dm;
+      c.hint = k.longest; /* (the table holds a spare slot per row: 5 tiles unhinted) */
+      c.lens = {k.longest,
+                0,
+                1,
+                static_cast<int32_t>(k.bs),
+                static_cast<int32_t>(2 * k.bs + 3),
+                static_cast<int32_t>(fd_test_range(&rng, 2, k.longest))};
+      c.seed = fd_test_next(&rng);
+      check_case(c, &w);
+      ++cases_run;
+      /* Which staging ran: the captured attention node's shared memory. */
+      size_t kernels = 0;
+      const size_t smem = attention_smem(c, &kernels);
+      /* Config's stages of the swapped kernel (3 / 4 at 4 / 6 CTAs per SM;
+       * the m-tile kernel's would be 4 / 6). */
+      const size_t stages = k.dim == 128 ? 3 : 4;
+      const size_t want = stages * 2 * 64 * k.dim + (k.tma ? 8 * stages : 0);
+      if (smem != want) {
+        print_error("D=%u bs=%u group=%u %s longest %d: attention smem %zu, want %zu (%s)\n", k.dim,
+                    k.bs, k.group, k.dm ? "dim-major" : (k.nhd ? "NHD" : "packed"), k.longest, smem,
+                    want, k.tma ? "TMA" : "cp.async");
+        fail();
+      }
+      assert_int_equal(kernels, 1);
     }
-    assert_int_equal(kernels, 1);
-  }
   report("TMA staging", cases_run, w);
 }
 
@@ -674,10 +686,10 @@ void test_swap_deep_shape(void **state) {
  * reference over the dequantised cache with the variant applied
  * (check_case: unsplit, automatic and 5 splits, a bit-identical rerun, the
  * CPU backend): both layouts, head_dim 64 / 128, groups of 4 and 8 (whose
- * plain calls take the swapped step) and 16, one and three query tokens.
- * Sinks of -inf and a window longer than every row give the plain
- * result: the same bits where the call runs the plain call's kernel and
- * list, else within the tolerance (the count of such cases is printed). */
+ * plain calls take the swapped step) and 16, one and three query tokens;
+ * E4M3 K/V under bf16 q, E5M2 under f16 q. Sinks of -inf and a window longer than every row give
+ * the plain result: the same bits where the call runs the plain call's kernel and list, else within
+ * the tolerance (the count of such cases is printed). */
 void test_variants(void **state) {
   (void)state;
   const bool small = reduced();
@@ -700,6 +712,8 @@ void test_variants(void **state) {
             if (g == 16 && q_len == 3) continue;
             Case c;
             c.q_dtype = (D + g) % 3 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
+            /* (f16 q: over E5M2 K/V) */
+            if (c.q_dtype == FD_DTYPE_F16) c.kv_dtype = FD_DTYPE_FP8_E5M2;
             c.dim = D, c.dim_major = dm, c.group = g, c.q_len = q_len;
             c.bs = dm ? 16 : (g == 4 ? 8 : 32);
             c.softcap = var.softcap, c.window = var.window, c.sinks = var.sinks;
@@ -779,8 +793,18 @@ void test_refusals(void **state) {
   Dev d;
   upload(h, d);
   fd_decode_params p = device_params(h, d, 1);
-  p.kv_dtype = FD_DTYPE_FP8_E5M2;
+  p.kv_dtype = FD_DTYPE_F32;
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "kv_dtype");
+  /* FP8 K/V: head_dim 64 and 128 only, q and out f16 or bf16 (either FP8
+   * type; the message names it). */
+  for (int32_t kv : {FD_DTYPE_FP8_E4M3, FD_DTYPE_FP8_E5M2}) {
+    p = device_params(h, d, 1);
+    p.kv_dtype = kv;
+    p.head_dim = 96;
+    FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "head_dim");
+    assert_non_null(
+        strstr(fd_last_error_message(), kv == FD_DTYPE_FP8_E5M2 ? "fp8_e5m2" : "fp8_e4m3"));
+  }
   p = device_params(h, d, 1);
   p.out_dtype = FD_DTYPE_F16; /* q bf16 */
   FD_ASSERT_FAILS(fd_decode(&p), FD_ERR_UNSUPPORTED, "out_dtype");

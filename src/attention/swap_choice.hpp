@@ -12,11 +12,12 @@
 namespace fd {
 namespace cuda {
 
-// FP8 E4M3 K/V in either layout, one query token per row, a GQA group of at
-// most kDecodeSwapMaxGroup heads (the n = 8 columns of its mma), no
-// attention variant (`plain`).
+// FP8 (E4M3 or E5M2) K/V in either layout, one query token per row, a GQA
+// group of at most kDecodeSwapMaxGroup heads (the n = 8 columns of its mma),
+// no attention variant (`plain`).
 inline bool swapped_serves(int32_t kv_dtype, int32_t max_q_len, int64_t group, bool plain) {
-  return kv_dtype == FD_DTYPE_FP8_E4M3 && max_q_len <= 1 && group <= kDecodeSwapMaxGroup && plain;
+  return (kv_dtype == FD_DTYPE_FP8_E4M3 || kv_dtype == FD_DTYPE_FP8_E5M2) && max_q_len <= 1 &&
+         group <= kDecodeSwapMaxGroup && plain;
 }
 
 }  // namespace cuda

@@ -39,16 +39,16 @@ void check_supported(const DecodeProblem &pb) {
   // The variants of S2.3 (soft-cap, sliding window, sinks) are served with
   // every type, head_dim and layout below: nothing to refuse here.
   // Served element types: q = out = K/V in f16 or bf16, and q = out in f16
-  // or bf16 over FP8 E4M3 K/V.
-  const bool fp8 = pb.kv.dtype == FD_DTYPE_FP8_E4M3;
+  // or bf16 over FP8 (E4M3 or E5M2) K/V.
+  const bool fp8 = dtype_is_fp8(pb.kv.dtype);
   if (pb.kv.dtype != FD_DTYPE_F16 && pb.kv.dtype != FD_DTYPE_BF16 && !fp8)
     fail(FD_ERR_UNSUPPORTED,
-         "kv_dtype %s is not supported on CUDA (supported: f16, bf16, fp8_e4m3)",
+         "kv_dtype %s is not supported on CUDA (supported: f16, bf16, fp8_e4m3, fp8_e5m2)",
          dtype_name(pb.kv.dtype));
   if (fp8 && pb.q_dtype != FD_DTYPE_F16 && pb.q_dtype != FD_DTYPE_BF16)
     fail(FD_ERR_UNSUPPORTED,
-         "q_dtype %s is not supported with kv_dtype fp8_e4m3 on CUDA (supported: f16, bf16)",
-         dtype_name(pb.q_dtype));
+         "q_dtype %s is not supported with kv_dtype %s on CUDA (supported: f16, bf16)",
+         dtype_name(pb.q_dtype), dtype_name(pb.kv.dtype));
   if (!fp8 && pb.q_dtype != pb.kv.dtype)
     fail(FD_ERR_UNSUPPORTED,
          "q_dtype %s is not supported with kv_dtype %s on CUDA (q_dtype must be %s)",
@@ -62,8 +62,8 @@ void check_supported(const DecodeProblem &pb) {
          pb.head_dim);
   if (fp8 && pb.head_dim != 64 && pb.head_dim != 128)
     fail(FD_ERR_UNSUPPORTED,
-         "head_dim %u is not supported with kv_dtype fp8_e4m3 on CUDA (supported: 64, 128)",
-         pb.head_dim);
+         "head_dim %u is not supported with kv_dtype %s on CUDA (supported: 64, 128)", pb.head_dim,
+         dtype_name(pb.kv.dtype));
   if (pb.kv.block_size != 8 && pb.kv.block_size != 16 && pb.kv.block_size != 32)
     fail(FD_ERR_UNSUPPORTED, "block_size %u is not supported on CUDA (supported: 8, 16, 32)",
          pb.kv.block_size);
