@@ -25,12 +25,13 @@
 // conversion: the same operations and roundings as one element at a time,
 // with a fraction of the instructions.
 //
-// FP8 E4M3 caches (kF8): K and V units quantise on the store, stored =
-// saturate(x / scale) rounded to nearest even (cvt.rn.satfinite: NaN stays
-// NaN, +-inf becomes +-448), x the FP32 value (a rotated K is not rounded to
-// the input type first, as on the CPU); Q units are unchanged. The codes come
-// from multiplies and exact comparisons (core/fp8_quantise.hpp), bit for bit
-// those of dividing, with no division and no call.
+// FP8 caches, E4M3 or E5M2 (kC): K and V units quantise on the store, stored
+// = saturate(x / scale) rounded to nearest even (cvt.rn.satfinite: +-inf
+// becomes +-448 or +-57344, every NaN is stored as 0x7f), x the FP32 value (a
+// rotated K is not rounded to the input type first, as on the CPU); Q units
+// are unchanged. The codes come from multiplies and exact comparisons
+// (core/fp8_quantise.hpp), bit for bit those of dividing, with no division
+// and no call.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -47,6 +48,10 @@
 namespace fd {
 namespace cuda {
 namespace {
+
+// The caches' element: the input type itself (16 bits), or an FP8 format
+// that K and V units quantise into.
+enum class CacheElem { k16, kE4m3, kE5m2 };
 
 constexpr int kMaxThreads = 512;
 constexpr int kMaxTokensPerCta = 4;
@@ -107,7 +112,7 @@ struct Unit {
   int64_t sd;           // dim stride of dst
   int n;                // elements per run
   int pair;             // first rotation pair (column of the cos/sin tables), -1 for a copy
-  bool value;           // a V unit (kF8: quantised with the V scale)
+  bool value;           // a V unit (FP8: quantised with the V scale)
 };
 
 // Shape of the per-token unit list.
@@ -290,18 +295,21 @@ __device__ __forceinline__ void rotate_pair_word(uint32_t &w, float c, float s) 
   w = Elem<T>::store2(rope_first(x.x, x.y, c, s), rope_second(x.x, x.y, c, s));
 }
 
-// Two FP32 values quantised into FP8 E4M3 (the first in the low byte): the
-// codes of RN(v / scale) by core/fp8_quantise.hpp's rule, multiplies and
-// comparisons only (cvt.rn.satfinite: +-inf gives +-448; a NaN stays NaN,
-// canonical_nan4 then clears its sign).
+// Two FP32 values converted to FP8 (the first in the low byte) by
+// cvt.rn.satfinite: round to nearest even; the PTX ISA says a magnitude past
+// the format's largest finite value, infinity included, gives that value
+// with the input's sign (+-448 0x7e / 0xfe, +-57344 0x7b / 0xfb: the CPU's
+// rule), and a NaN gives "NaN in the destination format", with no code or
+// sign promised (E5M2 has six NaN codes), so fp8_codes4 stores every NaN as
+// 0x7f.
 __device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {
   return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
-__device__ __forceinline__ uint32_t quantise4(const float (&v)[4], const Fp8Quant &q) {
-  return fp8_quantise4(v, q, cvt_e4m3x2);
+__device__ __forceinline__ uint32_t cvt_e5m2x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E5M2);
 }
 
-// Four FP8 codes with every NaN stored as the canonical 0x7f whatever its
+// Four E4M3 codes with every NaN stored as the canonical 0x7f whatever its
 // sign: a byte whose low 7 bits are all set is NaN, and its sign bit is
 // cleared (per byte: (b & 0x7f) + 1 carries into bit 7 only then, never
 // into the next byte).
@@ -309,12 +317,33 @@ __device__ __forceinline__ uint32_t canonical_nan4(uint32_t w) {
   return w & ~(((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u);
 }
 
+// The same for four E5M2 codes, whose NaNs are the magnitudes 0x7d .. 0x7f:
+// (b & 0x7f) + 3 carries into bit 7 exactly for those (never into the next
+// byte); their sign bit is cleared and their low 7 bits set (n - (n >> 7)
+// is 0x7f in each such byte, 0 in the others).
+__device__ __forceinline__ uint32_t canonical_nan4_e5m2(uint32_t w) {
+  const uint32_t n = ((w & 0x7f7f7f7fu) + 0x03030303u) & 0x80808080u;
+  return (w & ~n) | (n - (n >> 7));
+}
+
+// Four FP32 values quantised into one word of FP8 codes of the cache's
+// format (v[0] in the low byte): the codes of RN(v / scale) by
+// core/fp8_quantise.hpp's rule, multiplies and comparisons only, every NaN
+// stored as 0x7f.
+template <CacheElem kC>
+__device__ __forceinline__ uint32_t fp8_codes4(const float (&v)[4], const Fp8Quant &q) {
+  if constexpr (kC == CacheElem::kE5m2)
+    return canonical_nan4_e5m2(fp8_quantise4<Fp8E5m2>(v, q, cvt_e5m2x2));
+  else
+    return canonical_nan4(fp8_quantise4<Fp8E4m3>(v, q, cvt_e4m3x2));
+}
+
 // The FP8 codes of one K / V run of one token (x; y: a split-half rotation
 // unit's second run): rotated in FP32 when a rotation unit, quantised once,
 // four elements (one output word) at a time. c / sp: the token's cos / sin
 // from the unit's first pair; a full unit reads them as float4s
-// (split-half) or float2s (interleaved).
-template <class T>
+// (split-half) or float2s (interleaved). kC: the cache's FP8 format.
+template <class T, CacheElem kC>
 __device__ __forceinline__ void f8_run_codes(const Unit &u, int y_off, const Run &x, const Run &y,
                                              const float *c, const float *sp, const Fp8Quant &qz,
                                              uint32_t (&wx)[2], uint32_t (&wy)[2]) {
@@ -362,9 +391,9 @@ __device__ __forceinline__ void f8_run_codes(const Unit &u, int y_off, const Run
         xv[i] = rope_first(a0, b0, cc[i], ss[i]);
         yv[i] = rope_second(a0, b0, cc[i], ss[i]);
       }
-      wy[e / 4] = canonical_nan4(quantise4(yv, qz));
+      wy[e / 4] = fp8_codes4<kC>(yv, qz);
     }
-    wx[e / 4] = canonical_nan4(quantise4(xv, qz));
+    wx[e / 4] = fp8_codes4<kC>(xv, qz);
   }
 }
 
@@ -382,16 +411,16 @@ __device__ __forceinline__ void store_bytes(unsigned char *p, int64_t stride, in
 
 // Rotates (if a rotation unit) and stores unit u of tokens r0 .. r0 + ntok
 // - 1. cos_s / sin_s: the tokens' tables, rows of table_row(half) floats.
-// y_off as in the sources' load (0: interleaved pairs). kF8: K and V units quantise
-// into an FP8 E4M3 cache.
-template <class T, bool kF8, class Source>
+// y_off as in the sources' load (0: interleaved pairs). kC: the caches'
+// element (FP8: K and V units quantise into it).
+template <class T, CacheElem kC, class Source>
 __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int half, int y_off,
                                            const AppendLaunch &a, const float *cos_s,
                                            const float *sin_s, const Source &src,
                                            const int64_t *slots, const Fp8Quant &kq,
                                            const Fp8Quant &vq) {
   const int row = table_row(half);
-  // kF8 K / V units: the plan of the unit's scale (field by field: the
+  // FP8 K / V units: the plan of the unit's scale (field by field: the
   // parameters are not copied to the stack).
   Fp8Quant qz;
   qz.pre = u.value ? vq.pre : kq.pre;
@@ -409,11 +438,11 @@ __device__ __forceinline__ void store_unit(const Unit &u, int r0, int ntok, int 
       const int64_t off = u.dst_token >= 0   ? int64_t{r0 + t} * u.dst_token
                           : slots != nullptr ? slots[t]
                                              : slot(a, r0 + t);
-      if (kF8 && u.dst_token < 0) {
+      if (kC != CacheElem::k16 && u.dst_token < 0) {
         unsigned char *dst = u.dst + off;
         const float *c = cos_s + t * row + u.pair, *sp = sin_s + t * row + u.pair;
         uint32_t wx[2] = {0u, 0u}, wy[2] = {0u, 0u};
-        f8_run_codes<T>(u, y_off, xt, yt, c, sp, qz, wx, wy);
+        f8_run_codes<T, kC>(u, y_off, xt, yt, c, sp, qz, wx, wy);
         if (u.pair >= 0 && y_off > 0) store_bytes(dst + y_off * u.sd, u.sd, u.n, wy);
         store_bytes(dst, u.sd, u.n, wx);
         continue;
@@ -484,7 +513,7 @@ __device__ __forceinline__ void cos_sin_entry(int position, float inv_freq, floa
 // of up to 512 threads per SM (40 a thread; on the H200 fused RoPE + append
 // at 8192 tokens ran 5% faster in bf16, 12% into FP8, than with two CTAs of
 // 64). Held loads (one token): two CTAs of 64 registers.
-template <class T, bool kF8, class Source>
+template <class T, CacheElem kC, class Source>
 __global__ void __launch_bounds__(kMaxThreads, Source::kCtasPerSm)
     append_kernel(const AppendLaunch a, const Fp8Quant kq, const Fp8Quant vq,
                   const double log2_base, const int tokens_per_cta) {
@@ -496,7 +525,7 @@ __global__ void __launch_bounds__(kMaxThreads, Source::kCtasPerSm)
   const bool paged = a.block_ids != nullptr;
   const int64_t sh = paged ? a.stride_head : int64_t{s.D};
   const int64_t sd = paged ? a.stride_dim : 1;
-  constexpr int esz = kF8 ? 1 : 2;
+  constexpr int esz = kC != CacheElem::k16 ? 1 : 2;
   // Shared memory: the tokens' cache slots (int64, padded to 16 bytes), the
   // cos/sin tables, then (Stage) the staged runs [tpc][2][threads].
   const int nthreads = blockDim.x;
@@ -533,8 +562,8 @@ __global__ void __launch_bounds__(kMaxThreads, Source::kCtasPerSm)
   if (s.R > 0 || shared_slots) __syncthreads();  // the tables, the slots
   while (w < s.total) {
     src.wait();
-    store_unit<T, kF8>(u, r0, ntok, half, y_off, a, cos_s, sin_s, src,
-                       shared_slots ? slots : nullptr, kq, vq);
+    store_unit<T, kC>(u, r0, ntok, half, y_off, a, cos_s, sin_s, src,
+                      shared_slots ? slots : nullptr, kq, vq);
     w += blockDim.x;
     if (w < s.total) {
       u = unit_at(a, s, w, sh, sd, esz);
@@ -547,7 +576,7 @@ __global__ void __launch_bounds__(kMaxThreads, Source::kCtasPerSm)
 
 namespace {
 
-template <class T, bool kF8, class Source>
+template <class T, CacheElem kC, class Source>
 cudaError_t launch_kernel(const AppendLaunch &a, int threads, int tpc, double log2_base) {
   const Units s = units_of(a);
   const dim3 grid(static_cast<unsigned>((a.num_tokens + tpc - 1) / tpc));
@@ -558,19 +587,19 @@ cudaError_t launch_kernel(const AppendLaunch &a, int threads, int tpc, double lo
     smem += sizeof(uint4) * 2 * static_cast<size_t>(tpc) * static_cast<size_t>(threads);
   if (smem > 48 * 1024) {
     const cudaError_t err =
-        cudaFuncSetAttribute(append_kernel<T, kF8, Source>,
+        cudaFuncSetAttribute(append_kernel<T, kC, Source>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
-  append_kernel<T, kF8, Source><<<grid, threads, smem, a.stream>>>(
+  append_kernel<T, kC, Source><<<grid, threads, smem, a.stream>>>(
       a, fp8_quant_plan(a.k_scale), fp8_quant_plan(a.v_scale), log2_base, tpc);
   return cudaGetLastError();
 }
 
-template <class T, bool kF8>
+template <class T, CacheElem kC>
 cudaError_t launch_sourced(const AppendLaunch &a, int threads, int tpc, double log2_base) {
-  if (tpc == 1) return launch_kernel<T, kF8, Held>(a, threads, tpc, log2_base);
-  return launch_kernel<T, kF8, Stage>(a, threads, tpc, log2_base);
+  if (tpc == 1) return launch_kernel<T, kC, Held>(a, threads, tpc, log2_base);
+  return launch_kernel<T, kC, Stage>(a, threads, tpc, log2_base);
 }
 
 template <class T>
@@ -582,8 +611,10 @@ cudaError_t launch_typed(const AppendLaunch &a, int threads, double log2_base) {
   if (a.tokens_per_group == 1 || a.tokens_per_group == 2 || a.tokens_per_group == 4)
     tpc = a.tokens_per_group;
   if (a.cache_dtype == FD_DTYPE_FP8_E4M3)
-    return launch_sourced<T, true>(a, threads, tpc, log2_base);
-  return launch_sourced<T, false>(a, threads, tpc, log2_base);
+    return launch_sourced<T, CacheElem::kE4m3>(a, threads, tpc, log2_base);
+  if (a.cache_dtype == FD_DTYPE_FP8_E5M2)
+    return launch_sourced<T, CacheElem::kE5m2>(a, threads, tpc, log2_base);
+  return launch_sourced<T, CacheElem::k16>(a, threads, tpc, log2_base);
 }
 
 }  // namespace

@@ -17,8 +17,9 @@ constexpr int kAppendMaxHeadDim = 1024;
 
 struct AppendLaunch {
   int32_t dtype = 0;  // FD_DTYPE_F16 or FD_DTYPE_BF16: q, q_out, k, v (and the caches unless FP8)
-  // The caches' type: 0 (or dtype) for dtype, or FD_DTYPE_FP8_E4M3, which
-  // stores saturate(x / k_scale) (K) and saturate(x / v_scale) (V).
+  // The caches' type: 0 (or dtype) for dtype, or FD_DTYPE_FP8_E4M3 /
+  // FD_DTYPE_FP8_E5M2, which store saturate(x / k_scale) (K) and
+  // saturate(x / v_scale) (V).
   int32_t cache_dtype = 0;
   float k_scale = 1.f;
   float v_scale = 1.f;

@@ -34,13 +34,14 @@ void backend::cuda_kv_append(const AppendProblem &p) {
   const PagedKv &kv = p.kv;
   require_cuda_device(p.device_ordinal);
   // Served: f16 or bf16 inputs into a cache of the same type or into FP8
-  // E4M3 (quantised by the kernel).
+  // E4M3 or E5M2 (quantised by the kernel).
   if (p.src_dtype != FD_DTYPE_F16 && p.src_dtype != FD_DTYPE_BF16)
     fail(FD_ERR_UNSUPPORTED, "dtype %s is not supported on CUDA (use f16 or bf16)",
          dtype_name(p.src_dtype));
-  if (kv.dtype != p.src_dtype && kv.dtype != FD_DTYPE_FP8_E4M3)
+  if (kv.dtype != p.src_dtype && !dtype_is_fp8(kv.dtype))
     fail(FD_ERR_UNSUPPORTED,
-         "cache_dtype %s is not supported with dtype %s on CUDA (supported: %s, fp8_e4m3)",
+         "cache_dtype %s is not supported with dtype %s on CUDA (supported: %s, fp8_e4m3, "
+         "fp8_e5m2)",
          dtype_name(kv.dtype), dtype_name(p.src_dtype), dtype_name(p.src_dtype));
   if (kv.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
     fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported on CUDA (at most %d)", kv.head_dim,

@@ -432,19 +432,18 @@ class CudaKvStorage final : public KvStorage {
 std::unique_ptr<KvStorage> backend::make_cuda_kv_storage(const KvGeometry &geometry,
                                                          int32_t ordinal) {
   require_cuda_device(ordinal);
-  // Served: f16 and bf16 storage written in its own type, and FP8 E4M3
-  // storage written in f16 or bf16 (quantised by the append kernels).
+  // Served: f16 and bf16 storage written in its own type, and FP8 (E4M3 or
+  // E5M2) storage written in f16 or bf16 (quantised by the append kernels).
   if (geometry.dtype != FD_DTYPE_F16 && geometry.dtype != FD_DTYPE_BF16 &&
-      geometry.dtype != FD_DTYPE_FP8_E4M3)
+      !dtype_is_fp8(geometry.dtype))
     fail(FD_ERR_UNSUPPORTED,
-         "dtype %s is not supported by CUDA caches (supported: f16, bf16, fp8_e4m3)",
+         "dtype %s is not supported by CUDA caches (supported: f16, bf16, fp8_e4m3, fp8_e5m2)",
          dtype_name(geometry.dtype));
-  if (geometry.dtype == FD_DTYPE_FP8_E4M3 && geometry.input_dtype != FD_DTYPE_F16 &&
+  if (dtype_is_fp8(geometry.dtype) && geometry.input_dtype != FD_DTYPE_F16 &&
       geometry.input_dtype != FD_DTYPE_BF16)
     fail(FD_ERR_UNSUPPORTED,
-         "input_dtype %s is not supported by CUDA caches of dtype fp8_e4m3 (supported: f16, "
-         "bf16)",
-         dtype_name(geometry.input_dtype));
+         "input_dtype %s is not supported by CUDA caches of dtype %s (supported: f16, bf16)",
+         dtype_name(geometry.input_dtype), dtype_name(geometry.dtype));
   if (geometry.head_dim > static_cast<uint32_t>(cuda::kAppendMaxHeadDim))
     fail(FD_ERR_UNSUPPORTED, "head_dim %u is not supported by CUDA caches (at most %d)",
          geometry.head_dim, cuda::kAppendMaxHeadDim);
