@@ -521,7 +521,7 @@ class Cache:
 
         Element types: q's own (f32, f16 or bf16 on a CPU cache, over any
         cache dtype; CUDA serves what its kernels do, e.g. q = out = the
-        cache's input_dtype over FP8 E4M3); out is q's unless ``out`` or
+        cache's input_dtype over FP8 E4M3 or E5M2); out is q's unless ``out`` or
         ``out_dtype=`` says otherwise. ``k_scale`` / ``v_scale`` default to
         the layer's current scales (:meth:`kv_scales`; 1 for a cache that is
         not FP8). The attention variants ``logit_softcap=``,

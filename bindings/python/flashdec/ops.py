@@ -217,7 +217,7 @@ def decode(
     k_cache/v_cache, ``out_dtype`` from out. The CPU backend serves q and out
     each f32, f16 or bf16 over K/V of any type (f32, f16, bf16, FP8 E4M3/E5M2);
     CUDA serves what its kernels do (q, K/V and out of one type f16/bf16, and
-    q = out f16/bf16 over FP8 E4M3); any other combination is
+    q = out f16/bf16 over FP8 E4M3 or E5M2); any other combination is
     FlashDecError(UNSUPPORTED) naming the field.
 
     Args:

@@ -31,8 +31,8 @@ a shared prefix is computed once and attached to every request that starts
 with it.
 
 Devices follow the model: a CPU model gets a CPU cache (float32, float16 or
-bfloat16), a CUDA model a CUDA cache (float16 or bfloat16; FP8 E4M3 K/V with
-``kv_dtype=DType.FP8_E4M3``). What FlashDec cannot serve raises
+bfloat16), a CUDA model a CUDA cache (float16 or bfloat16; FP8 K/V with
+``kv_dtype=DType.FP8_E4M3`` or ``FP8_E5M2``). What FlashDec cannot serve raises
 :class:`~flashdec.FlashDecError` (UNSUPPORTED) naming the feature, before any
 token is produced: beam search, cache cropping, custom 4-D masks,
 non-causal or chunked attention layers, K and V of different head sizes.
@@ -229,7 +229,7 @@ class FlashDecCache(_HFCache):
         num_blocks: blocks of the pool, instead of ``max_tokens``.
         block_size: tokens per block (16).
         kv_dtype: the stored K/V type; default the model's dtype. FP8
-            (``DType.FP8_E4M3``; ``FP8_E5M2`` too on the CPU) stores K/V in 8 bits with
+            (``DType.FP8_E4M3`` or ``FP8_E5M2``) stores K/V in 8 bits with
             ``k_scales`` / ``v_scales`` per layer (default 1).
         prefix_blocks: blocks kept for shared prefixes
             (:meth:`ContinuousBatcher.add_prefix`); 0 turns them off.
