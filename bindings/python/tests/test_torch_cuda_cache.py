@@ -268,17 +268,19 @@ def busy(stream):
         torch.cuda._sleep(SLEEP_CYCLES)
 
 
+@pytest.mark.parametrize("fmt", [fd.DType.FP8_E4M3, fd.DType.FP8_E5M2])
 @pytest.mark.parametrize("layout", [fd.Layout.TOKEN_MAJOR, fd.Layout.DIM_MAJOR])
-def test_fp8_cuda_cache_views_and_decode(layout):
-    """An FP8 E4M3 CUDA cache (bf16 input, per-layer scales, issue 15): the
-    layer views are zero-copy torch.float8_e4m3fn tensors holding the CPU
-    backend's bytes, and Cache.decode (bf16 q and out) agrees with attention
-    over the dequantised cache within 5e-3."""
+def test_fp8_cuda_cache_views_and_decode(layout, fmt):
+    """An FP8 CUDA cache, E4M3 or E5M2 (bf16 input, per-layer scales, issue
+    15): the layer views are zero-copy torch.float8_e4m3fn / float8_e5m2
+    tensors holding the CPU backend's bytes, and Cache.decode (bf16 q and
+    out) agrees with attention over the dequantised cache within 5e-3."""
     from test_fp8 import dequantise
 
     lengths = [1, 17, 100]
     ids = [1, 2, 3]
-    fp8 = dict(dtype=fd.DType.FP8_E4M3, input_dtype=fd.DType.BF16, layout=layout)
+    tdt = torch.float8_e4m3fn if fmt == fd.DType.FP8_E4M3 else torch.float8_e5m2
+    fp8 = dict(dtype=fmt, input_dtype=fd.DType.BF16, layout=layout)
     scales = dict(k_scales=[0.5, 0.03125], v_scales=[2.0, 0.25])
     with fd.Cache(config(CUDA, **fp8), **scales) as gpu, fd.Cache(config(fd.Device.cpu(), **fp8), **scales) as cpu:
         fill_both([gpu, cpu], lengths, seed=3)
@@ -289,7 +291,7 @@ def test_fp8_cuda_cache_views_and_decode(layout):
         for layer in range(cfg.num_layers):
             k, v = gpu.layer_arrays(layer)
             st = gpu.layer_storage(layer)
-            assert k.dtype == v.dtype == torch.float8_e4m3fn and (k.data_ptr(), v.data_ptr()) == (st.k, st.v)
+            assert k.dtype == v.dtype == tdt and (k.data_ptr(), v.data_ptr()) == (st.k, st.v)
             ck, cv = cpu.layer_arrays(layer)
             np.testing.assert_array_equal(k.view(torch.uint8).cpu().numpy(), ck)
             np.testing.assert_array_equal(v.view(torch.uint8).cpu().numpy(), cv)
@@ -300,7 +302,7 @@ def test_fp8_cuda_cache_views_and_decode(layout):
             assert out.dtype == torch.bfloat16 and out.is_cuda
             torch.cuda.synchronize()
             err = worst_rel_error(out.float().cpu().numpy(), ref)
-            print(f"FP8 E4M3 Cache.decode cuda {layout.name} layer {layer}: worst row error {err:.2e}")
+            print(f"FP8 {fmt.name} Cache.decode cuda {layout.name} layer {layer}: worst row error {err:.2e}")
             assert err <= 5e-3
 
 
