@@ -87,22 +87,27 @@ __global__ void fill_normal(uint16_t *dst, size_t n, uint64_t seed, float scale,
   }
 }
 
-// FP8 (E4M3, or E5M2) codes of scale * N(0,1) / kv_scale (the cache's
-// stored values).
-__global__ void fill_fp8(uint8_t *dst, size_t n, uint64_t seed, float scale, float kv_scale,
-                         bool e5m2) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    dst[i] = __nv_cvt_float_to_fp8(normal_at(seed, i, scale) / kv_scale, __NV_SATFINITE,
-                                   e5m2 ? __NV_E5M2 : __NV_E4M3);
+// The conversion's name for an FP8 K/V type (FD_DTYPE_FP8_E4M3 / _E5M2).
+__host__ __device__ __nv_fp8_interpretation_t fp8_kind(int32_t fp8) {
+  return fp8 == FD_DTYPE_FP8_E5M2 ? __NV_E5M2 : __NV_E4M3;
 }
 
-// Element i of a K/V pool: 16-bit (bf16 / f16 as q) or FP8 (E4M3 or E5M2)
-// times its scale.
-__device__ float kv_f32(const void *base, int64_t i, bool fp8, bool e5m2, float scale, bool bf16) {
-  if (fp8) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const uint8_t *>(base)[i],
-                                                 e5m2 ? __NV_E5M2 : __NV_E4M3);
+// FP8 codes (of type `fp8`) of scale * N(0,1) / kv_scale (the cache's
+// stored values).
+__global__ void fill_fp8(uint8_t *dst, size_t n, uint64_t seed, float scale, float kv_scale,
+                         int32_t fp8) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] =
+        __nv_cvt_float_to_fp8(normal_at(seed, i, scale) / kv_scale, __NV_SATFINITE, fp8_kind(fp8));
+}
+
+// Element i of a K/V pool: 16-bit (bf16 / f16 as q; fp8 0) or FP8 of type
+// `fp8` times its scale.
+__device__ float kv_f32(const void *base, int64_t i, int32_t fp8, float scale, bool bf16) {
+  if (fp8 != 0) {
+    const __half_raw h =
+        __nv_cvt_fp8_to_halfraw(static_cast<const uint8_t *>(base)[i], fp8_kind(fp8));
     return __half2float(__half(h)) * scale;
   }
   return to_f32(static_cast<const uint16_t *>(base)[i], bf16);
@@ -111,7 +116,7 @@ __device__ float kv_f32(const void *base, int64_t i, bool fp8, bool e5m2, float 
 struct RefArgs {
   const uint16_t *q;
   const void *k, *v;
-  bool kv_fp8, kv_e5m2;
+  int32_t kv_fp8;  // FD_DTYPE_FP8_E4M3 / _E5M2, or 0 (16-bit K/V)
   float k_scale, v_scale;
   const int32_t *tables;
   const int32_t *tok_row;  // [query token] its row
@@ -147,7 +152,7 @@ __global__ void reference_kernel(RefArgs a) {
   for (int t = lo + threadIdx.x; t < len; t += blockDim.x) {
     float s = 0.f;
     for (int d = 0; d < a.dim; ++d)
-      s += to_f32(q[d], a.bf16) * kv_f32(a.k, at(t, d), a.kv_fp8, a.kv_e5m2, a.k_scale, a.bf16);
+      s += to_f32(q[d], a.bf16) * kv_f32(a.k, at(t, d), a.kv_fp8, a.k_scale, a.bf16);
     s *= a.scale;
     if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
     sc[t] = s;
@@ -179,7 +184,7 @@ __global__ void reference_kernel(RefArgs a) {
   const int d = threadIdx.x % a.dim, part = threadIdx.x / a.dim, parts = blockDim.x / a.dim;
   float acc = 0.f;
   for (int t = lo + part; t < len && part < parts; t += parts)
-    acc += sc[t] * kv_f32(a.v, at(t, d), a.kv_fp8, a.kv_e5m2, a.v_scale, a.bf16);
+    acc += sc[t] * kv_f32(a.v, at(t, d), a.kv_fp8, a.v_scale, a.bf16);
   red[threadIdx.x] = acc;
   __syncthreads();
   if (part == 0) {
@@ -221,8 +226,9 @@ struct Spec {
   std::vector<int32_t> row_lens = {};
   std::vector<int32_t> row_q_lens = {};
   const char *tag = "";
-  bool kv_fp8 = false;   // --kv fp8: FP8 E4M3 K/V (q and out of `dtype`)
-  bool kv_e5m2 = false;  // --kv fp8_e5m2: (with kv_fp8) FP8 E5M2 K/V instead
+  // --kv fp8 / fp8_e5m2: FD_DTYPE_FP8_E4M3 / _E5M2 K/V (q and out of
+  // `dtype`); 0: K/V of `dtype`.
+  int32_t kv_fp8 = 0;
   // --plan-lengths: planned by fd_decode_plan_create with the rows' lengths
   // (as an engine step plans) and run by fd_decode_run, instead of fd_decode.
   bool plan_lengths = false;
@@ -348,9 +354,9 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   const float kv_scale = spec.kv_fp8 ? 1.f / 112.f : 1.f;
   if (spec.kv_fp8) {
     fill_fp8<<<2048, 256, 0, stream>>>(static_cast<uint8_t *>(k), pool, 11, 1.f, kv_scale,
-                                       spec.kv_e5m2);
+                                       spec.kv_fp8);
     fill_fp8<<<2048, 256, 0, stream>>>(static_cast<uint8_t *>(v), pool, 12, 1.f, kv_scale,
-                                       spec.kv_e5m2);
+                                       spec.kv_fp8);
   } else {
     fill_normal<<<2048, 256, 0, stream>>>(static_cast<uint16_t *>(k), pool, 11, 1.f, bf16);
     fill_normal<<<2048, 256, 0, stream>>>(static_cast<uint16_t *>(v), pool, 12, 1.f, bf16);
@@ -377,7 +383,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   fd_decode_params_init(&base);
   base.q_dtype = base.kv_dtype = base.out_dtype = spec.dtype;
   if (spec.kv_fp8) {
-    base.kv_dtype = spec.kv_e5m2 ? FD_DTYPE_FP8_E5M2 : FD_DTYPE_FP8_E4M3;
+    base.kv_dtype = spec.kv_fp8;
     base.k_scale = base.v_scale = kv_scale;
   }
   base.layout = spec.layout;
@@ -458,7 +464,7 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
         cudaMemcpy(dev_tok + q_tokens, tok_len.data(), tok_len.size() * 4, cudaMemcpyHostToDevice));
     RefArgs a;
     a.q = q, a.k = k, a.v = v, a.tables = tables, a.scores = scores, a.out = ref;
-    a.kv_fp8 = spec.kv_fp8, a.kv_e5m2 = spec.kv_e5m2, a.k_scale = a.v_scale = kv_scale;
+    a.kv_fp8 = spec.kv_fp8, a.k_scale = a.v_scale = kv_scale;
     a.tok_row = dev_tok, a.tok_len = dev_tok + q_tokens;
     if (spec.layout == FD_LAYOUT_TOKEN_MAJOR)
       a.sb = block_elems, a.sh = static_cast<int64_t>(bs) * D, a.st = D, a.sd = 1;
@@ -567,6 +573,12 @@ Result run_case(const Spec &spec, cudaStream_t stream, double copy_gbps) {
   return res;
 }
 
+// The JSON `kv_dtype` of a case.
+const char *kv_dtype_str(const Spec &s) {
+  if (s.kv_fp8 == 0) return "as dtype";
+  return s.kv_fp8 == FD_DTYPE_FP8_E5M2 ? "fp8_e5m2" : "fp8_e4m3";
+}
+
 std::string case_name(const Result &r) {
   const Spec &s = r.spec;
   char buf[160];
@@ -581,7 +593,8 @@ std::string case_name(const Result &r) {
   if (s.sinks) variant += " sinks";
   snprintf(buf, sizeof buf, "%s %dx%s %s%s bs%d %s%s%s%s", s.shape.name, s.bc.batch,
            ctx_str(s.bc).c_str(), dtype_str(s.dtype).c_str(),
-           s.kv_fp8 ? (s.kv_e5m2 ? " kv-e5m2" : " kv-fp8") : "", s.bs, layout_str(s.layout).c_str(),
+           s.kv_fp8 ? (s.kv_fp8 == FD_DTYPE_FP8_E5M2 ? " kv-e5m2" : " kv-fp8") : "", s.bs,
+           layout_str(s.layout).c_str(),
            s.num_splits ? (" splits=" + std::to_string(s.num_splits)).c_str() : "",
            s.q_len > 1 ? (" q" + std::to_string(s.q_len)).c_str() : "",
            (variant + (s.plan_lengths ? " lens" : "") + (s.contiguous ? " contig" : "")).c_str());
@@ -616,8 +629,7 @@ void write_json(const std::string &path, const std::vector<Result> &rs, double c
             r.spec.bs, layout_str(r.spec.layout).c_str(), r.splits, r.sets, r.launches_per_graph,
             r.kv_bytes / 1e6, r.median_us, r.p10_us, r.p90_us, r.repeat_median_us,
             r.stream_median_us, r.eff_gbps, r.fraction, r.flops, r.tflops, case_name(r).c_str(),
-            r.rel_error, r.ok ? "true" : "false",
-            r.spec.kv_fp8 ? (r.spec.kv_e5m2 ? "fp8_e5m2" : "fp8_e4m3") : "as dtype", r.bf16_us,
+            r.rel_error, r.ok ? "true" : "false", kv_dtype_str(r.spec), r.bf16_us,
             r.bf16_us > 0 ? r.median_us / r.bf16_us : 0.0, static_cast<double>(r.spec.softcap),
             r.spec.window, r.spec.sinks ? "true" : "false", r.twin_us,
             i + 1 < rs.size() ? "," : "");
@@ -911,8 +923,8 @@ void usage(FILE *to, const char *program) {
 
 int fd_decode_bench_main(int argc, char **argv) {
   std::string out_dir = ".";
-  bool quick = false, explore = false, verify = false, prefill = false, fp8 = false;
-  bool e5m2 = false;  // --kv fp8_e5m2
+  bool quick = false, explore = false, verify = false, prefill = false;
+  int32_t fp8 = 0;  // --kv: the FP8 K/V type
   bool plan_lengths = false, contiguous = false;
   bool variants = false;
   int32_t fixed_splits = 0;
@@ -964,9 +976,9 @@ int fd_decode_bench_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--variants"))
       variants = true;
     else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
-      fp8 = true, ++i;
+      fp8 = FD_DTYPE_FP8_E4M3, ++i;
     else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8_e5m2"))
-      fp8 = e5m2 = true, ++i;
+      fp8 = FD_DTYPE_FP8_E5M2, ++i;
     else if (!strcmp(argv[i], "--plan-lengths"))
       plan_lengths = true;
     else if (!strcmp(argv[i], "--contiguous-blocks"))
@@ -1032,8 +1044,7 @@ int fd_decode_bench_main(int argc, char **argv) {
           if (!a && (k.dtype != FD_DTYPE_BF16 || k.layout != FD_LAYOUT_TOKEN_MAJOR)) continue;
           Spec s{sh, bc, k.dtype, 16, k.layout, fixed_splits};
           specs.push_back(s);
-          s.kv_fp8 = true;
-          s.kv_e5m2 = e5m2;
+          s.kv_fp8 = fp8;
           specs.push_back(s);
         }
       }

@@ -15,6 +15,7 @@
 #include "attention/swap_choice.hpp"
 #include "attention/variant.hpp"
 #include "core/arg_checks.hpp"
+#include "core/dtype.hpp"
 
 namespace fd {
 namespace cuda {
@@ -80,7 +81,7 @@ bool kv_16bit(const DecodeProblem &pb) {
 // FP8 K/V: a tile streams in half the time, so the same fixed costs are
 // twice as many tiles.
 double cost_scale(const DecodeProblem &pb) {
-  return pb.kv.dtype == FD_DTYPE_FP8_E4M3 || pb.kv.dtype == FD_DTYPE_FP8_E5M2 ? 2.0 : 1.0;
+  return dtype_is_fp8(pb.kv.dtype) ? 2.0 : 1.0;
 }
 
 // Whether the deep CTA shape (kernels/decode_config.cuh, Config's kDeep)

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "attention/decode_limits.hpp"
+#include "core/dtype.hpp"
 #include "flashdec.h"
 
 namespace fd {
@@ -16,8 +17,7 @@ namespace cuda {
 // group of at most kDecodeSwapMaxGroup heads (the n = 8 columns of its mma),
 // no attention variant (`plain`).
 inline bool swapped_serves(int32_t kv_dtype, int32_t max_q_len, int64_t group, bool plain) {
-  return (kv_dtype == FD_DTYPE_FP8_E4M3 || kv_dtype == FD_DTYPE_FP8_E5M2) && max_q_len <= 1 &&
-         group <= kDecodeSwapMaxGroup && plain;
+  return dtype_is_fp8(kv_dtype) && max_q_len <= 1 && group <= kDecodeSwapMaxGroup && plain;
 }
 
 }  // namespace cuda
