@@ -10,9 +10,10 @@
 //    and written for the RoPE forms) as a fraction of a 1 GiB device copy
 //    (read + written) measured in the same run; buffers rotate among sets
 //    larger than L2.
-//  - 8192 tokens into an FP8 E4M3 cache (issue 15): the plain and the fused
-//    RoPE + append quantising on the store; bytes: K, V read (bf16) and
-//    written (FP8), plus Q read and written for the fused form.
+//  - 8192 tokens into an FP8 E4M3 and into an FP8 E5M2 cache (issue 15): the
+//    plain and the fused RoPE + append quantising on the store; bytes: K, V
+//    read (bf16) and written (FP8), plus Q read and written for the fused
+//    form.
 //  - 8192 tokens, each launch shape (AppendLaunch's overrides) side by side,
 //    each checked to write the same bytes as the automatic one.
 //  - Launches per step (32 layers) and the host time of fd_tx_begin, 32 x
@@ -100,21 +101,26 @@ void free_set(Set &s) {
     cudaFree(p);
 }
 
-enum Mode { kAppend, kFused, kSeparate, kAppendFp8, kFusedFp8 };
+enum Mode { kAppend, kFused, kSeparate, kAppendFp8, kFusedFp8, kAppendE5m2, kFusedE5m2 };
 const char *mode_name(int m) {
   switch (m) {
     case kAppend: return "append";
     case kFused: return "fused_rope_append";
     case kSeparate: return "rope_then_append";
     case kAppendFp8: return "append_fp8";
-    default: return "fused_rope_append_fp8";
+    case kFusedFp8: return "fused_rope_append_fp8";
+    case kAppendE5m2: return "append_fp8_e5m2";
+    default: return "fused_rope_append_fp8_e5m2";
   }
 }
+bool is_e5m2(int m) {
+  return m == kAppendE5m2 || m == kFusedE5m2;
+}
 bool is_fp8(int m) {
-  return m == kAppendFp8 || m == kFusedFp8;
+  return m == kAppendFp8 || m == kFusedFp8 || is_e5m2(m);
 }
 bool has_q(int m) {
-  return m != kAppend && m != kAppendFp8;
+  return m != kAppend && m != kAppendFp8 && m != kAppendE5m2;
 }
 // Bytes a launch of `mode` moves for `tokens` tokens: K, V read (bf16) and
 // written (bf16 or FP8), Q read and written for the RoPE forms.
@@ -157,13 +163,13 @@ void enqueue(int mode, const Set &s, cudaStream_t stream, const Shape &shape = k
   fd::cuda::AppendLaunch a = base(s, stream);
   a.tokens_per_group = shape.tokens_per_group;
   if (is_fp8(mode)) {
-    a.cache_dtype = FD_DTYPE_FP8_E4M3;
+    a.cache_dtype = is_e5m2(mode) ? FD_DTYPE_FP8_E5M2 : FD_DTYPE_FP8_E4M3;
     a.k_scale = 0.011f;
     a.v_scale = 0.009f;
     a.k_dst = s.kc8;
     a.v_dst = s.vc8;
   }
-  if (mode == kAppend || mode == kAppendFp8) {
+  if (!has_q(mode)) {
     CHECK_CUDA(fd::cuda::launch_append(a));
     return;
   }
@@ -171,7 +177,7 @@ void enqueue(int mode, const Set &s, cudaStream_t stream, const Shape &shape = k
   a.rotary_dim = D;
   a.q = s.q;
   a.q_out = s.q_out;
-  if (mode == kFused || mode == kFusedFp8) {
+  if (mode != kSeparate) {
     CHECK_CUDA(fd::cuda::launch_append(a));
     return;
   }
@@ -383,7 +389,7 @@ int main(int argc, char **argv) {
       "| tokens | form | graph us/launch (series 1, 2) | stream us | effective GB/s | fraction of "
       "copy |\n|---|---|---|---|---|---|\n";
   bool first = true, ok = true;
-  double fp8_fused_frac = 0;  // fused RoPE + append into FP8 at 8192 tokens
+  double fp8_fused_frac = 0, e5m2_fused_frac = 0;  // fused RoPE + append into FP8, 8192 tokens
   std::string shapes_md, shapes_json;
   // The chart (append_bench.svg): fraction of copy per token count and form.
   fd_plot::BarChart chart;
@@ -400,7 +406,9 @@ int main(int argc, char **argv) {
                   {"fused RoPE + append", "#2e7d32"},
                   {"RoPE then append", "#ef6c00"},
                   {"append into FP8", "#7b1fa2"},
-                  {"fused RoPE + append into FP8", "#00838f"}};
+                  {"fused RoPE + append into FP8", "#00838f"},
+                  {"append into FP8 E5M2", "#ad1457"},
+                  {"fused RoPE + append into FP8 E5M2", "#5d4037"}};
   chart.marks = {{0.7, "0.7 target (8192 tokens)"}};
   chart.value_decimals = 3;
   for (int tokens : {1, 64, 256, 8192}) {
@@ -445,12 +453,13 @@ int main(int argc, char **argv) {
       }
     }
     std::vector<int> modes = {kAppend, kFused, kSeparate};
-    if (tokens == 8192) modes.insert(modes.end(), {kAppendFp8, kFusedFp8});
+    if (tokens == 8192) modes.insert(modes.end(), {kAppendFp8, kFusedFp8, kAppendE5m2, kFusedE5m2});
     for (int mode : modes) {
       const Timing t = time_mode(mode, sets, launches, stream);
       const double bytes = mode_bytes(mode, tokens);
       const double gbps = bytes / (t.graph_us[0] * 1e3);
       if (mode == kFusedFp8) fp8_fused_frac = gbps / copy;
+      if (mode == kFusedE5m2) e5m2_fused_frac = gbps / copy;
       json += strprintf(
           "%s    {\"tokens\": %d, \"form\": \"%s\", \"graph_us_per_launch\": [%.3f, %.3f], "
           "\"stream_us\": %.3f, \"effective_GBps\": %.1f, \"fraction_of_copy\": %.3f}",
@@ -471,8 +480,10 @@ int main(int argc, char **argv) {
       "\nFused RoPE + append into FP8 E4M3 at 8192 tokens (bytes: K, V read as bf16 and written "
       "as FP8, Q read and written): %.3f of copy (target >= 0.75: %s).\n",
       fp8_fused_frac, fp8_fused_frac >= 0.75 ? "met" : "NOT met");
-  printf("fused RoPE + append into FP8, 8192 tokens: %.3f of copy (target >= 0.75)\n",
-         fp8_fused_frac);
+  md += strprintf("Into FP8 E5M2: %.3f of copy (target >= 0.75: %s).\n", e5m2_fused_frac,
+                  e5m2_fused_frac >= 0.75 ? "met" : "NOT met");
+  printf("fused RoPE + append into FP8, 8192 tokens: %.3f of copy (E5M2 %.3f; target >= 0.75)\n",
+         fp8_fused_frac, e5m2_fused_frac);
   md += shapes_md;
   json +=
       "\n  ],\n  \"launches_per_step_32_layers\": {\"fused\": 32, \"separate\": 64, "

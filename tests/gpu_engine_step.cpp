@@ -5,9 +5,10 @@
  * CUDA-cache engine; every layer's attention output must agree within bf16
  * tolerance (relative L2 error per (row, head) <= 5e-3) and the cache
  * metrics, engine metrics, request states, seq_lens and block tables must be
- * equal after every operation. Also: device scratch growth past its initial
- * row capacity, and the CUDA-specific errors (host pointers where device
- * memory is required). Every check prints one line. */
+ * equal after every operation. The same over FP8 caches (E4M3, E5M2),
+ * whose stored bytes must also match the CPU cache's. Also: device scratch
+ * growth past its initial row capacity, and the CUDA-specific errors (host
+ * pointers where device memory is required). Every check prints one line. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -35,6 +36,10 @@ const double kTolerance = 5e-3; /* relative L2 error per (row, head) */
 struct Shape {
   uint32_t layers = 3, hkv = 2, hq = 8, dim = 128, bs = 16, blocks = 24;
   uint32_t max_rows = 8; /* rows the test buffers hold */
+  /* The cache's element type; an FP8 cache takes bf16 inputs and the
+   * per-layer scales (layers entries each). */
+  int32_t dtype = FD_DTYPE_BF16;
+  const float *k_scales = nullptr, *v_scales = nullptr;
 };
 
 /* One engine on one backend, with its step buffers: q/k/v/out for every
@@ -69,7 +74,12 @@ struct Side {
     fd_cache_config c;
     fd_cache_config_init(&c);
     c.num_layers = s.layers, c.num_kv_heads = s.hkv, c.head_dim = s.dim, c.block_size = s.bs;
-    c.max_blocks = s.blocks, c.dtype = FD_DTYPE_BF16;
+    c.max_blocks = s.blocks, c.dtype = s.dtype;
+    if (s.dtype == FD_DTYPE_FP8_E4M3 || s.dtype == FD_DTYPE_FP8_E5M2) {
+      c.input_dtype = FD_DTYPE_BF16;
+      c.k_scales = s.k_scales;
+      c.v_scales = s.v_scales;
+    }
     if (cuda) c.device.type = FD_DEVICE_CUDA;
     FD_ASSERT_OK(fd_cache_create(&c, &cache));
     fd_engine_config ec;
@@ -226,6 +236,65 @@ struct Pair {
     FD_ASSERT_OK(fd_engine_validate(g.engine));
     FD_ASSERT_OK(fd_engine_validate(c.engine));
     FD_ASSERT_OK(fd_cache_async_error(g.cache));
+  }
+
+  /* An FP8 cache's bytes: for every active request, layer and stored token,
+   * V equal to the CPU cache's and K (rotated in FP32 by either backend,
+   * whose cos / sin may differ by an ulp) equal or one code apart in value
+   * order. Returns how many K bytes were one code apart. */
+  uint64_t expect_same_bytes(const char *after) {
+    CUDA_OK(cudaDeviceSynchronize()); /* prefills write on the legacy stream */
+    const Shape &s = g.s;
+    uint64_t near = 0, compared = 0;
+    auto ordinal = [](uint8_t code) { return (code & 0x80) ? -(int)(code & 0x7f) : (int)code; };
+    for (uint32_t l = 0; l < s.layers; ++l) {
+      void *gk = nullptr, *gv = nullptr, *ck = nullptr, *cv = nullptr;
+      int64_t gs[4], cs[4];
+      FD_ASSERT_OK(fd_cache_layer_storage(g.cache, l, &gk, &gv, gs));
+      FD_ASSERT_OK(fd_cache_layer_storage(c.cache, l, &ck, &cv, cs));
+      assert_memory_equal(gs, cs, sizeof gs);
+      const size_t pool = (size_t)s.blocks * (size_t)gs[0];
+      std::vector<uint8_t> hk(pool), hv(pool);
+      CUDA_OK(fd_gpu_download(g.stream, hk.data(), gk, pool));
+      CUDA_OK(fd_gpu_download(g.stream, hv.data(), gv, pool));
+      const uint8_t *wk = static_cast<const uint8_t *>(ck), *wv = static_cast<const uint8_t *>(cv);
+      for (uint64_t id : known) {
+        int32_t state = -1;
+        FD_ASSERT_OK(fd_engine_get_request_state(c.engine, id, &state));
+        if (state != FD_ENGINE_REQUEST_ACTIVE) continue;
+        std::vector<int32_t> table(s.blocks);
+        int32_t len = 0;
+        FD_ASSERT_OK(fd_cache_export(c.cache, &id, 1, s.blocks, table.data(), &len));
+        for (int32_t t = 0; t < len; ++t)
+          for (uint32_t h = 0; h < s.hkv; ++h)
+            for (uint32_t d = 0; d < s.dim; ++d) {
+              const size_t at =
+                  (size_t)(table[t / s.bs] * gs[0] + h * gs[1] + (t % s.bs) * gs[2] + d * gs[3]);
+              ++compared;
+              if (hv[at] != wv[at]) {
+                print_error(
+                    "%s: layer %u request %llu token %d head %u dim %u: V byte gpu 0x%02x, "
+                    "cpu 0x%02x\n",
+                    after, l, (unsigned long long)id, t, h, d, hv[at], wv[at]);
+                fail();
+              }
+              if (hk[at] == wk[at]) continue;
+              if (std::abs(ordinal(hk[at]) - ordinal(wk[at])) > 1) {
+                print_error(
+                    "%s: layer %u request %llu token %d head %u dim %u: K byte gpu 0x%02x, "
+                    "cpu 0x%02x (more than one code apart)\n",
+                    after, l, (unsigned long long)id, t, h, d, hk[at], wk[at]);
+                fail();
+              }
+              ++near;
+            }
+      }
+    }
+    printf(
+        "check: %s: %llu stored K/V bytes of each kind compared: V equal, K equal but %llu "
+        "one code apart: ok\n",
+        after, (unsigned long long)compared, (unsigned long long)near);
+    return near;
   }
 
   void admit(uint64_t id) {
@@ -527,6 +596,53 @@ void test_multi_token_steps_match_cpu(void **state) {
   printf("check: verify steps with keep, a 40-token chunk, a captured multi-token step: ok\n");
 }
 
+/* The engine on FP8 caches (E4M3 and E5M2, bf16 inputs, per-layer
+ * scales): a CUDA cache's engine against the CPU cache's through token-by-
+ * token and bulk prefill, steps, a verify step of several tokens per row, a
+ * scale change between steps and a step captured in a CUDA graph; outputs
+ * within the tolerance, the same state, and the same stored bytes. */
+void test_fp8_cache_matches_cpu(void **state) {
+  (void)state;
+  for (int32_t dtype : {FD_DTYPE_FP8_E4M3, FD_DTYPE_FP8_E5M2}) {
+    const float fmax = dtype == FD_DTYPE_FP8_E4M3 ? 448.f : 57344.f;
+    const float ks[3] = {4.f / fmax, 0.02f, 0.5f}, vs[3] = {0.03f, 4.f / fmax, 0.25f};
+    Pair p;
+    Shape s;
+    s.dtype = dtype;
+    s.k_scales = ks, s.v_scales = vs;
+    s.max_rows = 16;
+    p.setup(s);
+    const char *name = dtype == FD_DTYPE_FP8_E4M3 ? "fp8_e4m3" : "fp8_e5m2";
+    printf("check: engines on a CUDA and a CPU cache (%s, bf16 inputs, %u layers, GQA %u)\n", name,
+           s.layers, s.hq / s.hkv);
+    for (uint64_t id = 1; id <= 4; ++id) p.admit(id);
+    for (uint64_t t = 0; t < 9; ++t) p.prefill(1, 300 + t);
+    p.prefill_tokens(2, 21, 400);
+    p.prefill_tokens(3, 3, 500);
+    p.expect_same_state("after prefill");
+    p.expect_same_bytes("after prefill");
+    const std::vector<uint64_t> all = {1, 2, 3, 4};
+    for (uint32_t step = 0; step < 3; ++step) p.step(step, all);
+    p.step(3, all, false, {3, 1, 4, 2}, {2, 1, 4, 0});
+    /* New scales: the next steps read every stored token with them. */
+    const float ks2[3] = {ks[0] * 2.f, ks[1] * 0.5f, ks[2]},
+                vs2[3] = {vs[0] * 0.25f, vs[1], vs[2] * 3.f};
+    FD_ASSERT_OK(fd_cache_set_kv_scales(p.g.cache, ks2, vs2));
+    FD_ASSERT_OK(fd_cache_set_kv_scales(p.c.cache, ks2, vs2));
+    p.step(4, all);
+    p.step(5, all, /*capture=*/true);
+    p.step(6, all, false, {2, 2, 2, 2}, {});
+    p.expect_same_bytes("after the steps");
+    for (Side *side : {&p.g, &p.c}) {
+      FD_ASSERT_OK(fd_engine_finish(side->engine, 2));
+      FD_ASSERT_OK(fd_engine_cancel(side->engine, 4));
+    }
+    p.expect_same_state("after finish(2) and cancel(4)");
+    p.step(7, {1, 3});
+    printf("check: %s: prefill, steps, a verify step, new scales, a captured step: ok\n", name);
+  }
+}
+
 /* More rows than the initial device scratch holds (256): the scratch grows
  * in begin_step and the outputs still match the CPU engine. */
 void test_scratch_growth(void **state) {
@@ -640,6 +756,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_workload_matches_cpu),
       cmocka_unit_test(test_multi_token_steps_match_cpu),
+      cmocka_unit_test(test_fp8_cache_matches_cpu),
       cmocka_unit_test(test_scratch_growth),
       cmocka_unit_test(test_cuda_pointer_errors),
   };
